@@ -1,0 +1,29 @@
+# adjcap: the two commands. Each creates .venv with plain pip on first use.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.adjcap-installed
+
+export HF_HUB_OFFLINE ?= 1
+export TRANSFORMERS_OFFLINE ?= 1
+export RAY_USAGE_STATS_ENABLED ?= 0
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: demo test install clean-demo
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade --quiet pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/adjcap demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+clean-demo:
+	rm -rf runs/demo

@@ -1,0 +1,466 @@
+"""The one typed run configuration, its presets, overrides and TOML round trip.
+
+A run is fully described by one :class:`Config`. It is built from a preset (a TOML file in
+``adjcap/presets``; a preset may name a ``base`` preset it extends) plus ``key=value`` overrides,
+validated (unknown keys and bad values are errors that name the key), and written to the run
+directory as ``config.toml`` so that ``adjcap run-job --config runs/x/config.toml`` re-runs it as is.
+
+Strings that are paths may use the placeholders ``{cache}`` (``paths.cache_dir``) and ``{data}``
+(``paths.data_dir``); :meth:`Config.resolve` expands them.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+Precision = Literal["auto", "fp32", "fp16", "bf16"]
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the offending key and what to do."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Sections
+# --------------------------------------------------------------------------------------------
+
+
+class PathsCfg(_Strict):
+    cache_dir: str = Field(
+        default_factory=lambda: os.environ.get("ADJCAP_CACHE", "~/.cache/adjcap"),
+        description="content-addressed cache: corpus indexes, the tiny-model world, the demo world",
+    )
+    data_dir: str = Field(
+        default_factory=lambda: os.environ.get("ADJCAP_DATA", "~/adjcap-data"),
+        description="root of the real benchmarks, annotations and checkpoints",
+    )
+    runs_dir: str = "runs"
+
+
+class EncoderCfg(_Strict):
+    """An open_clip dual encoder: architecture name + pretrained tag or local checkpoint file."""
+
+    model: str = "ViT-bigG-14"
+    pretrained: str | None = "laion2b_s39b_b160k"
+    precision: Precision = "auto"
+    image_batch_size: int = Field(32, gt=0)
+    text_batch_size: int = Field(512, gt=0)
+
+
+class RetrievalCfg(_Strict):
+    encoder: EncoderCfg = Field(default_factory=EncoderCfg)
+    top_l: int = Field(9, gt=0, description="L: corpus captions retrieved per image")
+    index_dir: str | None = Field(
+        None, description="explicit index directory; default: {cache}/index/<encoder>-<corpus fingerprint>"
+    )
+    index_precision: Literal["fp16", "fp32"] = "fp16"
+    shard_size: int = Field(65536, gt=0, description="corpus captions per index shard")
+
+
+class VerifierCfg(_Strict):
+    enabled: bool = True
+    model: str = "Salesforce/blip-itm-large-coco"
+    keep: int = Field(5, gt=0, description="k: verified captions kept out of the L retrieved")
+    max_text_tokens: int = Field(35, gt=0, description="LAVIS truncates ITM text at 35 tokens")
+    precision: Precision = "auto"
+    batch_size: int = Field(16, gt=0, description="images per verifier call")
+
+
+class EntityCfg(_Strict):
+    mode: Literal["frequency", "clip_classifier", "none"] = "frequency"
+    threshold: int = Field(3, ge=0, description="K: admit a noun counted at least K times")
+    pool: Literal["verified", "retrieved"] = Field(
+        "verified", description="count nouns over the k verified captions or all L retrieved"
+    )
+    vocabulary: str | None = Field(None, description="CLIP-classifier vocabulary (JSON list or class2ind)")
+    vocabulary_embeddings: str | None = Field(None, description="precomputed ensemble text embeddings")
+    classifier_top_k: int = 3
+    classifier_threshold: float = 0.2
+    classifier_temperature: float = 0.01
+
+
+class CaptionerCfg(_Strict):
+    checkpoint: str = "{data}/ifcap/checkpoints/train_coco/coco-indomain-004.pt"
+    clip: EncoderCfg = Field(default_factory=lambda: EncoderCfg(model="ViT-B-32", pretrained="openai"))
+    tokenizer: str = Field("gpt2", description="HF id or directory of the GPT-2 BPE tokenizer")
+    lm_config: str = Field("gpt2", description="'gpt2' (built in) or a directory holding config.json")
+    mapping_heads: int = 8
+    fusion_captions: int = Field(5, gt=0, description="retrieved captions fed to the mapping network")
+    decoder: Literal["beam", "greedy"] = "beam"
+    beam_width: int = Field(20, gt=0)
+    max_len: int = Field(64, gt=0)
+    search: Literal["fast", "reference"] = "fast"
+    batch_size: int = Field(32, gt=0, description="images decoded together by the fast beam search")
+    precision: Precision = "fp32"
+    entities: EntityCfg = Field(default_factory=EntityCfg)
+    contrastive_lambda: float = Field(
+        0.0, ge=0.0, description="negative result: l_cd=(1+lambda) l_pos - lambda l_neg; 0 disables"
+    )
+
+
+class ScorerCfg(_Strict):
+    lm_feature: Literal["mean", "sum"] = Field(
+        "mean", description="LM log-prob used as a feature; 'mean' is what the beam itself ranks by"
+    )
+    batch_size: int = Field(16, gt=0)
+
+
+class TriFuseCfg(_Strict):
+    hidden: int = 8
+    lr: float = 1e-2
+    epochs: int = 100
+
+
+class MemAttendCfg(_Strict):
+    d_model: int = 32
+    layers: int = 2
+    heads: int = 4
+    ffn: int = 64
+    memory_tokens: int = 5
+    lr: float = 3e-3
+    epochs: int = 200
+
+
+class RerankCfg(_Strict):
+    picker: Literal["lm", "retrieval", "verifier", "fixed", "trifuse", "memattend", "ensemble"] = "ensemble"
+    protocol: Literal["inductive", "transductive", "training-free"] = "inductive"
+    fit_split: str = "val"
+    apply_split: str = "test"
+    alpha: float = Field(0.48, ge=0.0, le=1.0)
+    beta: float = Field(0.75, ge=0.0, le=1.0)
+    trifuse: TriFuseCfg = Field(default_factory=TriFuseCfg)
+    memattend: MemAttendCfg = Field(default_factory=MemAttendCfg)
+    select: bool = Field(False, description="choose alpha/beta by Borda pseudo-label loss on held-out")
+    holdout_fraction: float = Field(0.2, gt=0.0, lt=1.0)
+
+
+class BenchmarkCfg(_Strict):
+    format: Literal["karpathy", "ifcap", "nocaps", "coco", "folder"]
+    annotations: str = Field(description="reference file (see README: formats)")
+    images: str = Field(description="image root directory")
+    corpus: str | None = Field(None, description="training-caption corpus for retrieval")
+    corpus_format: Literal["ifcap", "karpathy", "lines"] = "ifcap"
+    annotations_by_split: dict[str, str] = Field(
+        default_factory=dict, description="per-split annotation files (IFCap layout: test/val files)"
+    )
+
+
+class RayCfg(_Strict):
+    workers: int = Field(1, gt=0, description="actors per pool")
+    address: str | None = Field(None, description="existing cluster; None starts an embedded local Ray")
+    dashboard_host: str = "127.0.0.1"
+    include_dashboard: bool | None = None
+    gpu_share: dict[str, float] = Field(
+        default_factory=lambda: {"retriever": 0.25, "verifier": 0.25, "captioner": 0.25, "scorer": 0.25}
+    )
+    cpu_share: float = Field(0.25, gt=0.0, description="CPUs per actor when no GPU is present")
+    decode_cpus: float = Field(0.25, gt=0.0)
+    batch_size: int = Field(16, gt=0, description="images per Ray Data batch")
+    rows_per_part: int = Field(256, gt=0, description="feature rows per Parquet part file")
+
+
+class EvalCfg(_Strict):
+    spice: bool = True
+    spice_jars: str | None = Field(None, description="directory with Stanford CoreNLP 3.6.0 jars")
+    spice_download: bool = False
+    java: str = "java"
+    java_mem: str = "8G"
+    clipscore_w: float = 2.5
+
+
+class Config(_Strict):
+    name: str = "headline"
+    description: str = ""
+    seed: int = 42
+    device: str = "auto"
+    benchmark: str = "coco"
+    splits: list[str] = Field(default_factory=lambda: ["val", "test"])
+    limit: int | None = None
+    paths: PathsCfg = Field(default_factory=PathsCfg)
+    retrieval: RetrievalCfg = Field(default_factory=RetrievalCfg)
+    verifier: VerifierCfg = Field(default_factory=VerifierCfg)
+    captioner: CaptionerCfg = Field(default_factory=CaptionerCfg)
+    scorer: ScorerCfg = Field(default_factory=ScorerCfg)
+    rerank: RerankCfg = Field(default_factory=RerankCfg)
+    benchmarks: dict[str, BenchmarkCfg] = Field(default_factory=lambda: default_benchmarks())
+    ray: RayCfg = Field(default_factory=RayCfg)
+    eval: EvalCfg = Field(default_factory=EvalCfg)
+
+    @field_validator("splits")
+    @classmethod
+    def _splits_nonempty(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("at least one split is needed")
+        return v
+
+    # ---- helpers -------------------------------------------------------------------------
+    def resolve(self, value: str | None) -> str | None:
+        """Expand ``{cache}``, ``{data}`` and ``~`` in a path-like string; other strings pass."""
+        if value is None:
+            return None
+        out = value.replace("{cache}", self.paths.cache_dir).replace("{data}", self.paths.data_dir)
+        if out.startswith("~"):
+            out = os.path.expanduser(out)
+        return out
+
+    def path(self, value: str) -> Path:
+        resolved = self.resolve(value)
+        assert resolved is not None
+        return Path(resolved)
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.path(self.paths.cache_dir)
+
+    def benchmark_cfg(self, name: str | None = None) -> BenchmarkCfg:
+        name = name or self.benchmark
+        if name not in self.benchmarks:
+            raise ConfigError(
+                f"benchmark '{name}' is not configured; known: {', '.join(sorted(self.benchmarks))}. "
+                f"Add it with --set benchmarks.{name}.format=... (see README)"
+            )
+        return self.benchmarks[name]
+
+    def to_toml(self) -> str:
+        return dumps_toml(self.model_dump(mode="json", exclude_none=True))
+
+
+def default_benchmarks() -> dict[str, BenchmarkCfg]:
+    return {
+        "coco": BenchmarkCfg(
+            format="ifcap",
+            annotations="{data}/ifcap/annotations/coco/test_captions.json",
+            annotations_by_split={
+                "test": "{data}/ifcap/annotations/coco/test_captions.json",
+                "val": "{data}/ifcap/annotations/coco/val_captions.json",
+            },
+            images="{data}/coco/val2014",
+            corpus="{data}/ifcap/annotations/coco/train_captions.json",
+        ),
+        "flickr30k": BenchmarkCfg(
+            format="ifcap",
+            annotations="{data}/ifcap/annotations/flickr30k/test_captions.json",
+            annotations_by_split={
+                "test": "{data}/ifcap/annotations/flickr30k/test_captions.json",
+                "val": "{data}/ifcap/annotations/flickr30k/val_captions.json",
+            },
+            images="{data}/flickr30k/images",
+            corpus="{data}/ifcap/annotations/flickr30k/train_captions.json",
+        ),
+        "nocaps": BenchmarkCfg(
+            format="nocaps",
+            annotations="{data}/ifcap/annotations/nocaps/nocaps_corpus.json",
+            images="{data}/nocaps/val",
+            corpus="{data}/ifcap/annotations/coco/train_captions.json",
+        ),
+        "demo": BenchmarkCfg(
+            format="ifcap",
+            annotations="{cache}/demo/annotations/test_captions.json",
+            annotations_by_split={
+                "test": "{cache}/demo/annotations/test_captions.json",
+                "val": "{cache}/demo/annotations/val_captions.json",
+            },
+            images="{cache}/demo/images",
+            corpus="{cache}/demo/annotations/train_captions.json",
+        ),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Presets, overrides, loading
+# --------------------------------------------------------------------------------------------
+
+
+def _presets_dir() -> Path:
+    return Path(str(resources.files("adjcap") / "presets"))
+
+
+def list_presets() -> dict[str, str]:
+    """Preset name -> one-line description."""
+    out: dict[str, str] = {}
+    for p in sorted(_presets_dir().glob("*.toml")):
+        data = tomllib.loads(p.read_text())
+        out[p.stem] = str(data.get("description", ""))
+    return out
+
+
+def _load_preset_dict(name: str, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    path = _presets_dir() / f"{name}.toml"
+    if not path.exists():
+        if Path(name).suffix == ".toml" and Path(name).exists():
+            path = Path(name)
+        else:
+            raise ConfigError(
+                f"unknown preset '{name}'; known presets: {', '.join(list_presets())} "
+                "(or pass a path to a config.toml)"
+            )
+    if name in _seen:
+        raise ConfigError(f"preset '{name}' extends itself through {' -> '.join(_seen)}")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from e
+    base = data.pop("base", None)
+    if base:
+        merged = _load_preset_dict(base, _seen + (name,))
+        _deep_update(merged, data)
+        data = merged
+    data.setdefault("name", path.stem)
+    return data
+
+
+def _deep_update(dst: dict[str, Any], src: dict[str, Any]) -> None:
+    for k, v in src.items():
+        if isinstance(v, dict) and isinstance(dst.get(k), dict):
+            _deep_update(dst[k], v)
+        else:
+            dst[k] = v
+
+
+def parse_value(text: str) -> Any:
+    """Parse an override's value as a TOML value (numbers, booleans, lists, quoted strings);
+    anything that is not valid TOML is taken as a bare string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_override(data: dict[str, Any], assignment: str) -> None:
+    if "=" not in assignment:
+        raise ConfigError(f"override '{assignment}' must look like key.path=value")
+    key, raw = assignment.split("=", 1)
+    key = key.strip()
+    parts = key.split(".")
+    cur: Any = data
+    model: Any = Config
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        # walk the schema to reject unknown keys with the full dotted name
+        if model is not None and isinstance(model, type) and issubclass(model, BaseModel):
+            fields = model.model_fields
+            if part not in fields:
+                raise ConfigError(
+                    f"unknown config key '{'.'.join(parts[: i + 1])}'; "
+                    f"valid keys here: {', '.join(sorted(fields))}"
+                )
+            ann = fields[part].annotation
+            model = _model_of(ann)
+        elif model == "dict":
+            model = _dict_value_model(parts[i - 1]) if i > 0 else None
+        if last:
+            value = parse_value(raw)
+            if value == "none" or value == "null":
+                value = None
+            cur[part] = value
+        else:
+            nxt = cur.get(part)
+            if not isinstance(nxt, dict):
+                nxt = {}
+                cur[part] = nxt
+            cur = nxt
+
+
+def _model_of(annotation: Any) -> Any:
+    import typing
+
+    origin = typing.get_origin(annotation)
+    if origin is dict:
+        return "dict"
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            return arg
+    return None
+
+
+def _dict_value_model(field: str) -> Any:
+    return BenchmarkCfg if field == "benchmarks" else None
+
+
+def load_config(
+    preset: str | None = "headline",
+    overrides: list[str] | tuple[str, ...] = (),
+    config_file: str | Path | None = None,
+) -> Config:
+    """Preset (or a saved config.toml) + overrides -> validated Config."""
+    if config_file is not None:
+        p = Path(config_file)
+        if not p.exists():
+            raise ConfigError(f"config file {p} does not exist")
+        try:
+            data = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{p}: not valid TOML: {e}") from e
+        base = data.pop("base", None)
+        if base:
+            merged = _load_preset_dict(base)
+            _deep_update(merged, data)
+            data = merged
+    else:
+        data = _load_preset_dict(preset or "headline")
+    for ov in overrides:
+        apply_override(data, ov)
+    try:
+        cfg = Config.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_explain(e)) from None
+    return cfg
+
+
+def _explain(e: ValidationError) -> str:
+    lines = []
+    for err in e.errors():
+        key = ".".join(str(x) for x in err["loc"])
+        if err["type"] == "extra_forbidden":
+            lines.append(f"unknown config key '{key}'")
+        else:
+            lines.append(f"bad value for '{key}': {err['msg']} (got {err.get('input')!r})")
+    return "invalid configuration:\n  " + "\n  ".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# A small TOML writer (tomllib reads only); enough for the config's types.
+# --------------------------------------------------------------------------------------------
+
+
+def _toml_scalar(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_scalar(x) for x in v) + "]"
+    raise TypeError(f"cannot write {type(v).__name__} to TOML")
+
+
+def dumps_toml(data: dict[str, Any], _prefix: str = "") -> str:
+    scalars = [(k, v) for k, v in data.items() if not isinstance(v, dict)]
+    tables = [(k, v) for k, v in data.items() if isinstance(v, dict)]
+    out = []
+    if _prefix and (scalars or not tables):
+        out.append(f"[{_prefix}]")
+    for k, v in scalars:
+        out.append(f"{_key(k)} = {_toml_scalar(v)}")
+    if out:
+        out.append("")
+    for k, v in tables:
+        out.append(dumps_toml(v, f"{_prefix}.{_key(k)}" if _prefix else _key(k)))
+    return "\n".join(out)
+
+
+def _key(k: str) -> str:
+    return k if k.replace("_", "").replace("-", "").isalnum() else _toml_scalar(k)

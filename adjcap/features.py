@@ -1,0 +1,98 @@
+"""Arrow schemas of the feature table (one row per image) and of predictions.
+
+The feature row is the contract between the frozen stages (``adjcap.stages``), the Ray job that
+writes Parquet parts, the rerankers (``adjcap.rerank``) and the evaluation. See DESIGN.md section 2.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+RETRIEVED = pa.struct(
+    [
+        ("corpus_id", pa.int64()),
+        ("text", pa.string()),
+        ("cosine", pa.float32()),
+    ]
+)
+
+VERIFIED = pa.struct(
+    [
+        ("corpus_id", pa.int64()),
+        ("text", pa.string()),
+        ("verifier", pa.float32()),  # ITM match probability in (0, 1); NaN when no verifier is used
+        ("retrieval_rank", pa.int32()),  # 0-based rank among the L retrieved
+    ]
+)
+
+CANDIDATE = pa.struct(
+    [
+        ("text", pa.string()),
+        ("lm_logprob_sum", pa.float32()),
+        ("lm_logprob_mean", pa.float32()),
+        ("n_tokens", pa.int32()),
+        ("beam_rank", pa.int32()),  # 0 = the LM's (beam search's) own first choice
+        ("retrieval_cosine", pa.float32()),
+        ("verifier", pa.float32()),
+    ]
+)
+
+FEATURE_SCHEMA = pa.schema(
+    [
+        ("image_id", pa.string()),
+        ("benchmark", pa.string()),
+        ("split", pa.string()),
+        ("domain", pa.string()),  # NoCaps in/near/out; null elsewhere
+        ("error", pa.string()),  # null when ok
+        ("retrieved", pa.list_(RETRIEVED)),
+        ("verified", pa.list_(VERIFIED)),
+        ("entities", pa.list_(pa.string())),
+        ("prompt", pa.string()),
+        ("candidates", pa.list_(CANDIDATE)),
+    ]
+)
+
+FEATURE_COLUMNS = FEATURE_SCHEMA.names
+
+
+def empty_row(image_id: str, benchmark: str, split: str, domain: str | None, error: str | None) -> dict[str, Any]:
+    """A feature row with no stage outputs (used for images that failed)."""
+    return {
+        "image_id": str(image_id),
+        "benchmark": benchmark,
+        "split": split,
+        "domain": domain,
+        "error": error,
+        "retrieved": [],
+        "verified": [],
+        "entities": [],
+        "prompt": None,
+        "candidates": [],
+    }
+
+
+def rows_to_table(rows: list[dict[str, Any]]) -> pa.Table:
+    """Feature rows (dicts) -> an Arrow table with exactly FEATURE_SCHEMA."""
+    return pa.Table.from_pylist(rows, schema=FEATURE_SCHEMA)
+
+
+def check_schema(table: pa.Table, source: str = "table") -> None:
+    """Raise a clear error when a table is not a feature table."""
+    missing = [n for n in FEATURE_COLUMNS if n not in table.schema.names]
+    if missing:
+        raise ValueError(
+            f"{source}: not an adjcap feature table; missing columns {missing}. "
+            "Feature tables are written by `adjcap run-job` under runs/<name>/features/."
+        )
+
+
+PREDICTION_SCHEMA = pa.schema(
+    [
+        ("image_id", pa.string()),
+        ("caption", pa.string()),
+        ("picker", pa.string()),
+        ("candidate_index", pa.int32()),
+    ]
+)

@@ -1,0 +1,59 @@
+"""Atomic file writes: a file is either absent or complete, never half-written."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+def _tmp_beside(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    return Path(name)
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+    path = Path(path)
+    tmp = _tmp_beside(path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return path
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | Path, obj: Any, indent: int | None = 2) -> Path:
+    return atomic_write_text(path, json.dumps(obj, indent=indent, ensure_ascii=False) + "\n")
+
+
+def atomic_write_parquet(path: str | Path, table: pa.Table) -> Path:
+    path = Path(path)
+    tmp = _tmp_beside(path)
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return path
+
+
+def is_temp_name(name: str) -> bool:
+    """Temp files written by this module (ignored by readers and resume)."""
+    return name.startswith(".") and name.endswith(".tmp")
