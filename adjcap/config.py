@@ -311,11 +311,12 @@ def _load_preset_dict(name: str, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from e
     base = data.pop("base", None)
+    own_name = data.get("name")
     if base:
         merged = _load_preset_dict(base, _seen + (name,))
         _deep_update(merged, data)
         data = merged
-    data.setdefault("name", path.stem)
+    data["name"] = own_name or path.stem
     return data
 
 
@@ -410,6 +411,9 @@ def load_config(
             data = merged
     else:
         data = _load_preset_dict(preset or "headline")
+    full = Config().model_dump(mode="json")
+    _deep_update(full, data)
+    data = full
     for ov in overrides:
         apply_override(data, ov)
     try:

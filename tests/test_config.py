@@ -1,0 +1,97 @@
+import tomllib
+
+import pytest
+
+from adjcap.config import Config, ConfigError, list_presets, load_config
+
+PAPER_PRESETS = {
+    "headline", "training-free", "transductive", "ifcap", "verifier-flickr", "demo",
+    *(f"ablation-{i}" for i in range(1, 9)),
+}
+
+
+def test_every_paper_preset_exists_and_validates():
+    presets = list_presets()
+    assert PAPER_PRESETS <= set(presets)
+    for name in presets:
+        cfg = load_config(name)
+        assert cfg.name == name
+        assert presets[name], f"preset {name} has no description"
+
+
+def test_headline_is_the_papers_method():
+    cfg = load_config("headline")
+    assert cfg.retrieval.encoder.model == "ViT-bigG-14"
+    assert cfg.retrieval.encoder.pretrained == "laion2b_s39b_b160k"
+    assert cfg.retrieval.top_l == 9 and cfg.verifier.keep == 5
+    assert cfg.verifier.model == "Salesforce/blip-itm-large-coco"
+    assert cfg.captioner.entities.threshold == 3 and cfg.captioner.entities.pool == "verified"
+    assert cfg.captioner.beam_width == 20
+    assert cfg.rerank.picker == "ensemble" and cfg.rerank.protocol == "inductive"
+    assert (cfg.rerank.alpha, cfg.rerank.beta) == (0.48, 0.75)
+    assert cfg.rerank.trifuse.lr == 1e-2 and cfg.rerank.trifuse.epochs == 100
+    assert cfg.rerank.memattend.lr == 3e-3 and cfg.rerank.memattend.epochs == 200
+    assert cfg.seed == 42
+
+
+def test_ifcap_preset_matches_official_settings():
+    cfg = load_config("ifcap")
+    assert (cfg.retrieval.encoder.model, cfg.retrieval.encoder.pretrained) == ("RN50x64", "openai")
+    assert not cfg.verifier.enabled
+    assert cfg.captioner.entities.threshold == 5 and cfg.captioner.entities.pool == "retrieved"
+    assert cfg.captioner.beam_width == 5 and cfg.rerank.picker == "lm"
+    flickr = load_config("ifcap-flickr30k")
+    assert flickr.captioner.decoder == "greedy" and flickr.retrieval.top_l == 7
+    nocaps = load_config("ifcap-nocaps")
+    assert nocaps.captioner.entities.mode == "clip_classifier"
+
+
+def test_ablation_rows_differ_in_the_factor_they_name():
+    r1, r3, r4, r5, r6 = (load_config(f"ablation-{i}") for i in (1, 3, 4, 5, 6))
+    assert r3.captioner.entities.threshold == 3 and not r3.verifier.enabled
+    assert r4.verifier.enabled and r4.captioner.entities.threshold == 5
+    assert r5.verifier.enabled and r5.captioner.entities.threshold == 3
+    assert r6.retrieval.encoder.model == "ViT-bigG-14" and r5.retrieval.encoder.model == r1.retrieval.encoder.model
+
+
+def test_overrides_parse_types_and_nested_keys():
+    cfg = load_config("headline", ["verifier.model=x/y", "rerank.alpha=0.3", "captioner.beam_width=7",
+                                   "verifier.enabled=false", 'splits=["test"]', "ray.gpu_share.verifier=0.5"])
+    assert cfg.verifier.model == "x/y" and cfg.rerank.alpha == 0.3 and cfg.captioner.beam_width == 7
+    assert cfg.verifier.enabled is False and cfg.splits == ["test"] and cfg.ray.gpu_share["verifier"] == 0.5
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("verifier.modle=x", "verifier.modle"),
+    ("nope=1", "nope"),
+    ("rerank.alpha=3", "rerank.alpha"),
+    ("rerank.picker=best", "rerank.picker"),
+    ("captioner.beam_width=zero", "captioner.beam_width"),
+    ("benchmarks.coco.formt=x", "benchmarks.coco.formt"),
+    ("noequals", "noequals"),
+])
+def test_bad_override_names_the_key(override, needle):
+    with pytest.raises(ConfigError) as e:
+        load_config("headline", [override])
+    assert needle in str(e.value)
+
+
+def test_unknown_preset_lists_known_ones():
+    with pytest.raises(ConfigError) as e:
+        load_config("no-such-preset")
+    assert "headline" in str(e.value)
+
+
+def test_resolved_config_round_trips_through_toml(tmp_path):
+    cfg = load_config("demo", ["rerank.beta=0.6"])
+    path = tmp_path / "config.toml"
+    path.write_text(cfg.to_toml())
+    tomllib.loads(path.read_text())
+    again = load_config(config_file=path)
+    assert again == cfg
+
+
+def test_placeholders_expand(tmp_path):
+    cfg = load_config("demo", [f"paths.cache_dir={tmp_path}"])
+    assert cfg.resolve(cfg.verifier.model) == f"{tmp_path}/tiny/blip-itm"
+    assert isinstance(Config().resolve("~/x"), str) and not Config().resolve("~/x").startswith("~")
