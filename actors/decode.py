@@ -1,0 +1,27 @@
+"""CPU task ahead of the GPU pools: records -> decoded images inside fresh states."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from actors.transport import pack
+from adjcap.data.images import decode_image
+from adjcap.stages import ImageState
+
+
+def decode_batch(batch: dict[str, Any]) -> dict[str, Any]:
+    states = []
+    for i in range(len(batch["image_id"])):
+        s = ImageState(
+            image_id=str(batch["image_id"][i]),
+            benchmark=str(batch["benchmark"][i]),
+            split=str(batch["split"][i]),
+            domain=(str(batch["domain"][i]) or None) if batch["domain"][i] is not None else None,
+        )
+        d = decode_image(batch["image_path"][i])
+        if d.error:
+            s.error = f"decode: {d.error}"
+        else:
+            s.image = d.image
+        states.append(s)
+    return pack(states)

@@ -1,0 +1,26 @@
+"""Packing per-image states into Ray Data batches (numpy format) and back."""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import numpy as np
+
+from adjcap.stages import ImageState
+
+
+def unpack(batch: dict[str, Any]) -> list[ImageState]:
+    return [pickle.loads(b) for b in batch["state"]]
+
+
+def pack(states: list[ImageState], drop_image: bool = False) -> dict[str, np.ndarray]:
+    if drop_image:
+        for s in states:
+            s.image = None
+            s.verifier_memo = None
+            s.retrieval_embedding = None
+    out_state = np.empty(len(states), dtype=object)
+    out_state[:] = [pickle.dumps(s, protocol=pickle.HIGHEST_PROTOCOL) for s in states]
+    ids = np.array([s.image_id for s in states], dtype=object)
+    return {"image_id": ids, "state": out_state}

@@ -1,0 +1,21 @@
+"""Verifier pool: BLIP ITM re-ranks the L retrieved captions and keeps k (stage 2)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from actors.transport import pack, unpack
+from adjcap import stages
+from adjcap.config import Config
+from adjcap.pipeline import load_verifier_role
+
+
+class VerifierActor:
+    def __init__(self, cfg: dict):
+        self.cfg = Config.model_validate(cfg)
+        self.verifier = load_verifier_role(self.cfg)
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        states = unpack(batch)
+        stages.verify(states, self.verifier, self.cfg.verifier.keep)
+        return pack(states)

@@ -1,0 +1,284 @@
+"""The four frozen stages as pure batch functions over per-image states.
+
+Each stage takes a list of :class:`ImageState` plus the models it needs and fills in its part. A stage
+never raises for one bad image: the batch is retried image by image and the failing image gets its
+``error`` set (its row is still written, so reports count it). Images whose ``error`` is already set
+are passed through untouched.
+
+    retrieve  : retrieval-encoder image tower + caption index   -> retrieved (L), retrieval image embedding
+    verify    : BLIP ITM on the L retrieved                     -> verified (k), verifier image memo
+    caption   : IFCap (CLIP ViT-B/32 + mapping net + GPT-2)     -> entities, prompt, beam of N candidates
+    score     : retrieval-encoder text tower + BLIP ITM         -> per-candidate retrieval cosine, verifier
+
+The Ray actors (``actors/``) and :func:`adjcap.pipeline.run_pipeline` call exactly these functions.
+"""
+
+from __future__ import annotations
+
+import math
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from adjcap import entities as ent
+from adjcap.config import Config
+from adjcap.features import empty_row
+
+
+@dataclass
+class ImageState:
+    image_id: str
+    benchmark: str
+    split: str
+    domain: str | None = None
+    error: str | None = None
+    image: Any = None  # PIL.Image (RGB) while in flight; never written
+    retrieved: list[dict] = field(default_factory=list)
+    verified: list[dict] = field(default_factory=list)
+    entities: list[str] = field(default_factory=list)
+    prompt: str | None = None
+    candidates: list[dict] = field(default_factory=list)
+    retrieval_embedding: np.ndarray | None = None  # stage 1 image embedding, reused by stage 4
+    verifier_memo: Any = None  # stage 2 image encoding, reused by stage 4
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def to_row(self) -> dict[str, Any]:
+        row = empty_row(self.image_id, self.benchmark, self.split, self.domain, self.error)
+        if self.error is None:
+            row.update(
+                retrieved=self.retrieved,
+                verified=self.verified,
+                entities=list(self.entities),
+                prompt=self.prompt,
+                candidates=self.candidates,
+            )
+        return row
+
+
+# --------------------------------------------------------------------------------------------
+# error isolation
+# --------------------------------------------------------------------------------------------
+
+
+def _guarded(stage: str, fn: Callable[[list[ImageState]], None], states: list[ImageState]) -> list[ImageState]:
+    """Run ``fn`` on the ok states; if the batch fails, retry one image at a time."""
+    live = [s for s in states if s.ok]
+    if not live:
+        return states
+    try:
+        fn(live)
+    except Exception:  # noqa: BLE001 - isolate the failing image(s), keep the others
+        if len(live) == 1:
+            live[0].error = f"{stage}: {traceback.format_exc(limit=3).strip().splitlines()[-1]}"
+        else:
+            for s in live:
+                try:
+                    fn([s])
+                except Exception as e:  # noqa: BLE001
+                    s.error = f"{stage}: {type(e).__name__}: {e}"
+    return states
+
+
+def _images(states: Sequence[ImageState]) -> list:
+    return [s.image for s in states]
+
+
+# --------------------------------------------------------------------------------------------
+# Stage 1: retrieval
+# --------------------------------------------------------------------------------------------
+
+
+def retrieve(states: list[ImageState], encoder, index, corpus_texts: Sequence[str], top_l: int) -> list[ImageState]:
+    """Top-L corpus captions by cosine of L2-normalised embeddings (paper Eq. stage1)."""
+
+    def run(batch: list[ImageState]) -> None:
+        with torch.inference_mode():
+            emb = encoder.encode_images(_images(batch), normalize=True)
+        scores, ids = index.search(emb, top_l)
+        scores = _np(scores)
+        ids = _np(ids)
+        emb_np = _np(emb).astype(np.float32)
+        for i, s in enumerate(batch):
+            s.retrieval_embedding = emb_np[i]
+            s.retrieved = [
+                {"corpus_id": int(c), "text": corpus_texts[int(c)], "cosine": float(v)}
+                for c, v in zip(ids[i], scores[i])
+            ]
+
+    return _guarded("retrieve", run, states)
+
+
+# --------------------------------------------------------------------------------------------
+# Stage 2: verification
+# --------------------------------------------------------------------------------------------
+
+
+def verify(states: list[ImageState], verifier, keep: int) -> list[ImageState]:
+    """BLIP ITM match probability on the L retrieved; keep the top k (paper Eq. stage2).
+
+    With ``verifier=None`` (IFCap and ablation rows without a verifier) the first k retrieved are
+    kept in retrieval order and their verifier score is NaN."""
+
+    def run(batch: list[ImageState]) -> None:
+        if verifier is None:
+            for s in batch:
+                s.verified = [
+                    {"corpus_id": r["corpus_id"], "text": r["text"], "verifier": math.nan, "retrieval_rank": j}
+                    for j, r in enumerate(s.retrieved[:keep])
+                ]
+            return
+        with torch.inference_mode():
+            memo = verifier.encode_images(_images(batch))
+            probs = verifier.score(memo, [[r["text"] for r in s.retrieved] for s in batch])
+        for i, s in enumerate(batch):
+            p = np.asarray(probs[i], dtype=np.float64)
+            # stable sort: equal scores keep retrieval order
+            order = np.argsort(-p, kind="stable")[:keep]
+            s.verified = [
+                {
+                    "corpus_id": s.retrieved[j]["corpus_id"],
+                    "text": s.retrieved[j]["text"],
+                    "verifier": float(p[j]),
+                    "retrieval_rank": int(j),
+                }
+                for j in order
+            ]
+            s.verifier_memo = verifier.memo_item(memo, i) if hasattr(verifier, "memo_item") else None
+
+    return _guarded("verify", run, states)
+
+
+# --------------------------------------------------------------------------------------------
+# Stage 3: IFCap captioning
+# --------------------------------------------------------------------------------------------
+
+
+def entity_pool(state: ImageState, pool: str) -> list[str]:
+    """The captions the frequency filter counts nouns over: the k verified or all L retrieved."""
+    src = state.verified if pool == "verified" else state.retrieved
+    return [c["text"] for c in src]
+
+
+def caption(
+    states: list[ImageState],
+    captioner,
+    clip,
+    cfg: Config,
+    vocabulary: tuple[list[str], torch.Tensor] | None = None,
+) -> list[ImageState]:
+    """Run the unchanged IFCap captioner on the verified pool; emit a beam of N candidates."""
+    ccfg = cfg.captioner
+    ecfg = ccfg.entities
+
+    def run(batch: list[ImageState]) -> None:
+        with torch.inference_mode():
+            img = clip.encode_images(_images(batch), normalize=True)
+            k = ccfg.fusion_captions
+            fusion_texts = [[c["text"] for c in s.verified[:k]] for s in batch]
+            if any(len(t) == 0 for t in fusion_texts):
+                raise ValueError("no retrieved captions to fuse")
+            flat = [t for ts in fusion_texts for t in ts]
+            txt = clip.encode_texts(flat, normalize=False)
+            feats, start = [], 0
+            for ts in fusion_texts:
+                feats.append(txt[start : start + len(ts)])
+                start += len(ts)
+            entity_lists = []
+            if ecfg.mode == "frequency":
+                for s in batch:
+                    counts = ent.count_nouns(entity_pool(s, ecfg.pool))
+                    entity_lists.append(ent.filter_entities(counts, ecfg.threshold))
+            elif ecfg.mode == "clip_classifier":
+                if vocabulary is None:
+                    raise ValueError("captioner.entities.mode=clip_classifier needs captioner.entities.vocabulary")
+                names, vocab_emb = vocabulary
+                entity_lists = ent.clip_classifier_entities(
+                    img, vocab_emb, names, top_k=ecfg.classifier_top_k,
+                    threshold=ecfg.classifier_threshold, temperature=ecfg.classifier_temperature,
+                )
+            else:
+                entity_lists = [[] for _ in batch]
+            beams = captioner.generate(
+                img.float(), _stack_ragged(feats).float(), entity_lists,
+                decoder=ccfg.decoder, beam_width=ccfg.beam_width, max_len=ccfg.max_len, search=ccfg.search,
+            )
+        for s, ents, beam in zip(batch, entity_lists, beams):
+            s.entities = list(ents)
+            s.prompt = ent.hard_prompt(ents)
+            s.candidates = [
+                {
+                    "text": c.text,
+                    "lm_logprob_sum": float(c.lm_logprob_sum),
+                    "lm_logprob_mean": float(c.lm_logprob_mean),
+                    "n_tokens": int(c.n_tokens),
+                    "beam_rank": int(c.beam_rank),
+                    "retrieval_cosine": math.nan,
+                    "verifier": math.nan,
+                }
+                for c in beam
+            ]
+
+    return _guarded("caption", run, states)
+
+
+def _stack_ragged(feats: list[torch.Tensor]) -> torch.Tensor:
+    k = max(f.shape[0] for f in feats)
+    if all(f.shape[0] == k for f in feats):
+        return torch.stack(feats)
+    # the official code always feeds k=5; a shorter pool repeats its last caption to keep one batch
+    padded = [torch.cat([f, f[-1:].expand(k - f.shape[0], -1)]) if f.shape[0] < k else f for f in feats]
+    return torch.stack(padded)
+
+
+# --------------------------------------------------------------------------------------------
+# Stage 4: beam scoring
+# --------------------------------------------------------------------------------------------
+
+
+def score(states: list[ImageState], encoder, verifier) -> list[ImageState]:
+    """Per candidate: retrieval-encoder cosine with the image (reusing the stage-1 image embedding)
+    and the verifier score (reusing the stage-2 image encoding when present)."""
+
+    def run(batch: list[ImageState]) -> None:
+        with torch.inference_mode():
+            texts = [[c["text"] for c in s.candidates] for s in batch]
+            flat = [t for ts in texts for t in ts]
+            if flat:
+                temb = _np(encoder.encode_texts(flat, normalize=True)).astype(np.float32)
+            missing = [s for s in batch if s.retrieval_embedding is None]
+            if missing:
+                emb = _np(encoder.encode_images(_images(missing), normalize=True)).astype(np.float32)
+                for s, e in zip(missing, emb):
+                    s.retrieval_embedding = e
+            probs = None
+            if verifier is not None:
+                memo = _memo_for(verifier, batch)
+                probs = verifier.score(memo, texts)
+        start = 0
+        for i, s in enumerate(batch):
+            n = len(s.candidates)
+            cos = temb[start : start + n] @ s.retrieval_embedding if n else np.zeros(0)
+            start += n
+            for j, c in enumerate(s.candidates):
+                c["retrieval_cosine"] = float(cos[j])
+                c["verifier"] = float(probs[i][j]) if probs is not None else math.nan
+
+    return _guarded("score", run, states)
+
+
+def _memo_for(verifier, batch: list[ImageState]):
+    if hasattr(verifier, "memo_stack") and all(s.verifier_memo is not None for s in batch):
+        return verifier.memo_stack([s.verifier_memo for s in batch])
+    return verifier.encode_images(_images(batch))
+
+
+def _np(x) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        return x.detach().float().cpu().numpy()
+    return np.asarray(x)
