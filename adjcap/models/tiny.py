@@ -1,0 +1,81 @@
+"""The tiny-model world: small models of the real classes, built deterministically and saved to disk
+so the real loaders load them exactly as they load the released weights.
+
+    {cache}/tiny/retrieval-clip/   open_clip `adjcap-tiny-clip` (retrieval encoder role)
+    {cache}/tiny/captioner-clip/   open_clip `adjcap-tiny-clip` (IFCap's CLIP role)
+    {cache}/tiny/blip-itm/         transformers BlipForImageTextRetrieval + BERT WordPiece tokenizer
+    {cache}/tiny/gpt2-tokenizer/   GPT-2 byte-level BPE trained on the corpus
+    {cache}/tiny/ifcap/            IFCap state dict with the official key names + GPT-2 config.json
+    {cache}/tiny/vocabulary.json   entity vocabulary for the CLIP-classifier entity path
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Sequence
+
+from adjcap.io import atomic_write_json
+
+READY = "READY.json"
+VERSION = 1
+
+
+def _fingerprint(texts: Sequence[str], seed: int) -> str:
+    h = hashlib.sha256(f"v{VERSION}|{seed}|".encode())
+    for t in texts:
+        h.update(t.encode())
+        h.update(b"\n")
+    return h.hexdigest()[:16]
+
+
+def tiny_world_ready(root: Path, corpus_texts: Sequence[str], seed: int = 42) -> bool:
+    marker = Path(root) / READY
+    if not marker.exists():
+        return False
+    try:
+        return json.loads(marker.read_text()).get("fingerprint") == _fingerprint(corpus_texts, seed)
+    except (OSError, ValueError):
+        return False
+
+
+def build_tiny_world(cache_dir: Path, corpus_texts: Sequence[str], seed: int = 42) -> dict[str, Path]:
+    """Build (or reuse) the tiny world under cache_dir/tiny. Idempotent: READY.json is written last."""
+    from adjcap.models.blip import build_tiny_blip
+    from adjcap.models.clip import build_tiny_clip
+    from adjcap.models.ifcap import build_tiny_ifcap, train_gpt2_tokenizer
+
+    root = Path(cache_dir) / "tiny"
+    paths = {
+        "retrieval_clip": root / "retrieval-clip" / "open_clip_model.safetensors",
+        "captioner_clip": root / "captioner-clip" / "open_clip_model.safetensors",
+        "blip": root / "blip-itm",
+        "tokenizer": root / "gpt2-tokenizer",
+        "ifcap": root / "ifcap" / "tiny-ifcap.pt",
+        "vocabulary": root / "vocabulary.json",
+    }
+    if tiny_world_ready(root, corpus_texts, seed):
+        return paths
+    root.mkdir(parents=True, exist_ok=True)
+    build_tiny_clip(paths["retrieval_clip"], seed=seed)
+    clip_path = build_tiny_clip(paths["captioner_clip"], seed=seed + 1)
+    build_tiny_blip(paths["blip"], list(corpus_texts), seed=seed)
+    train_gpt2_tokenizer(list(corpus_texts), paths["tokenizer"])
+    from adjcap.models.clip import load_dual_encoder
+
+    clip_dim = load_dual_encoder("adjcap-tiny-clip", str(clip_path), device="cpu").embed_dim
+    build_tiny_ifcap(paths["ifcap"].parent, paths["tokenizer"], clip_dim=clip_dim, seed=seed)
+    atomic_write_json(paths["vocabulary"], entity_vocabulary(corpus_texts))
+    atomic_write_json(root / READY, {"fingerprint": _fingerprint(corpus_texts, seed), "seed": seed,
+                                     "paths": {k: str(v) for k, v in paths.items()}})
+    return paths
+
+
+def entity_vocabulary(texts: Sequence[str], size: int = 64) -> list[str]:
+    """A small noun-ish vocabulary for the CLIP-classifier path: the most frequent lower-case words
+    of four or more letters (the demo corpus is built from object and colour words)."""
+    counts = Counter(w for t in texts for w in re.findall(r"[a-z]{4,}", t.lower()))
+    return sorted(w for w, _ in counts.most_common(size))
