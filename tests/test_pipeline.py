@@ -1,0 +1,92 @@
+"""The single-process pipeline on the demo world with tiny models loaded through the real loaders."""
+
+import math
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from adjcap.data.records import Record
+from adjcap.features import FEATURE_SCHEMA, rows_to_table
+from adjcap.pipeline import load_models, run_pipeline
+from jobs.run_benchmark import read_records
+
+
+@pytest.fixture(scope="module")
+def models(demo_cfg):
+    return load_models(demo_cfg)
+
+
+@pytest.fixture(scope="module")
+def test_records(demo_cfg):
+    return read_records(demo_cfg)["test"][:6]
+
+
+def test_rows_follow_the_method(demo_cfg, models, test_records):
+    rows = run_pipeline(test_records, demo_cfg, models)
+    assert [r["image_id"] for r in rows] == [r.image_id for r in test_records]
+    table = rows_to_table(rows)
+    assert table.schema.equals(FEATURE_SCHEMA)
+    for row in rows:
+        assert row["error"] is None, row["error"]
+        # stage 1: L retrieved, cosine descending
+        cos = [r["cosine"] for r in row["retrieved"]]
+        assert len(cos) == demo_cfg.retrieval.top_l and cos == sorted(cos, reverse=True)
+        # stage 2: the k kept are the k best verifier scores among the L, in descending order
+        ver = [v["verifier"] for v in row["verified"]]
+        assert len(ver) == demo_cfg.verifier.keep and ver == sorted(ver, reverse=True)
+        assert all(0.0 < v < 1.0 for v in ver)
+        kept = {v["retrieval_rank"] for v in row["verified"]}
+        assert len(kept) == demo_cfg.verifier.keep
+        # stage 3: a beam of N, ranked by mean log-prob, beam_rank 0..N-1
+        cands = row["candidates"]
+        assert len(cands) == demo_cfg.captioner.beam_width
+        means = [c["lm_logprob_mean"] for c in cands]
+        assert means == sorted(means, reverse=True)
+        assert [c["beam_rank"] for c in cands] == list(range(len(cands)))
+        for c in cands:
+            assert math.isclose(c["lm_logprob_sum"] / c["n_tokens"], c["lm_logprob_mean"], rel_tol=1e-4)
+            # stage 4: scored by both frozen scorers
+            assert -1.0 <= c["retrieval_cosine"] <= 1.0
+            assert 0.0 < c["verifier"] < 1.0
+        assert row["prompt"].startswith("There are") and row["prompt"].endswith(" in image.")
+
+
+def test_stage4_reuses_the_stage1_embedding(demo_cfg, models, test_records):
+    """The candidate cosine equals an independent encode of image and text with the same encoder."""
+    from adjcap.data.images import decode_image
+
+    rows = run_pipeline(test_records[:2], demo_cfg, models)
+    for rec, row in zip(test_records[:2], rows):
+        img = decode_image(rec.image_path).image
+        ie = models.retrieval.encode_images([img], normalize=True)[0].float().numpy()
+        texts = [c["text"] for c in row["candidates"][:3]]
+        te = models.retrieval.encode_texts(texts, normalize=True).float().numpy()
+        np.testing.assert_allclose(te @ ie, [c["retrieval_cosine"] for c in row["candidates"][:3]], atol=1e-4)
+
+
+def test_bad_image_becomes_an_error_row_and_others_survive(demo_cfg, models, test_records, tmp_path):
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    recs = [test_records[0],
+            Record(image_id="missing.png", image_path=str(tmp_path / "missing.png"), references=("x",), split="test"),
+            Record(image_id="broken.jpg", image_path=str(broken), references=("x",), split="test"),
+            test_records[1]]
+    rows = run_pipeline(recs, demo_cfg, models)
+    assert [r["image_id"] for r in rows] == [r.image_id for r in recs]
+    assert rows[0]["error"] is None and rows[3]["error"] is None
+    assert rows[1]["error"] and "decode" in rows[1]["error"]
+    assert rows[2]["error"] and "decode" in rows[2]["error"]
+    assert rows[1]["candidates"] == [] and len(rows[0]["candidates"]) == demo_cfg.captioner.beam_width
+    rows_to_table(rows)  # error rows still fit the schema
+
+
+def test_without_verifier_keeps_retrieval_order(demo_cfg, models, test_records):
+    cfg = demo_cfg.model_copy(deep=True)
+    cfg.verifier.enabled = False
+    m = type(models)(**{**models.__dict__, "verifier": None})
+    rows = run_pipeline(test_records[:2], cfg, m)
+    for row in rows:
+        assert [v["retrieval_rank"] for v in row["verified"]] == list(range(cfg.verifier.keep))
+        assert all(math.isnan(c["verifier"]) for c in row["candidates"])
+        pa.Table.from_pylist([row], schema=FEATURE_SCHEMA)
