@@ -1,0 +1,77 @@
+"""Device and dtype choice shared by every model loader.
+
+``pick_device("auto")`` is CUDA when a GPU is visible, else the CPU; explicit specs ("cpu", "cuda",
+"cuda:1") are honoured and checked. ``pick_dtype("auto", device)`` is bf16 on a CUDA device that
+supports it (fp16 otherwise) and fp32 on the CPU: half precision on the CPU is slow and, for
+some kernels, missing.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def pick_device(spec: str | torch.device | None = "auto") -> torch.device:
+    """Resolve a device spec: "auto" (CUDA if available, else CPU), "cpu", "cuda", "cuda:N", "mps"."""
+    if isinstance(spec, torch.device):
+        device = spec
+    else:
+        text = (spec or "auto").strip().lower()
+        if text == "auto":
+            return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        try:
+            device = torch.device(text)
+        except RuntimeError as e:
+            raise ValueError(
+                f"device '{spec}' is not a valid torch device; use 'auto', 'cpu', 'cuda' or 'cuda:N'"
+            ) from e
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device '{spec}' asks for CUDA but no GPU is visible; use device='cpu' or 'auto'")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(
+                f"device '{spec}' does not exist: {torch.cuda.device_count()} CUDA device(s) visible"
+            )
+    return device
+
+
+def pick_dtype(precision: str = "auto", device: str | torch.device = "cpu") -> torch.dtype:
+    """Resolve a precision name ("auto", "fp32", "fp16", "bf16") for a device.
+
+    auto: bf16 on CUDA when the GPU supports it, else fp16; fp32 on every other device.
+    """
+    dev = device if isinstance(device, torch.device) else torch.device(device)
+    p = (precision or "auto").strip().lower()
+    if p == "auto":
+        if dev.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    if p not in _DTYPES:
+        raise ValueError(f"precision '{precision}' is not one of auto, fp32, fp16, bf16")
+    return _DTYPES[p]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """torch.bfloat16 -> "bf16" (the names used in configs and manifests)."""
+    for k, v in _DTYPES.items():
+        if v == dtype:
+            return k
+    return str(dtype).replace("torch.", "")
+
+
+
+class ModelUnavailableError(FileNotFoundError):
+    """Weights or tokenizer files that are neither on disk nor downloadable here; the message names
+    the model, where the files come from and how to provide them."""
+
+
+def hf_offline() -> bool:
+    """True when HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE ask for no network access."""
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        if os.environ.get(var, "").strip().lower() in {"1", "true", "yes", "on"}:
+            return True
+    return False
