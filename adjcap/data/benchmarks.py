@@ -31,6 +31,7 @@ import os
 import re
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -149,9 +150,7 @@ def _layout_of(obj: Any, path: Path) -> str:
                 f"{path}: has an 'images' list but neither 'annotations' (COCO format) nor "
                 f"per-image 'sentences' (Karpathy format); first entry: {str(imgs[0])[:200]}"
             )
-        if obj and all(isinstance(k, str) for k in obj) and any(
-            isinstance(v, list) for v in list(obj.values())[:5]
-        ):
+        if obj and any(isinstance(v, list) for v in islice(obj.values(), 5)):
             return "ifcap"
         if not obj:
             raise DataError(f"{path}: the JSON object is empty; the file has no images")
