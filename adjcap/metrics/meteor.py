@@ -1,0 +1,143 @@
+"""METEOR 1.5 through pycocoevalcap's jar, speaking the same stdio protocol as pycocoevalcap's
+``Meteor`` wrapper (one ``SCORE`` line per image, then one ``EVAL`` line over all statistics), so
+the numbers are identical. Differences: the requests are pipelined (a writer thread) instead of
+one round trip per image, Java's stderr goes to a file (a full pipe cannot stall it), a dead or
+failing jar raises a :class:`MetricError` with its stderr instead of hanging on a held lock, and
+the heap size is configurable.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+import threading
+from collections.abc import Hashable, Mapping, Sequence
+from pathlib import Path
+
+from adjcap.metrics.java import MetricError, find_java, pycocoevalcap_dir, tail
+
+
+def meteor_jar() -> Path:
+    jar = pycocoevalcap_dir() / "meteor" / "meteor-1.5.jar"
+    if not jar.exists():
+        raise MetricError(f"METEOR jar not found at {jar}; reinstall pycocoevalcap==1.2")
+    return jar
+
+
+class MeteorScorer:
+    """A running METEOR process; use as a context manager, call :meth:`compute_score` any number
+    of times (e.g. once per NoCaps domain)."""
+
+    def __init__(self, *, java: str = "java", mem: str = "2G", tmp_dir: str | Path | None = None):
+        jar = meteor_jar()
+        exe = find_java(java)
+        self._stderr = tempfile.TemporaryFile(dir=tmp_dir)
+        # same arguments as pycocoevalcap; cwd = the jar's directory so that data/paraphrase-en.gz
+        # is found exactly as there
+        cmd = [exe, "-jar", f"-Xmx{mem}", jar.name, "-", "-", "-stdio", "-l", "en", "-norm"]
+        self._proc = subprocess.Popen(
+            cmd, cwd=str(jar.parent), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr
+        )
+        self._lock = threading.Lock()
+
+    # ---- protocol ------------------------------------------------------------------------
+    @staticmethod
+    def _score_line(hypothesis: str, references: Sequence[str]) -> str:
+        hypothesis = hypothesis.replace("|||", "").replace("  ", " ")
+        return " ||| ".join(("SCORE", " ||| ".join(references), hypothesis))
+
+    def _fail(self, what: str) -> MetricError:
+        self._stderr.seek(0)
+        err = self._stderr.read()
+        code = self._proc.poll()
+        return MetricError(
+            f"METEOR {what} (java exit code {code}). If it ran out of memory raise the heap "
+            f"(METEOR uses -Xmx2G by default). stderr: {tail(err)}"
+        )
+
+    def _readline(self) -> bytes:
+        line = self._proc.stdout.readline()
+        if not line:
+            raise self._fail("stopped before answering")
+        return line
+
+    def compute_score(
+        self, gts: Mapping[Hashable, Sequence[str]], res: Mapping[Hashable, Sequence[str]]
+    ) -> tuple[float, list[float]]:
+        """Same inputs and outputs as pycocoevalcap's ``Meteor.compute_score`` (tokenised text)."""
+        if gts.keys() != res.keys():
+            raise ValueError("METEOR: references and predictions must have the same image ids")
+        ids = list(gts.keys())
+        if not ids:
+            raise ValueError("METEOR: nothing to score")
+        for i in ids:
+            if len(res[i]) != 1:
+                raise ValueError(f"METEOR: image {i!r} needs exactly one prediction, got {len(res[i])}")
+        requests = [self._score_line(res[i][0], gts[i]) for i in ids]
+        with self._lock:
+            if self._proc.poll() is not None:
+                raise self._fail("is not running")
+            writer_error: list[BaseException] = []
+
+            def write() -> None:
+                try:
+                    for r in requests:
+                        self._proc.stdin.write((r + "\n").encode())
+                    self._proc.stdin.flush()
+                except BaseException as e:  # broken pipe: reported by the reader below
+                    writer_error.append(e)
+
+            t = threading.Thread(target=write, daemon=True)
+            t.start()
+            stats = []
+            try:
+                for _ in ids:
+                    stats.append(self._readline().decode().strip())
+            finally:
+                t.join()
+            if writer_error:
+                raise self._fail(f"could not be fed ({writer_error[0]!r})")
+            eval_line = "EVAL ||| " + " ||| ".join(stats)
+            try:
+                self._proc.stdin.write((eval_line + "\n").encode())
+                self._proc.stdin.flush()
+            except OSError as e:
+                raise self._fail(f"could not be fed ({e!r})") from e
+            try:
+                scores = [float(self._readline().strip()) for _ in ids]
+                score = float(self._readline().strip())
+            except ValueError as e:
+                raise self._fail(f"answered something that is not a number ({e})") from e
+        return score, scores
+
+    # ---- lifetime ------------------------------------------------------------------------
+    def close(self) -> None:
+        proc = getattr(self, "_proc", None)
+        if proc is None:
+            return
+        try:
+            if proc.stdin and not proc.stdin.closed:
+                proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout:
+            proc.stdout.close()
+        self._stderr.close()
+        self._proc = None
+
+    def __enter__(self) -> MeteorScorer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:
+            pass
