@@ -11,7 +11,7 @@ from typing import Iterable
 
 import numpy as np
 
-from adjcap.data.benchmarks import _karpathy_select, _layout_of, _load_json, _parse_karpathy
+from adjcap.data.benchmarks import _karpathy_images, _layout_of, _load_json
 from adjcap.data.records import DataError, offenders
 
 CORPUS_FORMATS = ("ifcap", "karpathy", "lines", "auto")
@@ -107,16 +107,23 @@ def _raw_karpathy(path: Path, split: str) -> list[str]:
     obj = _load_json(path)
     if _layout_of(obj, path) != "karpathy":
         raise DataError(f"{path}: corpus format 'karpathy' expects a Karpathy dataset_*.json")
-    entries = _karpathy_select(_parse_karpathy(obj, path), split, path)
     out: list[str] = []
     bad = []
-    for e in entries:
-        if isinstance(e.refs, list) and all(isinstance(c, str) for c in e.refs):
-            out.extend(e.refs)
-        else:
-            bad.append(e.image_id)
+    for im in _karpathy_images(obj, path, split):
+        sents = im.get("sentences")
+        if not isinstance(sents, list):
+            bad.append(str(im["filename"]))
+            continue
+        for st in sents:
+            raw = st.get("raw") if isinstance(st, dict) else None
+            if isinstance(raw, str):
+                out.append(raw)
+            elif isinstance(st, dict) and isinstance(st.get("tokens"), list):
+                out.append(" ".join(map(str, st["tokens"])))
+            else:
+                bad.append(str(im["filename"]))
     if bad:
-        raise DataError(f"{path}: images whose sentences have no 'raw' text: {offenders(bad)}")
+        raise DataError(f"{path}: images whose sentences have no 'raw' text: {offenders(list(dict.fromkeys(bad)))}")
     return out
 
 
