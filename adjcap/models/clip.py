@@ -23,6 +23,7 @@ registered with open_clip on import; :func:`build_tiny_clip` saves a determinist
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -452,6 +453,11 @@ def _pinned_from_tags(model: str) -> tuple[dict[str, Any], bool | None]:
     return pp, (qg.pop() if len(qg) == 1 else None)
 
 
+@functools.lru_cache(maxsize=8)
+def _tokenizer(model: str, context_length: int) -> Any:
+    return open_clip.get_tokenizer(model, context_length=context_length)
+
+
 def load_dual_encoder(
     model: str,
     pretrained: str | os.PathLike | None,
@@ -602,7 +608,7 @@ def load_dual_encoder(
         p.requires_grad_(False)
 
     ctx = (kwargs.get("text_cfg") or model_cfg["text_cfg"]).get("context_length", 77)
-    tokenizer = open_clip.get_tokenizer(model, context_length=ctx)
+    tokenizer = _tokenizer(model, int(ctx))
     from open_clip.transform import PreprocessCfg, image_transform_v2
 
     transform = image_transform_v2(
@@ -679,7 +685,7 @@ def build_tiny_clip(path: str | os.PathLike, seed: int = 42, embed_dim: int | No
         torch.manual_seed(seed)
         net = open_clip.create_model(model, pretrained=None, precision="fp32", device="cpu", **kwargs)
     state = {k: v.detach().contiguous().clone() for k, v in net.state_dict().items()}
-    atomic_write_bytes(path, save(state, metadata={"model": model, "seed": str(seed)}))
+    atomic_write_bytes(path, save(state, metadata={"adjcap": json.dumps({"model": model, "seed": seed})}))
     pp = dict(open_clip.get_model_preprocess_cfg(net))
     pp = {k: (list(v) if isinstance(v, tuple) else v) for k, v in pp.items() if k in _PREPROCESS_KEYS}
     atomic_write_json(path.parent / SIDECAR, {"model_name": model, "model_cfg": model_cfg, "preprocess_cfg": pp})
