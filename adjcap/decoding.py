@@ -1,0 +1,430 @@
+"""Decoding GPT-2 from prompt embeddings: IFCap's reference beam search and greedy search, and a
+fast batched, KV-cached beam/greedy search over many images that returns the same beams.
+
+Reference beam search (spec/ifcap.md 5.1), one prompt at a time, no KV cache (the full sequence is
+recomputed every step):
+
+* logp = log(softmax(logits / temperature)) at the last position;
+* step 1: the top-W tokens of the prompt start the W beams (len = 1);
+* later steps: rows of stopped beams become -inf except token 0 (log-prob 0); cand = score + logp;
+  len += 1 for beams not stopped; avg = cand / len; top-W over all W x V entries of avg; the source
+  beam is index // V and the token index % V; score = chosen avg * len (a sum again);
+* a beam stops when its new token is in the stop set ("." and " ."); the loop ends when all beams are
+  stopped or after ``max_len`` tokens;
+* result: per beam the tokens up to its length, sum = score, mean = score / len; sorted by mean desc.
+
+The fast search does the same arithmetic for B images x W beams at once: prompts of different lengths
+are left-padded (attention mask + position ids that start at 0 on the first real position), GPT-2 runs
+once on the prompts and then one token per step with a KV cache that is reordered by source beam;
+images whose beams have all stopped leave the batch. Being KV-cached and padded it is mathematically
+identical to the reference but not bit-identical (differences ~1e-6), so a near-tie can in rare cases
+flip a beam.
+
+Greedy (spec 5.2): argmax per step, stop on the stop set, max_len tokens, text includes the stop token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = [
+    "Beam",
+    "Candidate",
+    "beam_search_fast",
+    "beam_search_reference",
+    "beams_to_candidates",
+    "decode_prompts",
+    "greedy_fast",
+    "greedy_reference",
+]
+
+
+@dataclass
+class Candidate:
+    """One decoded caption. ``lm_logprob_sum``/``_mean`` are over the generated tokens including the
+    stop token; ``beam_rank`` 0 is the search's own first choice (highest mean log-prob)."""
+
+    text: str
+    lm_logprob_sum: float
+    lm_logprob_mean: float
+    n_tokens: int
+    beam_rank: int
+    finished: bool
+    token_ids: tuple[int, ...] = field(default=(), repr=False)
+
+    def to_row(self) -> dict:
+        """The LM fields of a feature-table candidate (adjcap.features.CANDIDATE)."""
+        return {
+            "text": self.text,
+            "lm_logprob_sum": self.lm_logprob_sum,
+            "lm_logprob_mean": self.lm_logprob_mean,
+            "n_tokens": self.n_tokens,
+            "beam_rank": self.beam_rank,
+        }
+
+
+@dataclass
+class Beam:
+    """A raw search result: generated ids (up to and including the stop token), summed log-prob."""
+
+    tokens: list[int]
+    score_sum: float
+    finished: bool
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def score_mean(self) -> float:
+        return self.score_sum / len(self.tokens)
+
+
+def _logp(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    # log(softmax) rather than log_softmax: this is what the official search computes
+    return (logits.float() / temperature).softmax(dim=-1).log()
+
+
+def _check(gpt, prompts: Sequence[torch.Tensor], beam_width: int, max_len: int) -> None:
+    if max_len < 1:
+        raise ValueError(f"max_len must be >= 1, got {max_len}")
+    if beam_width < 1:
+        raise ValueError(f"beam_width must be >= 1, got {beam_width}")
+    v = gpt.config.vocab_size
+    if beam_width > v:
+        raise ValueError(f"beam_width {beam_width} exceeds the vocabulary size {v}")
+    n_pos = gpt.config.n_positions
+    for i, p in enumerate(prompts):
+        if p.dim() != 2 or p.shape[1] != gpt.config.n_embd:
+            raise ValueError(f"prompt {i} must be [T, {gpt.config.n_embd}], got {tuple(p.shape)}")
+        if p.shape[0] + max_len > n_pos:
+            raise ValueError(
+                f"prompt {i} has {p.shape[0]} positions; with max_len={max_len} it exceeds the language "
+                f"model's {n_pos} positions"
+            )
+
+
+def _sorted_beams(tokens: torch.Tensor, scores: torch.Tensor, lengths: torch.Tensor, stopped: torch.Tensor) -> list[Beam]:
+    """Beams cut to their lengths, sorted by mean (scores / lengths) descending (stable)."""
+    means = (scores / lengths).tolist()
+    order = sorted(range(len(means)), key=lambda b: -means[b])
+    toks = tokens.tolist()
+    lens = lengths.tolist()
+    sums = scores.tolist()
+    fin = stopped.tolist()
+    return [Beam(tokens=toks[b][: int(lens[b])], score_sum=float(sums[b]), finished=bool(fin[b])) for b in order]
+
+
+# --------------------------------------------------------------------------------------------
+# Reference (official procedure, one image at a time)
+# --------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def beam_search_reference(
+    gpt,
+    prompt: torch.Tensor,
+    *,
+    beam_width: int = 5,
+    max_len: int = 64,
+    stop_ids: Sequence[int],
+    temperature: float = 1.0,
+) -> list[Beam]:
+    """IFCap's ``search.beam_search`` for one prompt [T, D] (no KV cache). Returns W beams sorted
+    by mean log-prob descending."""
+    _check(gpt, [prompt], beam_width, max_len)
+    wte = gpt.transformer.wte
+    dev = prompt.device
+    stop = torch.tensor(list(stop_ids), device=dev)
+    emb = prompt[None]
+    w = beam_width
+    tokens = scores = None
+    lengths = torch.ones(w, device=dev)
+    stopped = torch.zeros(w, dtype=torch.bool, device=dev)
+    for _ in range(max_len):
+        logits = gpt(inputs_embeds=emb, use_cache=False).logits[:, -1, :]
+        logp = _logp(logits, temperature)
+        if scores is None:
+            scores, nxt = logp[0].topk(w)
+            emb = emb.expand(w, -1, -1)
+            tokens = nxt[:, None]
+        else:
+            vocab = logp.shape[1]
+            logp[stopped] = float("-inf")
+            logp[stopped, 0] = 0.0
+            cand = scores[:, None] + logp
+            lengths[~stopped] += 1
+            avg = cand / lengths[:, None]
+            top, idx = avg.view(-1).topk(w)
+            src = idx // vocab
+            nxt = idx % vocab
+            lengths = lengths[src]
+            tokens = torch.cat([tokens[src], nxt[:, None]], dim=1)
+            emb = emb[src]
+            scores = top * lengths
+            stopped = stopped[src]
+        emb = torch.cat([emb, wte(nxt)[:, None].to(emb.dtype)], dim=1)
+        stopped = stopped | torch.isin(nxt, stop)
+        if bool(stopped.all()):
+            break
+    return _sorted_beams(tokens, scores, lengths, stopped)
+
+
+@torch.no_grad()
+def greedy_reference(
+    gpt, prompt: torch.Tensor, *, max_len: int = 64, stop_ids: Sequence[int], temperature: float = 1.0
+) -> Beam:
+    """IFCap's ``search.greedy_search`` for one prompt (batch size 1, KV cache, stop on the stop set)."""
+    _check(gpt, [prompt], 1, max_len)
+    wte = gpt.transformer.wte
+    stop = set(int(s) for s in stop_ids)
+    out = gpt(inputs_embeds=prompt[None], use_cache=True)
+    toks: list[int] = []
+    total = 0.0
+    finished = False
+    for step in range(max_len):
+        if step:
+            inp = wte(torch.tensor([[toks[-1]]], device=prompt.device)).to(prompt.dtype)
+            out = gpt(inputs_embeds=inp, past_key_values=out.past_key_values, use_cache=True)
+        logits = out.logits[0, -1]
+        tok = int(logits.argmax())
+        total += float(_logp(logits, temperature)[tok])
+        toks.append(tok)
+        if tok in stop:
+            finished = True
+            break
+    return Beam(tokens=toks, score_sum=total, finished=finished)
+
+
+# --------------------------------------------------------------------------------------------
+# Fast batched search
+# --------------------------------------------------------------------------------------------
+
+
+def _left_pad(prompts: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    lens = [p.shape[0] for p in prompts]
+    t = max(lens)
+    b = len(prompts)
+    d = prompts[0].shape[1]
+    dev, dt = prompts[0].device, prompts[0].dtype
+    emb = torch.zeros(b, t, d, device=dev, dtype=dt)
+    mask = torch.zeros(b, t, device=dev, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        emb[i, t - lens[i] :] = p
+        mask[i, t - lens[i] :] = 1
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    return emb, mask, pos
+
+
+def _chunks(prompts: Sequence[torch.Tensor], batch_size: int | None) -> list[list[int]]:
+    """Image indices grouped into batches of similar prompt length (less padding)."""
+    order = sorted(range(len(prompts)), key=lambda i: prompts[i].shape[0])
+    bs = batch_size or max(1, len(prompts))
+    return [order[i : i + bs] for i in range(0, len(order), bs)]
+
+
+@torch.no_grad()
+def _beam_batch(gpt, prompts: Sequence[torch.Tensor], w: int, max_len: int, stop: torch.Tensor, temperature: float):
+    wte = gpt.transformer.wte
+    dev = prompts[0].device
+    b = len(prompts)
+    emb, mask, pos = _left_pad(prompts)
+    out = gpt(inputs_embeds=emb, attention_mask=mask, position_ids=pos, use_cache=True)
+    cache = out.past_key_values
+    logp = _logp(out.logits[:, -1, :], temperature)
+    vocab = logp.shape[1]
+    scores, nxt = logp.topk(w, dim=-1)  # (B, W)
+    tokens = nxt[..., None]
+    lengths = torch.ones(b, w, device=dev)
+    stopped = torch.isin(nxt, stop)
+    rows = torch.arange(b, device=dev).repeat_interleave(w)
+    cache.reorder_cache(rows)
+    mask = mask[rows]
+    next_pos = torch.tensor([p.shape[0] for p in prompts], device=dev)[rows]
+    alive = list(range(b))  # batch position -> image index (within this batch)
+    results: dict[int, list[Beam]] = {}
+    for _ in range(1, max_len):
+        done = stopped.all(dim=1)
+        if bool(done.any()):
+            for j in torch.nonzero(done).flatten().tolist():
+                results[alive[j]] = _sorted_beams(tokens[j], scores[j], lengths[j], stopped[j])
+            keep = torch.nonzero(~done).flatten()
+            if keep.numel() == 0:
+                break
+            alive = [alive[j] for j in keep.tolist()]
+            keep_rows = (keep[:, None] * w + torch.arange(w, device=dev)).flatten()
+            cache.batch_select_indices(keep_rows)
+            mask, next_pos = mask[keep_rows], next_pos[keep_rows]
+            tokens, scores, lengths, stopped, nxt = tokens[keep], scores[keep], lengths[keep], stopped[keep], nxt[keep]
+        nb = len(alive)
+        mask = torch.cat([mask, torch.ones(nb * w, 1, device=dev, dtype=mask.dtype)], dim=1)
+        inp = wte(nxt.reshape(-1))[:, None].to(emb.dtype)
+        out = gpt(
+            inputs_embeds=inp, attention_mask=mask, position_ids=next_pos[:, None], past_key_values=cache, use_cache=True
+        )
+        cache = out.past_key_values
+        next_pos = next_pos + 1
+        logp = _logp(out.logits[:, -1, :], temperature).view(nb, w, vocab)
+        logp[stopped] = float("-inf")
+        logp[..., 0][stopped] = 0.0
+        cand = scores[..., None] + logp
+        lengths = lengths + (~stopped).to(lengths.dtype)
+        avg = cand / lengths[..., None]
+        top, idx = avg.view(nb, w * vocab).topk(w, dim=-1)
+        src = idx // vocab
+        nxt = idx % vocab
+        lengths = lengths.gather(1, src)
+        tokens = torch.cat([tokens.gather(1, src[..., None].expand(-1, -1, tokens.shape[2])), nxt[..., None]], dim=2)
+        stopped = stopped.gather(1, src) | torch.isin(nxt, stop)
+        scores = top * lengths
+        cache.reorder_cache((torch.arange(nb, device=dev)[:, None] * w + src).flatten())
+    for j, i in enumerate(alive):
+        if i not in results:
+            results[i] = _sorted_beams(tokens[j], scores[j], lengths[j], stopped[j])
+    return [results[i] for i in range(b)]
+
+
+@torch.no_grad()
+def beam_search_fast(
+    gpt,
+    prompts: Sequence[torch.Tensor],
+    *,
+    beam_width: int = 5,
+    max_len: int = 64,
+    stop_ids: Sequence[int],
+    temperature: float = 1.0,
+    batch_size: int | None = None,
+) -> list[list[Beam]]:
+    """The reference beam search for many prompts ([T_i, D] each) at once, KV-cached.
+    ``batch_size`` images are decoded together (None: all). Returns, per prompt, W beams sorted by
+    mean log-prob descending."""
+    if not prompts:
+        return []
+    _check(gpt, prompts, beam_width, max_len)
+    stop = torch.tensor(list(stop_ids), device=prompts[0].device)
+    out: list[list[Beam] | None] = [None] * len(prompts)
+    for idx in _chunks(prompts, batch_size):
+        res = _beam_batch(gpt, [prompts[i] for i in idx], beam_width, max_len, stop, temperature)
+        for i, r in zip(idx, res):
+            out[i] = r
+    return out  # type: ignore[return-value]
+
+
+@torch.no_grad()
+def greedy_fast(
+    gpt,
+    prompts: Sequence[torch.Tensor],
+    *,
+    max_len: int = 64,
+    stop_ids: Sequence[int],
+    temperature: float = 1.0,
+    batch_size: int | None = None,
+) -> list[Beam]:
+    """Greedy decoding of many prompts at once (left-padded, KV cache); each image stops at its own
+    first stop token."""
+    if not prompts:
+        return []
+    _check(gpt, prompts, 1, max_len)
+    wte = gpt.transformer.wte
+    dev = prompts[0].device
+    stop = torch.tensor(list(stop_ids), device=dev)
+    results: list[Beam | None] = [None] * len(prompts)
+    for idx in _chunks(prompts, batch_size):
+        emb, mask, pos = _left_pad([prompts[i] for i in idx])
+        out = gpt(inputs_embeds=emb, attention_mask=mask, position_ids=pos, use_cache=True)
+        next_pos = torch.tensor([prompts[i].shape[0] for i in idx], device=dev)
+        n = len(idx)
+        toks = torch.zeros(n, 0, dtype=torch.long, device=dev)
+        sums = torch.zeros(n, device=dev)
+        lengths = torch.zeros(n, dtype=torch.long, device=dev)
+        stopped = torch.zeros(n, dtype=torch.bool, device=dev)
+        for step in range(max_len):
+            if step:
+                mask = torch.cat([mask, torch.ones(n, 1, device=dev, dtype=mask.dtype)], dim=1)
+                out = gpt(
+                    inputs_embeds=wte(toks[:, -1])[:, None].to(emb.dtype),
+                    attention_mask=mask,
+                    position_ids=next_pos[:, None],
+                    past_key_values=out.past_key_values,
+                    use_cache=True,
+                )
+                next_pos = next_pos + 1
+            logits = out.logits[:, -1, :]
+            tok = logits.argmax(dim=-1)
+            lp = _logp(logits, temperature).gather(1, tok[:, None])[:, 0]
+            active = ~stopped
+            sums = sums + torch.where(active, lp, torch.zeros_like(lp))
+            lengths = lengths + active.long()
+            toks = torch.cat([toks, tok[:, None]], dim=1)
+            stopped = stopped | (active & torch.isin(tok, stop))
+            if bool(stopped.all()):
+                break
+        tl, sl, ll, fl = toks.tolist(), sums.tolist(), lengths.tolist(), stopped.tolist()
+        for j, i in enumerate(idx):
+            results[i] = Beam(tokens=tl[j][: ll[j]], score_sum=float(sl[j]), finished=bool(fl[j]))
+    return results  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------------------------
+# Candidates
+# --------------------------------------------------------------------------------------------
+
+
+def beams_to_candidates(beams: Sequence[Beam], tokenizer) -> list[Candidate]:
+    """Decoded texts (ids up to and including the stop token, no strip) + scores, in beam order."""
+    out = []
+    for rank, b in enumerate(beams):
+        out.append(
+            Candidate(
+                text=tokenizer.decode(b.tokens),
+                lm_logprob_sum=float(b.score_sum),
+                lm_logprob_mean=float(b.score_mean),
+                n_tokens=b.length,
+                beam_rank=rank,
+                finished=b.finished,
+                token_ids=tuple(b.tokens),
+            )
+        )
+    return out
+
+
+@torch.no_grad()
+def decode_prompts(
+    gpt,
+    tokenizer,
+    prompts: Sequence[torch.Tensor],
+    *,
+    decoder: str = "beam",
+    search: str = "fast",
+    beam_width: int = 20,
+    max_len: int = 64,
+    stop_ids: Sequence[int],
+    batch_size: int | None = None,
+    temperature: float = 1.0,
+) -> list[list[Candidate]]:
+    """Decode prompt embeddings into candidates: ``decoder`` beam|greedy, ``search`` fast|reference."""
+    if decoder not in ("beam", "greedy"):
+        raise ValueError(f"decoder must be 'beam' or 'greedy', got {decoder!r}")
+    if search not in ("fast", "reference"):
+        raise ValueError(f"search must be 'fast' or 'reference', got {search!r}")
+    gpt.eval()
+    if decoder == "greedy":
+        if search == "fast":
+            beams = greedy_fast(gpt, prompts, max_len=max_len, stop_ids=stop_ids, temperature=temperature, batch_size=batch_size)
+        else:
+            beams = [greedy_reference(gpt, p, max_len=max_len, stop_ids=stop_ids, temperature=temperature) for p in prompts]
+        return [beams_to_candidates([b], tokenizer) for b in beams]
+    if search == "fast":
+        all_beams = beam_search_fast(
+            gpt, prompts, beam_width=beam_width, max_len=max_len, stop_ids=stop_ids,
+            temperature=temperature, batch_size=batch_size,
+        )
+    else:
+        all_beams = [
+            beam_search_reference(gpt, p, beam_width=beam_width, max_len=max_len, stop_ids=stop_ids, temperature=temperature)
+            for p in prompts
+        ]
+    return [beams_to_candidates(b, tokenizer) for b in all_beams]
