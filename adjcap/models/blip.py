@@ -1,0 +1,550 @@
+"""The BLIP ITM verifier (transformers ``BlipForImageTextRetrieval``), one image against many captions.
+
+``load_verifier("Salesforce/blip-itm-large-coco")`` (or ``...-flickr``, or a local save_pretrained
+directory) returns a :class:`Verifier`:
+
+* :meth:`Verifier.encode_images` runs the ViT once per image and precomputes, for every text layer,
+  the cross-attention keys and values of the image tokens (an :class:`ImageMemo`);
+* :meth:`Verifier.score` scores any number of captions per image against the memo: only the text
+  side runs, on captions trimmed to their real length and bucketed by length;
+* :meth:`Verifier.score_pairs` is the plain per-pair ``model(input_ids, pixel_values,
+  use_itm_head=True)`` forward (image re-encoded for every pair): the reference the fast path is
+  tested against.
+
+The score is the ITM softmax match probability (class 1), in (0, 1).
+
+Text handling follows LAVIS ``blip_image_text_matching`` (whose weights these are): captions are
+cleaned by LAVIS's ``pre_caption`` (lower case, ``.!"()*#:;~`` removed, at most 50 words) when
+``caption_preprocess="lavis"``, tokenised with truncation at ``max_text_tokens`` = 35 (special tokens
+included), and the first token ([CLS]) is replaced by [ENC] for ITM as LAVIS does
+(``first_token="enc"``; ``"cls"`` keeps [CLS] as the transformers example does). Checkpoints whose
+tokenizer lacks an [ENC] entry use LAVIS's id for it: the last row of the text embedding, right
+after [DEC] (BERT's 30522 tokens + [DEC] 30522 + [ENC] 30523).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from adjcap.models.precision import ModelUnavailableError, dtype_name, hf_offline, pick_device, pick_dtype
+
+DEFAULT_VERIFIER = "Salesforce/blip-itm-large-coco"
+FLICKR_VERIFIER = "Salesforce/blip-itm-large-flickr"
+LAVIS_MAX_WORDS = 50
+
+
+def lavis_pre_caption(caption: str, max_words: int = LAVIS_MAX_WORDS) -> str:
+    """LAVIS ``BlipCaptionProcessor`` eval cleaning: lower case, drop ``.!"()*#:;~``, squeeze spaces,
+    keep the first ``max_words`` words."""
+    caption = re.sub(r"([.!\"()*#:;~])", " ", caption.lower())
+    caption = re.sub(r"\s{2,}", " ", caption)
+    caption = caption.rstrip("\n").strip(" ")
+    words = caption.split(" ")
+    if len(words) > max_words:
+        caption = " ".join(words[:max_words])
+    return caption
+
+
+@dataclass
+class ImageMemo:
+    """Per-image state reused by every caption: ViT output and per-layer cross-attention K/V."""
+
+    image_embeds: torch.Tensor  # [n, P, Dv]
+    cross_kv: list[tuple[torch.Tensor, torch.Tensor]]  # per text layer: K, V [n, heads, P, dh]
+
+    def __len__(self) -> int:
+        return int(self.image_embeds.shape[0])
+
+    def select(self, index: Sequence[int] | torch.Tensor) -> ImageMemo:
+        idx = torch.as_tensor(index, dtype=torch.long, device=self.image_embeds.device)
+        return ImageMemo(
+            self.image_embeds.index_select(0, idx),
+            [(k.index_select(0, idx), v.index_select(0, idx)) for k, v in self.cross_kv],
+        )
+
+    @staticmethod
+    def concat(memos: Sequence[ImageMemo]) -> ImageMemo:
+        return ImageMemo(
+            torch.cat([m.image_embeds for m in memos]),
+            [
+                (torch.cat([m.cross_kv[i][0] for m in memos]), torch.cat([m.cross_kv[i][1] for m in memos]))
+                for i in range(len(memos[0].cross_kv))
+            ],
+        )
+
+
+class Verifier:
+    """A BLIP ITM model with its tokenizer and image processor on one device in one dtype."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        image_processor: Any,
+        *,
+        model_id: str,
+        device: torch.device,
+        dtype: torch.dtype,
+        max_text_tokens: int = 35,
+        first_token: str = "enc",
+        caption_preprocess: str = "lavis",
+        image_batch_size: int = 16,
+        pair_batch_size: int = 256,
+    ) -> None:
+        if first_token not in ("enc", "cls"):
+            raise ValueError(f"first_token must be 'enc' or 'cls'; got {first_token!r}")
+        if caption_preprocess not in ("lavis", "none"):
+            raise ValueError(f"caption_preprocess must be 'lavis' or 'none'; got {caption_preprocess!r}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.image_processor = image_processor
+        self.model_id = model_id
+        self.device = device
+        self.dtype = dtype
+        self.max_text_tokens = int(max_text_tokens)
+        self.first_token = first_token
+        self.caption_preprocess = caption_preprocess
+        self.image_batch_size = int(image_batch_size)
+        self.pair_batch_size = int(pair_batch_size)
+        text_cfg = model.config.text_config
+        self.pad_id = int(text_cfg.pad_token_id if text_cfg.pad_token_id is not None else 0)
+        self.first_token_id = self._resolve_first_token()
+        self.text_layers = model.text_encoder.encoder.layer
+        self.heads = int(text_cfg.num_attention_heads)
+        self.head_dim = int(text_cfg.hidden_size) // self.heads
+
+    # ---- identity ----------------------------------------------------------------------------
+    @property
+    def precision(self) -> str:
+        return dtype_name(self.dtype)
+
+    @property
+    def slug(self) -> str:
+        return re.sub(r"[^A-Za-z0-9._-]+", "_", self.model_id).strip("_")
+
+    def _resolve_first_token(self) -> int:
+        tok = self.tokenizer
+        if self.first_token == "cls":
+            return int(tok.cls_token_id)
+        vocab = tok.get_vocab()
+        if "[ENC]" in vocab:
+            return int(vocab["[ENC]"])
+        text_cfg = self.model.config.text_config
+        vocab_size = int(text_cfg.vocab_size)
+        bos = text_cfg.bos_token_id
+        if bos is not None and int(bos) == vocab_size - 2 and len(tok) <= vocab_size - 1:
+            return vocab_size - 1  # LAVIS: [DEC] = len(bert vocab), [ENC] = next
+        raise ValueError(
+            f"{self.model_id}: the tokenizer has no [ENC] token and the text embedding does not have the "
+            "LAVIS layout ([DEC], [ENC] after the BERT vocabulary); use first_token='cls' "
+            "(config verifier.itm_first_token)"
+        )
+
+    # ---- text --------------------------------------------------------------------------------
+    def clean(self, text: str) -> str:
+        return lavis_pre_caption(text) if self.caption_preprocess == "lavis" else text
+
+    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        """Captions -> token ids ([ENC]/[CLS] ... [SEP]), truncated at ``max_text_tokens``, unpadded."""
+        if not texts:
+            return []
+        enc = self.tokenizer(
+            [self.clean(t) for t in texts],
+            truncation=True,
+            max_length=self.max_text_tokens,
+            padding=False,
+            add_special_tokens=True,
+        )["input_ids"]
+        out = []
+        for ids in enc:
+            ids = list(ids)
+            ids[0] = self.first_token_id
+            out.append(ids)
+        return out
+
+    def _pad(self, seqs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+            mask[i, : len(s)] = 1
+        return ids, mask
+
+    # ---- images ------------------------------------------------------------------------------
+    def preprocess(self, images: Sequence[Image.Image] | Image.Image) -> torch.Tensor:
+        """PIL images -> pixel_values float32 [B, 3, S, S] (the checkpoint's image processor)."""
+        if isinstance(images, Image.Image):
+            images = [images]
+        images = [im.convert("RGB") if im.mode != "RGB" else im for im in images]
+        return self.image_processor(images=images, return_tensors="pt")["pixel_values"].float()
+
+    @torch.inference_mode()
+    def encode_images(self, images: Sequence[Image.Image] | torch.Tensor) -> ImageMemo:
+        """Run the vision encoder once per image and precompute every text layer's cross-attention
+        keys/values of the image tokens."""
+        pixels = images if isinstance(images, torch.Tensor) else None
+        items = None if pixels is not None else list(images)
+        n = int(pixels.shape[0]) if pixels is not None else len(items)
+        if n == 0:
+            raise ValueError("encode_images needs at least one image")
+        memos = []
+        for start in range(0, n, self.image_batch_size):
+            if pixels is not None:
+                batch = pixels[start : start + self.image_batch_size]
+            else:
+                batch = self.preprocess(items[start : start + self.image_batch_size])
+            batch = batch.to(self.device, dtype=self.dtype)
+            embeds = self.model.vision_model(pixel_values=batch).last_hidden_state
+            kv = []
+            for layer in self.text_layers:
+                att = layer.crossattention.self
+                k = att.key(embeds).view(embeds.shape[0], embeds.shape[1], self.heads, self.head_dim)
+                v = att.value(embeds).view(embeds.shape[0], embeds.shape[1], self.heads, self.head_dim)
+                kv.append((k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()))
+            memos.append(ImageMemo(embeds, kv))
+        return memos[0] if len(memos) == 1 else ImageMemo.concat(memos)
+
+    # ---- scoring -----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def score(self, memo: ImageMemo, texts_per_image: Sequence[Sequence[str]]) -> list[np.ndarray]:
+        """ITM match probabilities: one float32 array per image, one value per caption, in order."""
+        if len(texts_per_image) != len(memo):
+            raise ValueError(
+                f"score: {len(texts_per_image)} caption lists for {len(memo)} encoded images"
+            )
+        flat = [t for texts in texts_per_image for t in texts]
+        owner = [i for i, texts in enumerate(texts_per_image) for _ in texts]
+        probs = np.zeros(len(flat), dtype=np.float32)
+        if flat:
+            seqs = self.tokenize(flat)
+            lengths = np.array([len(s) for s in seqs])
+            order = np.argsort(lengths, kind="stable")  # bucket by length
+            for start in range(0, len(order), self.pair_batch_size):
+                idx = order[start : start + self.pair_batch_size]
+                ids, mask = self._pad([seqs[i] for i in idx])
+                img = torch.as_tensor([owner[i] for i in idx], dtype=torch.long, device=self.device)
+                probs[idx] = self._itm_from_memo(ids.to(self.device), mask.to(self.device), memo, img)
+        out, pos = [], 0
+        for texts in texts_per_image:
+            out.append(probs[pos : pos + len(texts)].copy())
+            pos += len(texts)
+        return out
+
+    def score_images(self, images: Sequence[Image.Image], texts_per_image: Sequence[Sequence[str]]) -> list[np.ndarray]:
+        """encode_images + score in one call."""
+        return self.score(self.encode_images(images), texts_per_image)
+
+    def _itm_from_memo(
+        self, ids: torch.Tensor, mask: torch.Tensor, memo: ImageMemo, img: torch.Tensor
+    ) -> np.ndarray:
+        enc = self.model.text_encoder
+        h = enc.embeddings(input_ids=ids)
+        neg = torch.finfo(h.dtype).min
+        self_mask = torch.zeros(mask.shape, dtype=h.dtype, device=h.device).masked_fill(mask == 0, neg)[:, None, None, :]
+        b, width = ids.shape
+        scale = 1.0 / math.sqrt(self.head_dim)
+        for layer, (k_all, v_all) in zip(self.text_layers, memo.cross_kv, strict=True):
+            attn_out, _ = layer.attention(h, attention_mask=self_mask)
+            cross = layer.crossattention
+            q = cross.self.query(attn_out).view(b, width, self.heads, self.head_dim).transpose(1, 2)
+            k = k_all.index_select(0, img)
+            v = v_all.index_select(0, img)
+            scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+            ctx = torch.matmul(scores.softmax(dim=-1), v)
+            ctx = ctx.transpose(1, 2).reshape(b, width, self.heads * self.head_dim)
+            cross_out = cross.output(ctx, attn_out)
+            h = layer.feed_forward_chunk(cross_out)
+        logits = self.model.itm_head(h[:, 0, :]).float()
+        return logits.softmax(dim=-1)[:, 1].cpu().numpy()
+
+    @torch.inference_mode()
+    def score_pairs(
+        self, images: Sequence[Image.Image] | torch.Tensor, texts: Sequence[str], batch_size: int = 16
+    ) -> np.ndarray:
+        """Reference: the plain ``model(input_ids, pixel_values, use_itm_head=True)`` forward for each
+        (image, text) pair (the image is re-encoded per pair). ``images[i]`` goes with ``texts[i]``."""
+        n = int(images.shape[0]) if isinstance(images, torch.Tensor) else len(images)
+        if n != len(texts):
+            raise ValueError(f"score_pairs: {n} images for {len(texts)} texts")
+        seqs = self.tokenize(list(texts))
+        out = np.zeros(n, dtype=np.float32)
+        for start in range(0, n, batch_size):
+            sl = slice(start, start + batch_size)
+            pix = images[sl] if isinstance(images, torch.Tensor) else self.preprocess(list(images[sl]))
+            ids, mask = self._pad(seqs[sl])
+            res = self.model(
+                input_ids=ids.to(self.device),
+                pixel_values=pix.to(self.device, dtype=self.dtype),
+                attention_mask=mask.to(self.device),
+                use_itm_head=True,
+            )
+            out[sl] = res.itm_score.float().softmax(dim=-1)[:, 1].cpu().numpy()
+        return out
+
+
+# --------------------------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _quiet_progress() -> Iterator[None]:
+    """No transformers progress bars while loading/saving (restored afterwards)."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
+def _is_local(spec: str) -> bool:
+    return os.path.isdir(os.path.expanduser(spec))
+
+
+def _looks_like_path(spec: str) -> bool:
+    return spec.startswith((".", "/", "~")) or os.sep in spec.strip("/").split("/", 1)[-1] or spec.count("/") > 1
+
+
+def _dir_fingerprint(path: Path) -> str:
+    weights = sorted(path.glob("*.safetensors")) or sorted(path.glob("*.bin"))
+    h = hashlib.sha256()
+    for w in weights:
+        size = w.stat().st_size
+        h.update(w.name.encode() + str(size).encode())
+        with open(w, "rb") as f:
+            h.update(f.read(64 << 20))
+            if size > (128 << 20):
+                f.seek(size - (64 << 20))
+                h.update(f.read(64 << 20))
+    return "sha256s:" + h.hexdigest()[:16]
+
+
+def _hub_cached(repo: str, cache_dir: str | None) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    got = try_to_load_from_cache(repo, "config.json", cache_dir=cache_dir)
+    return isinstance(got, str) and os.path.isfile(got)
+
+
+def _unavailable(spec: str, cause: str) -> ModelUnavailableError:
+    return ModelUnavailableError(
+        f"BLIP ITM verifier '{spec}' is not available: {cause}. It is the Hugging Face model repo '{spec}' "
+        f"(config.json, model.safetensors, tokenizer and preprocessor files). Download it on a machine with "
+        f"internet access (`huggingface-cli download {spec} --local-dir <dir>`) and pass the directory as "
+        f"the verifier model (config key verifier.model), or copy the Hugging Face cache here."
+    )
+
+
+def load_verifier(
+    model: str | os.PathLike = DEFAULT_VERIFIER,
+    *,
+    device: str | torch.device = "auto",
+    precision: str = "auto",
+    max_text_tokens: int = 35,
+    first_token: str = "enc",
+    caption_preprocess: str = "lavis",
+    image_batch_size: int = 16,
+    pair_batch_size: int = 256,
+    cache_dir: str | None = None,
+) -> Verifier:
+    """Load a BLIP ITM verifier from a Hugging Face id or a local save_pretrained directory."""
+    from transformers import AutoTokenizer, BlipForImageTextRetrieval, BlipImageProcessor
+
+    spec = str(model)
+    dev = pick_device(device)
+    dtype = pick_dtype(precision, dev)
+    if _is_local(spec):
+        source = os.path.expanduser(spec)
+        path = Path(source)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"{path}: no config.json; a verifier directory must be a save_pretrained() folder of a "
+                f"BlipForImageTextRetrieval with its tokenizer and preprocessor files"
+            )
+        model_id = f"{path.name}/{_dir_fingerprint(path)}"
+        local_only = True
+    else:
+        if _looks_like_path(spec):
+            raise FileNotFoundError(
+                f"verifier directory '{spec}' does not exist; give a save_pretrained() directory or a "
+                f"Hugging Face id such as {DEFAULT_VERIFIER}"
+            )
+        if hf_offline() and not _hub_cached(spec, cache_dir):
+            raise _unavailable(spec, "HF_HUB_OFFLINE is set and it is not in the local Hugging Face cache")
+        source, model_id, local_only = spec, spec, hf_offline()
+    try:
+        with _quiet_progress():
+            net = BlipForImageTextRetrieval.from_pretrained(
+                source, dtype=dtype, cache_dir=cache_dir, local_files_only=local_only
+            )
+        tokenizer = AutoTokenizer.from_pretrained(source, cache_dir=cache_dir, local_files_only=local_only)
+        image_processor = BlipImageProcessor.from_pretrained(source, cache_dir=cache_dir, local_files_only=local_only)
+    except OSError as e:
+        if _is_local(spec):
+            raise FileNotFoundError(f"{spec}: incomplete verifier directory ({e})") from e
+        raise _unavailable(spec, str(e).splitlines()[0]) from e
+    net = net.to(device=dev, dtype=dtype).eval()
+    for p in net.parameters():
+        p.requires_grad_(False)
+    return Verifier(
+        net,
+        tokenizer,
+        image_processor,
+        model_id=model_id,
+        device=dev,
+        dtype=dtype,
+        max_text_tokens=max_text_tokens,
+        first_token=first_token,
+        caption_preprocess=caption_preprocess,
+        image_batch_size=image_batch_size,
+        pair_batch_size=pair_batch_size,
+    )
+
+
+def load_verifier_from_config(cfg: Any, *, device: str = "auto", resolve: Any = None) -> Verifier:
+    """Load from a ``VerifierCfg``; ``resolve`` expands ``{cache}``/``{data}`` (pass ``Config.resolve``)."""
+    model = resolve(cfg.model) if resolve is not None else cfg.model
+    return load_verifier(
+        model,
+        device=device,
+        precision=cfg.precision,
+        max_text_tokens=cfg.max_text_tokens,
+        first_token=getattr(cfg, "itm_first_token", "enc"),
+        caption_preprocess=getattr(cfg, "caption_preprocess", "lavis"),
+        image_batch_size=cfg.batch_size,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Tiny model
+# --------------------------------------------------------------------------------------------
+
+
+def train_wordpiece_tokenizer(corpus_texts: Sequence[str], vocab_size: int = 1000) -> Any:
+    """A lower-casing BERT WordPiece tokenizer whose vocabulary is learnt from ``corpus_texts``, with
+    BLIP's [DEC] (bos) and [ENC] tokens appended after it as in LAVIS.
+
+    The text is normalised and pre-tokenised with the ``tokenizers`` library's BERT normaliser and
+    pre-tokeniser; the vocabulary is the special tokens, every character (and its ``##`` form, ASCII
+    always included), then whole words by frequency (ties alphabetical) up to ``vocab_size``. (The
+    library's WordPieceTrainer breaks frequency ties differently from run to run; this is
+    deterministic, so the tiny world is reproducible.)
+    """
+    import string
+    from collections import Counter
+
+    from tokenizers import normalizers, pre_tokenizers
+    from transformers import BertTokenizer
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    norm = normalizers.BertNormalizer(lowercase=True)
+    pre = pre_tokenizers.BertPreTokenizer()
+    counts: Counter[str] = Counter()
+    for text in corpus_texts:
+        for word, _ in pre.pre_tokenize_str(norm.normalize_str(text)):
+            counts[word] += 1
+    chars = sorted({c for w in counts for c in w} | set(string.ascii_lowercase + string.digits + string.punctuation))
+    tokens = specials + chars + ["##" + c for c in chars]
+    words = sorted((w for w in counts if len(w) > 1), key=lambda w: (-counts[w], w))
+    tokens += words[: max(0, vocab_size - len(tokens))]
+    tok = BertTokenizer(vocab={t: i for i, t in enumerate(tokens)}, do_lower_case=True)
+    tok.add_special_tokens({"bos_token": "[DEC]"})
+    tok.add_tokens(["[ENC]"], special_tokens=True)
+    tok.model_max_length = 512
+    return tok
+
+
+def build_tiny_blip(
+    out_dir: str | os.PathLike,
+    corpus_texts: Sequence[str],
+    seed: int = 42,
+    image_size: int = 32,
+    patch_size: int = 8,
+    hidden: int = 32,
+    layers: int = 2,
+    vocab_size: int = 1000,
+) -> Path:
+    """Save a tiny ``BlipForImageTextRetrieval`` (random, deterministic) with a WordPiece tokenizer
+    trained on ``corpus_texts`` and a matching image processor into ``out_dir``; it loads with
+    ``load_verifier(str(out_dir))`` exactly like a hub id."""
+    from transformers import BlipConfig, BlipForImageTextRetrieval, BlipImageProcessor
+    from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
+
+    if not corpus_texts:
+        raise ValueError("build_tiny_blip needs corpus texts to train its tokenizer")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = train_wordpiece_tokenizer(corpus_texts, vocab_size=vocab_size)
+    dec_id = tok.convert_tokens_to_ids("[DEC]")
+    enc_id = tok.convert_tokens_to_ids("[ENC]")
+    assert enc_id == dec_id + 1 == len(tok) - 1, (dec_id, enc_id, len(tok))
+    heads = max(1, hidden // 16)
+    config = BlipConfig(
+        text_config=dict(
+            vocab_size=len(tok),
+            hidden_size=hidden,
+            encoder_hidden_size=hidden,
+            intermediate_size=hidden * 2,
+            projection_dim=hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            max_position_embeddings=64,
+            bos_token_id=dec_id,
+            pad_token_id=tok.pad_token_id,
+            sep_token_id=tok.sep_token_id,
+            eos_token_id=tok.sep_token_id,
+            initializer_range=0.2,
+        ),
+        vision_config=dict(
+            hidden_size=hidden,
+            intermediate_size=hidden * 2,
+            projection_dim=hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            image_size=image_size,
+            patch_size=patch_size,
+            initializer_range=0.2,
+        ),
+        image_text_hidden_size=hidden // 2,
+        projection_dim=hidden // 2,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        net = BlipForImageTextRetrieval(config)
+        # spread the ITM head so random scores cover (0, 1) instead of sitting at 0.5
+        torch.nn.init.normal_(net.itm_head.weight, std=2.0 / math.sqrt(hidden))
+    net.eval()
+    with _quiet_progress():
+        net.save_pretrained(out)
+    processor = BlipImageProcessor(
+        do_resize=True,
+        size={"height": image_size, "width": image_size},
+        resample=3,  # bicubic, as BLIP / LAVIS
+        do_rescale=True,
+        do_normalize=True,
+        image_mean=OPENAI_CLIP_MEAN,
+        image_std=OPENAI_CLIP_STD,
+        do_convert_rgb=True,
+    )
+    processor.save_pretrained(out)
+    tok.save_pretrained(out)
+    (out / "adjcap_tiny.json").write_text(json.dumps({"family": "blip-itm", "seed": seed}) + "\n")
+    return out
