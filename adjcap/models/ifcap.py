@@ -571,20 +571,22 @@ def build_tiny_ifcap(
     n_positions: int = 128,
     mapping_layers: int = 2,
     mapping_heads: int = 2,
-    embed_std: float = 0.25,
-    block_std: float = 0.18,
+    embed_std: float = 0.1,
+    block_std: float = 0.35,
     position_std: float = 0.1,
-    stop_bias: float = 4.0,
+    stop_bias: float = 1.0,
+    ln_f_scale: float = -1.0,
 ) -> Path:
     """A tiny IFCap of the real classes with random deterministic weights, saved like the released
     files (plain state dict with the official key names, GPT-2 mask buffers included):
     ``out_dir/tiny-ifcap.pt`` + ``out_dir/config.json`` (its GPT-2 config). Returns the .pt path.
 
-    The init is chosen so that the random tiny LM decodes like a captioner rather than repeating
-    one token: token embeddings ``embed_std``, GPT-2 block matrices ``block_std`` (~1/sqrt(n_embd)
-    instead of GPT-2's 0.02), position embeddings ``position_std``, and ``ln_f.bias`` set to raise the
-    logit of "." by ``stop_bias`` so captions end after a few tokens (a mix of early stops and beams
-    that run to max_len)."""
+    The init is chosen so that the random tiny LM decodes like a captioner instead of repeating
+    one token or stopping at once: token embeddings ``embed_std``, GPT-2 block matrices ``block_std``
+    (instead of GPT-2's 0.02, so the blocks, not the tied input embedding, drive the next token),
+    position embeddings ``position_std``, ``ln_f.weight = ln_f_scale`` (negative: the tied head does
+    not copy the last token) and ``ln_f.bias`` raising the logit of "." by ``stop_bias``. The result
+    is a mix of short and long captions, early stops and beams that run to max_len."""
     from transformers import GPT2Config
 
     out = Path(out_dir)
@@ -623,6 +625,7 @@ def build_tiny_ifcap(
                 for mod in (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj):
                     mod.weight.normal_(0.0, block_std)
             stop = tr.wte.weight[stop_token_ids(tok, (".",))[0]]
+            tr.ln_f.weight.fill_(ln_f_scale)
             tr.ln_f.bias.copy_(stop_bias * stop / stop.norm() ** 2)
             model.mapping_network.prefix_const.normal_(0.0, 1.0 / math.sqrt(n_embd))
     finally:

@@ -1,0 +1,174 @@
+"""Decoding on the tiny IFCap (loaded through the real loader): the fast batched KV-cached beam search
+returns the reference (official, no-cache, one image at a time) beams; greedy likewise; the scores mean
+what spec 5.4 says (checked against teacher-forced log-probs)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from adjcap.decoding import (
+    Candidate,
+    beam_search_fast,
+    beam_search_reference,
+    greedy_fast,
+    greedy_reference,
+)
+from adjcap.models.ifcap import build_tiny_ifcap, load_ifcap, train_gpt2_tokenizer
+
+FIXTURES = Path(__file__).parent / "fixtures" / "data"
+CLIP_DIM = 24
+MAX_LEN = 14
+WORDS = "man woman dog cat surfboard wave beach table pizza plate bus street car tree bench park kite".split()
+
+
+@pytest.fixture(scope="module")
+def cap(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny-decode")
+    data = json.loads((FIXTURES / "coco_test_captions.json").read_text())
+    texts = [c for caps in data.values() for c in caps]
+    tok = train_gpt2_tokenizer(texts, root / "tok", vocab_size=400)
+    pt = build_tiny_ifcap(root / "ifcap", tok, clip_dim=CLIP_DIM, seed=42)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: threading only adds overhead
+    yield load_ifcap(pt, lm_config=pt.parent, tokenizer=tok, device="cpu", mapping_heads=2)
+    torch.set_num_threads(threads)
+
+
+def make_inputs(n: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    rnd = random.Random(seed)
+    x = torch.randn(n, CLIP_DIM, generator=g)
+    r = torch.randn(n, 5, CLIP_DIM, generator=g)
+    ents = [rnd.sample(WORDS, rnd.randint(0, 4)) for _ in range(n)]
+    return x, r, ents
+
+
+@pytest.fixture(scope="module")
+def prompts(cap):
+    x, r, ents = make_inputs(30, seed=3)
+    return cap.prompt_embeddings(cap.soft_prompt(x, r), ents)
+
+
+def assert_same_beams(ref, fast):
+    assert len(ref) == len(fast)
+    for a_list, b_list in zip(ref, fast):
+        assert [a.tokens for a in a_list] == [b.tokens for b in b_list]
+        for a, b in zip(a_list, b_list):
+            assert a.finished == b.finished
+            assert abs(a.score_sum - b.score_sum) < 1e-4
+            assert abs(a.score_mean - b.score_mean) < 1e-4
+
+
+@pytest.mark.parametrize("width, n_images", [(1, 30), (5, 30), (20, 10)])
+def test_fast_beam_search_returns_the_reference_beams(cap, prompts, width, n_images):
+    ps = prompts[:n_images]
+    assert len({p.shape[0] for p in ps}) > 2  # prompts of different lengths share the batch
+    ref = [beam_search_reference(cap.gpt, p, beam_width=width, max_len=MAX_LEN, stop_ids=cap.stop_ids) for p in ps]
+    fast = beam_search_fast(cap.gpt, ps, beam_width=width, max_len=MAX_LEN, stop_ids=cap.stop_ids, batch_size=8)
+    assert_same_beams(ref, fast)
+    beams = [b for bs in ref for b in bs]
+    assert all(len(bs) == width for bs in ref)
+    # the case mix the comparison must cover: early stops and beams that ran to max_len
+    assert any(b.finished and b.length < MAX_LEN for b in beams)
+    if width > 1:
+        assert any(not b.finished and b.length == MAX_LEN for b in beams)
+        assert len({b.length for b in beams}) > 3
+    if width == 5:
+        assert any(all(b.finished for b in bs) and max(b.length for b in bs) < MAX_LEN for bs in ref)
+    for bs in ref:
+        means = [b.score_mean for b in bs]
+        assert means == sorted(means, reverse=True)
+        for b in bs:
+            assert b.finished == (b.tokens[-1] in cap.stop_ids)
+            assert all(t not in cap.stop_ids for t in b.tokens[:-1])
+
+
+def test_fast_beam_search_does_not_depend_on_batching(cap, prompts):
+    ps = prompts[:12]
+    one = beam_search_fast(cap.gpt, ps, beam_width=5, max_len=MAX_LEN, stop_ids=cap.stop_ids)
+    small = beam_search_fast(cap.gpt, ps, beam_width=5, max_len=MAX_LEN, stop_ids=cap.stop_ids, batch_size=3)
+    assert_same_beams(one, small)
+
+
+def teacher_forced_logprob(cap, prompt, tokens):
+    """Sum over generated tokens (stop token included) of log p(token | prompt, previous tokens)."""
+    wte = cap.gpt.transformer.wte
+    ids = torch.tensor(tokens)
+    emb = torch.cat([prompt, wte(ids)], 0)[None]
+    with torch.no_grad():
+        logits = cap.gpt(inputs_embeds=emb, use_cache=False).logits[0]
+    lp = logits.float().softmax(-1).log()
+    start = prompt.shape[0] - 1
+    return float(sum(lp[start + i, t] for i, t in enumerate(tokens)))
+
+
+def test_beam_scores_are_sums_of_token_logprobs_including_the_stop(cap, prompts):
+    p = prompts[4]
+    beams = beam_search_fast(cap.gpt, [p], beam_width=5, max_len=MAX_LEN, stop_ids=cap.stop_ids)[0]
+    for b in beams:
+        assert abs(b.score_sum - teacher_forced_logprob(cap, p, b.tokens)) < 1e-4
+        assert b.score_mean == pytest.approx(b.score_sum / len(b.tokens))
+
+
+def test_greedy_fast_equals_reference_and_width_one_beam(cap, prompts):
+    ref = [greedy_reference(cap.gpt, p, max_len=MAX_LEN, stop_ids=cap.stop_ids) for p in prompts]
+    fast = greedy_fast(cap.gpt, prompts, max_len=MAX_LEN, stop_ids=cap.stop_ids, batch_size=7)
+    assert [a.tokens for a in ref] == [b.tokens for b in fast]
+    assert all(abs(a.score_sum - b.score_sum) < 1e-4 and a.finished == b.finished for a, b in zip(ref, fast))
+    assert any(b.finished for b in ref) and any(not b.finished and b.length == MAX_LEN for b in ref)
+    beam1 = beam_search_fast(cap.gpt, prompts, beam_width=1, max_len=MAX_LEN, stop_ids=cap.stop_ids)
+    assert [b[0].tokens for b in beam1] == [a.tokens for a in ref]
+    for p, a in list(zip(prompts, ref))[:5]:
+        assert abs(a.score_sum - teacher_forced_logprob(cap, p, a.tokens)) < 1e-4
+
+
+def test_generate_returns_candidates(cap):
+    x, r, ents = make_inputs(6, seed=11)
+    out = cap.generate(x, r, ents, decoder="beam", beam_width=4, max_len=MAX_LEN, search="fast")
+    ref = cap.generate(x, r, ents, decoder="beam", beam_width=4, max_len=MAX_LEN, search="reference")
+    assert len(out) == 6 and all(len(c) == 4 for c in out)
+    assert [[c.text for c in cs] for cs in out] == [[c.text for c in cs] for cs in ref]
+    for cs in out:
+        assert [c.beam_rank for c in cs] == [0, 1, 2, 3]
+        assert [c.lm_logprob_mean for c in cs] == sorted((c.lm_logprob_mean for c in cs), reverse=True)
+        for c in cs:
+            assert isinstance(c, Candidate)
+            assert c.text == cap.tokenizer.decode(list(c.token_ids))  # no strip
+            assert c.n_tokens == len(c.token_ids)
+            assert c.lm_logprob_mean == pytest.approx(c.lm_logprob_sum / c.n_tokens)
+            assert c.finished == c.text.endswith(".")
+            assert set(c.to_row()) == {"text", "lm_logprob_sum", "lm_logprob_mean", "n_tokens", "beam_rank"}
+    greedy = cap.generate(x, r, ents, decoder="greedy", max_len=MAX_LEN)
+    assert all(len(cs) == 1 and cs[0].beam_rank == 0 for cs in greedy)
+    # k may differ per image
+    per_image = cap.generate(x[:2], [r[0, :3], r[1]], ents[:2], beam_width=3, max_len=6)
+    assert [c.text for c in per_image[1]] == [c.text for c in cap.generate(x[1:2], r[1:2], ents[1:2], beam_width=3, max_len=6)[0]]
+
+
+def test_decoding_errors(cap, prompts):
+    with pytest.raises(ValueError, match="positions"):
+        beam_search_fast(cap.gpt, prompts[:2], beam_width=2, max_len=200, stop_ids=cap.stop_ids)
+    with pytest.raises(ValueError, match="vocabulary size"):
+        beam_search_reference(cap.gpt, prompts[0], beam_width=10_000, max_len=3, stop_ids=cap.stop_ids)
+    x, r, ents = make_inputs(2, seed=1)
+    with pytest.raises(ValueError, match="decoder"):
+        cap.generate(x, r, ents, decoder="nucleus")
+    with pytest.raises(ValueError, match="entity lists"):
+        cap.generate(x, r, ents[:1])
+    assert beam_search_fast(cap.gpt, [], beam_width=2, stop_ids=cap.stop_ids) == []
+
+
+def test_bf16_fast_search_runs(cap, tmp_path):
+    import copy
+
+    from adjcap.models.ifcap import IFCapCaptioner
+
+    half = IFCapCaptioner(copy.deepcopy(cap.model).to(torch.bfloat16), cap.tokenizer, device="cpu")
+    x, r, ents = make_inputs(3, seed=5)
+    out = half.generate(x, r, ents, beam_width=3, max_len=5)
+    assert all(len(cs) == 3 and all(c.n_tokens >= 1 for c in cs) for cs in out)
