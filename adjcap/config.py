@@ -74,6 +74,12 @@ class VerifierCfg(_Strict):
     max_text_tokens: int = Field(35, gt=0, description="LAVIS truncates ITM text at 35 tokens")
     precision: Precision = "auto"
     batch_size: int = Field(16, gt=0, description="images per verifier call")
+    itm_first_token: Literal["enc", "cls"] = Field(
+        "enc", description="first ITM text token: [ENC] as LAVIS/BLIP do, or [CLS] as the transformers example"
+    )
+    caption_preprocess: Literal["lavis", "none"] = Field(
+        "lavis", description="LAVIS pre_caption cleaning (lower case, drop .!\"()*#:;~, 50 words) before tokenising"
+    )
 
 
 class EntityCfg(_Strict):
