@@ -21,7 +21,7 @@ from typing import Any, Literal
 import numpy as np
 
 from adjcap.metrics.java import MetricError
-from adjcap.metrics.meteor import MeteorScorer
+from adjcap.metrics.meteor import MeteorScorer, shared_meteor
 from adjcap.metrics.tokenizer import ptb_tokenize
 
 # paper column names, in table order
@@ -154,7 +154,7 @@ def score_tokenized(
 ) -> MetricResult:
     """BLEU/METEOR/ROUGE-L/CIDEr on PTB-tokenised {id: [refs]} and {id: [prediction]} (same keys).
 
-    Pass a running :class:`MeteorScorer` to reuse one Java process over several corpora.
+    METEOR runs in the process-wide shared Java process unless ``meteor`` is given.
     """
     from pycocoevalcap.bleu.bleu import Bleu
     from pycocoevalcap.cider.cider import Cider
@@ -173,13 +173,8 @@ def score_tokenized(
     for i, s in zip(ids, bleu_per[3]):
         per[i]["B-4"] = 100.0 * float(s)
 
-    own = meteor is None
-    met = meteor or MeteorScorer(java=java, tmp_dir=tmp_dir)
-    try:
-        m, m_per = met.compute_score(gts, res)
-    finally:
-        if own:
-            met.close()
+    met = meteor if meteor is not None else shared_meteor(java)
+    m, m_per = met.compute_score(gts, res)
     scores["METEOR"] = 100.0 * float(m)
     for i, s in zip(ids, m_per):
         per[i]["METEOR"] = 100.0 * float(s)
@@ -205,7 +200,7 @@ def _tokenize_pair(
     return gts, res
 
 
-def _run_spice(
+def spice_per_image(
     preds: Mapping[Hashable, str], refs: Mapping[Hashable, Sequence[str]], spice: Any
 ) -> tuple[dict[Hashable, float] | None, str | None]:
     """Per-image SPICE (x100) on raw text (SPICE parses untokenised captions, as in pycocoevalcap),
@@ -223,7 +218,7 @@ def _run_spice(
     return per, None
 
 
-def _put_spice(result: MetricResult, per: dict[Hashable, float] | None, reason: str | None) -> None:
+def attach_spice(result: MetricResult, per: dict[Hashable, float] | None, reason: str | None) -> None:
     """SPICE of a corpus = mean of its images' SPICE (pycocoevalcap's average); a per-image score
     does not depend on the other images, so one SPICE run serves every subset."""
     if per is None:
@@ -258,7 +253,7 @@ def coco_metrics(
     gts, res = _tokenize_pair(preds, refs, java, tmp_dir)
     result = score_tokenized(gts, res, meteor=meteor, java=java, tmp_dir=tmp_dir)
     result.notes.update(notes)
-    _put_spice(result, *_run_spice(preds, refs, spice))
+    attach_spice(result, *spice_per_image(preds, refs, spice))
     return result
 
 
@@ -291,16 +286,16 @@ def coco_metrics_by_domain(
         by_domain.setdefault(normalize_domain(domains[i]), []).append(i)
     names = [d for d in order if d in by_domain] + sorted(d for d in by_domain if d not in order)
     out: dict[str, MetricResult] = {}
-    with MeteorScorer(java=java, tmp_dir=tmp_dir) as met:
-        for d in names:
-            ids = by_domain[d]
-            out[d] = score_tokenized({i: gts[i] for i in ids}, {i: res[i] for i in ids}, meteor=met)
-        overall = score_tokenized(gts, res, meteor=met)
+    met = shared_meteor(java)
+    for d in names:
+        ids = by_domain[d]
+        out[d] = score_tokenized({i: gts[i] for i in ids}, {i: res[i] for i in ids}, meteor=met)
+    overall = score_tokenized(gts, res, meteor=met)
     overall.notes.update(notes)
     out["overall"] = overall
-    spice_per, reason = _run_spice(preds, refs, spice)
+    spice_per, reason = spice_per_image(preds, refs, spice)
     for r in out.values():
-        _put_spice(r, spice_per, reason)
+        attach_spice(r, spice_per, reason)
     return out
 
 

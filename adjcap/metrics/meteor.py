@@ -8,6 +8,7 @@ the heap size is configurable.
 
 from __future__ import annotations
 
+import atexit
 import subprocess
 import tempfile
 import threading
@@ -111,6 +112,10 @@ class MeteorScorer:
         return score, scores
 
     # ---- lifetime ------------------------------------------------------------------------
+    def alive(self) -> bool:
+        proc = getattr(self, "_proc", None)
+        return proc is not None and proc.poll() is None
+
     def close(self) -> None:
         proc = getattr(self, "_proc", None)
         if proc is None:
@@ -141,3 +146,31 @@ class MeteorScorer:
             self.close()
         except Exception:
             pass
+
+
+# METEOR takes seconds to start (it loads its paraphrase table), so one process per
+# (java, heap) is kept for the life of the Python process and shared by every evaluation.
+_SHARED: dict[tuple[str, str], MeteorScorer] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_meteor(java: str = "java", mem: str = "2G") -> MeteorScorer:
+    """The process-wide METEOR scorer for this java and heap (restarted if it died)."""
+    key = (java, mem)
+    with _SHARED_LOCK:
+        m = _SHARED.get(key)
+        if m is None or not m.alive():
+            if m is not None:
+                m.close()
+            m = MeteorScorer(java=java, mem=mem)
+            _SHARED[key] = m
+        return m
+
+
+@atexit.register
+def close_shared() -> None:
+    """Stop the shared METEOR processes."""
+    with _SHARED_LOCK:
+        for m in _SHARED.values():
+            m.close()
+        _SHARED.clear()

@@ -246,6 +246,17 @@ def spice_command(cfg: SpiceConfig, in_file: Path, out_file: Path) -> list[str]:
     return cmd
 
 
+def _java_errors(stderr: bytes) -> str:
+    """The exception lines of a Java stack trace (first few, without the 'at ...' frames)."""
+    text = stderr.decode("utf-8", "replace")
+    keep: list[str] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if ("Exception" in line or "Error" in line) and not line.startswith("at ") and line not in keep:
+            keep.append(line)
+    return " | ".join(keep[:4]) if keep else "no exception message"
+
+
 def _float(v: Any) -> float:
     try:
         return float(v)
@@ -283,8 +294,8 @@ def compute_spice(
             raise SpiceUnavailable(f"SPICE did not finish within {cfg.timeout:.0f}s") from None
         if proc.returncode != 0 or out_file.stat().st_size == 0:
             raise SpiceUnavailable(
-                f"SPICE failed (java exit {proc.returncode}); if it ran out of memory raise eval.java_mem "
-                f"(now {cfg.mem}). stderr: {tail(proc.stderr)}"
+                f"SPICE failed (java exit {proc.returncode}): {_java_errors(proc.stderr)}. If it ran out of "
+                f"memory raise eval.java_mem (now {cfg.mem}). stderr tail: {tail(proc.stderr, 800)}"
             )
         results = json.loads(out_file.read_text(encoding="utf-8"))
     finally:
@@ -300,3 +311,25 @@ def compute_spice(
     # pycocoevalcap averages with np.mean in output order
     mean = float(np.mean(np.array([per[ids[int(it["image_id"])]] for it in results], dtype=np.float64)))
     return mean, per
+
+
+def spice_status(eval_cfg: Any, work_dir: str | Path | None = None) -> str:
+    """One line for `adjcap doctor`: whether SPICE would run with this ``Config.eval`` (no download
+    is attempted)."""
+    if not getattr(eval_cfg, "spice", True):
+        return "disabled (eval.spice=false)"
+    wd = Path(work_dir) if work_dir is not None else Path(tempfile.gettempdir()) / "adjcap-spice"
+    cfg = SpiceConfig.from_eval_cfg(eval_cfg, wd)
+    cfg.download = False
+    try:
+        major = java_major_version(cfg.java)
+        spice_jar_path(cfg)
+        core, _ = locate_corenlp(cfg)
+    except (SpiceUnavailable, JavaUnavailable) as e:
+        first = str(e).split(". ")[0]
+        hint = " (eval.spice_download=true would fetch them)" if getattr(eval_cfg, "spice_download", False) else ""
+        return f"unavailable: {first}{hint}; set eval.spice_jars=DIR with the CoreNLP {CORENLP_VERSION} jars"
+    launcher = "adjcap launcher (javac found)" if find_javac(cfg.java) else (
+        "spice-1.0.jar main" + (" - needs Java <= 14 or Nashorn" if major >= 15 else "")
+    )
+    return f"ready: Java {major}, CoreNLP jars in {core.parent}, {launcher}"

@@ -1,0 +1,493 @@
+"""Evaluation engine: score prediction files and runs, print metric tables.
+
+* :func:`evaluate_predictions` - the engine behind ``adjcap evaluate --predictions PRED.json
+  --references REFS``: any COCO results list ``[{"image_id", "caption"}]`` (image_id = numeric
+  COCO id or file name) against any reference layout ``adjcap.data.benchmarks`` reads.
+* :func:`evaluate_run` - every ``predictions/<protocol>/<picker>.json`` of a run directory ->
+  ``metrics/<protocol>.json`` (COCO metrics, NoCaps domains, CHAIR proxy, CLIPScore from the
+  feature table, rank statistics).
+* :class:`Evaluator` - many prediction sets against one reference set, sharing the reference
+  tokenisation and one METEOR process.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Hashable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from adjcap.io import atomic_write_json
+from adjcap.metrics.chair import ChairMatcher, chair_proxy
+from adjcap.metrics.clipscore import CLIPSCORE_W, clipscore_from_features
+from adjcap.metrics.coco import (
+    METRIC_NAMES,
+    MetricResult,
+    OnMissing,
+    attach_spice,
+    spice_per_image,
+    align,
+    normalize_domain,
+    score_tokenized,
+)
+from adjcap.metrics.java import MetricError
+from adjcap.metrics.meteor import MeteorScorer, shared_meteor
+from adjcap.metrics.ranks import pick_disagreement, retrieval_verifier_spearman, top1_agreement
+from adjcap.metrics.spice import SpiceConfig
+from adjcap.metrics.tokenizer import ptb_tokenize
+
+DOMAIN_ORDER = ("in-domain", "near-domain", "out-domain")
+LM_PICKER = "lm"
+HEAD_PICKERS = ("trifuse", "memattend")
+
+
+# ---------------------------------------------------------------------------------------------
+# many prediction sets, one reference set
+# ---------------------------------------------------------------------------------------------
+
+
+class Evaluator:
+    """Score prediction dicts {image_id: caption} against fixed references.
+
+    References are PTB-tokenised once; prediction captions are tokenised once per distinct text;
+    the process-wide METEOR process serves every call. Use as a context manager.
+    """
+
+    def __init__(
+        self,
+        references: Mapping[Hashable, Sequence[str]],
+        domains: Mapping[Hashable, str] | None = None,
+        *,
+        spice: SpiceConfig | None = None,
+        java: str = "java",
+        tmp_dir: str | Path | None = None,
+        on_missing: OnMissing = "error",
+        chair: bool = True,
+    ):
+        self.references = {k: list(v) for k, v in references.items()}
+        self.domains = {k: normalize_domain(v) for k, v in domains.items() if v} if domains else None
+        self.spice = spice
+        self.java = java
+        self.tmp_dir = tmp_dir
+        self.on_missing = on_missing
+        self.chair = ChairMatcher() if chair else None
+        self._ref_tok: dict[Hashable, list[str]] | None = None
+        self._cap_tok: dict[str, str] = {}
+
+    # ---- shared state ------------------------------------------------------------------------
+    def _refs_tokenized(self) -> dict[Hashable, list[str]]:
+        if self._ref_tok is None:
+            self._ref_tok = ptb_tokenize(self.references, java=self.java, tmp_dir=self.tmp_dir)
+        return self._ref_tok
+
+    def _tokenize_captions(self, captions: Sequence[str]) -> None:
+        new = sorted({c for c in captions if c not in self._cap_tok})
+        if new:
+            tok = ptb_tokenize({k: [c] for k, c in enumerate(new)}, java=self.java, tmp_dir=self.tmp_dir)
+            for k, c in enumerate(new):
+                self._cap_tok[c] = tok[k][0]
+
+    def _meteor_proc(self) -> MeteorScorer:
+        return shared_meteor(self.java)
+
+    def close(self) -> None:
+        """Drop the caches (the METEOR process is shared and stays up for later evaluations)."""
+        self._ref_tok = None
+        self._cap_tok.clear()
+
+    def __enter__(self) -> Evaluator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- scoring -------------------------------------------------------------------------------
+    def score(self, predictions: Mapping[Hashable, str], *, on_missing: OnMissing | None = None) -> dict[str, Any]:
+        """-> {"n_images", "metrics" (x100), "domains" (NoCaps: each domain + overall), "chair",
+        "notes", "per_image" {id: {metric: x100}}}."""
+        preds, refs, notes = align(predictions, self.references, on_missing or self.on_missing)
+        gts_all = self._refs_tokenized()
+        self._tokenize_captions(list(preds.values()))
+        ids = list(preds)
+        gts = {i: gts_all[i] for i in ids}
+        res = {i: [self._cap_tok[preds[i]]] for i in ids}
+        met = self._meteor_proc()
+        overall = score_tokenized(gts, res, meteor=met)
+        overall.notes.update(notes)
+        parts: dict[str, MetricResult] = {}
+        if self.domains is not None:
+            missing = [i for i in ids if i not in self.domains]
+            if missing:
+                raise MetricError(
+                    f"{len(missing)} images have no NoCaps domain label, e.g. {missing[:5]}; "
+                    "the references must carry in/near/out-domain labels"
+                )
+            by_dom: dict[str, list[Hashable]] = {}
+            for i in ids:
+                by_dom.setdefault(self.domains[i], []).append(i)
+            names = [d for d in DOMAIN_ORDER if d in by_dom] + sorted(d for d in by_dom if d not in DOMAIN_ORDER)
+            for d in names:
+                sub = by_dom[d]
+                parts[d] = score_tokenized({i: gts[i] for i in sub}, {i: res[i] for i in sub}, meteor=met)
+        spice_per, reason = spice_per_image(preds, refs, self.spice)
+        for r in [overall, *parts.values()]:
+            attach_spice(r, spice_per, reason)
+        out: dict[str, Any] = {
+            "n_images": overall.n_images,
+            "metrics": overall.to_dict(per_image=False)["scores"],
+            "notes": overall.notes,
+        }
+        if parts:
+            out["domains"] = {d: r.to_dict(per_image=False)["scores"] | {"n_images": r.n_images} for d, r in parts.items()}
+            out["domains"]["overall"] = dict(out["metrics"]) | {"n_images": overall.n_images}
+        if self.chair is not None:
+            out["chair"] = chair_proxy(preds, refs, matcher=self.chair).to_dict()
+        out["per_image"] = overall.to_dict(per_image=True)["per_image"]
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# prediction files
+# ---------------------------------------------------------------------------------------------
+
+
+def load_predictions(src: str | Path | Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A COCO results list ``[{"image_id", "caption", ...}]`` from a path or in memory.
+
+    Also accepted: ``{"annotations": [...]}`` and a plain ``{image_id: caption}`` mapping.
+    """
+    where = "predictions"
+    if isinstance(src, (str, Path)):
+        p = Path(src).expanduser()
+        where = str(p)
+        if not p.exists():
+            raise FileNotFoundError(f"{p}: predictions file not found")
+        try:
+            obj: Any = json.loads(p.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{p}: not valid JSON ({e}); expected a COCO results list [{{image_id, caption}}]") from None
+    else:
+        obj = src
+    if isinstance(obj, Mapping) and "annotations" in obj:
+        obj = obj["annotations"]
+    if isinstance(obj, Mapping):
+        obj = [{"image_id": k, "caption": v} for k, v in obj.items()]
+    if not isinstance(obj, Sequence) or isinstance(obj, (str, bytes)):
+        raise ValueError(f"{where}: expected a COCO results list [{{\"image_id\": ..., \"caption\": ...}}]")
+    bad: list[int] = []
+    out: list[dict[str, Any]] = []
+    for k, e in enumerate(obj):
+        if not isinstance(e, Mapping) or "image_id" not in e or not isinstance(e.get("caption"), str):
+            bad.append(k)
+            continue
+        out.append(dict(e))
+    if bad:
+        raise ValueError(
+            f"{where}: {len(bad)} entries are not {{\"image_id\", \"caption\": str}} (entries {bad[:5]}); "
+            "expected a COCO results list"
+        )
+    if not out:
+        raise ValueError(f"{where}: no predictions")
+    return out
+
+
+def resolve_predictions(
+    entries: Sequence[Mapping[str, Any]],
+    resolve: Any,
+    *,
+    on_missing: OnMissing = "error",
+    source: str = "predictions",
+) -> tuple[dict[str, str], dict[str, Mapping[str, Any]], list[Any]]:
+    """Map each entry's image_id to a canonical reference id with ``resolve(id) -> id | None``.
+
+    Returns ({canonical id: caption}, {canonical id: entry}, unresolved ids). Duplicate images are
+    an error (pycocoevalcap scores one caption per image); unresolved ids are an error unless
+    ``on_missing="intersection"``.
+    """
+    preds: dict[str, str] = {}
+    rows: dict[str, Mapping[str, Any]] = {}
+    unresolved: list[Any] = []
+    dup: list[Any] = []
+    for e in entries:
+        cid = resolve(e["image_id"])
+        if cid is None:
+            unresolved.append(e["image_id"])
+            continue
+        if cid in preds:
+            dup.append(e["image_id"])
+            continue
+        preds[cid] = e["caption"]
+        rows[cid] = e
+    if dup:
+        raise ValueError(
+            f"{source}: {len(dup)} images have more than one caption (e.g. {dup[:5]}); keep one per image"
+        )
+    if unresolved and on_missing == "error":
+        raise MetricError(
+            f"{source}: {len(unresolved)} of {len(entries)} predicted image ids match no reference image "
+            f"(e.g. {unresolved[:5]}). Use the references' ids (numeric COCO ids or file names), check "
+            "--format/--split, or pass --intersection to score only the matching images."
+        )
+    return preds, rows, unresolved
+
+
+def _spice_from(spice_cfg: Any, work_dir: Path | None) -> SpiceConfig | None:
+    """SpiceConfig from: None/False (no SPICE), a SpiceConfig, or an EvalCfg-like object."""
+    if spice_cfg is None or spice_cfg is False:
+        return None
+    if isinstance(spice_cfg, SpiceConfig):
+        return spice_cfg
+    if not getattr(spice_cfg, "spice", True):
+        return None
+    import tempfile
+
+    wd = work_dir if work_dir is not None else Path(tempfile.gettempdir()) / "adjcap-spice"
+    return SpiceConfig.from_eval_cfg(spice_cfg, wd)
+
+
+def evaluate_predictions(
+    pred_path_or_list: str | Path | Sequence[Mapping[str, Any]],
+    refs_path: str | Path,
+    fmt: str = "auto",
+    split: str | None = None,
+    spice_cfg: Any = None,
+    out: str | Path | None = None,
+    *,
+    on_missing: OnMissing = "error",
+    java: str = "java",
+    tmp_dir: str | Path | None = None,
+) -> dict[str, Any]:
+    """Score a COCO results list against a reference file; write JSON to ``out`` if given.
+
+    ``spice_cfg``: None (no SPICE), a :class:`SpiceConfig`, or ``Config.eval``. The returned dict
+    holds every metric (x100), ``domains`` for NoCaps (each domain as its own corpus, plus
+    ``overall``), the CHAIR proxy, notes (why a metric is missing) and per-image scores.
+    """
+    from adjcap.data.benchmarks import read_references
+
+    refs = read_references(refs_path, fmt=fmt, split=split)
+    entries = load_predictions(pred_path_or_list)
+    src = str(pred_path_or_list) if isinstance(pred_path_or_list, (str, Path)) else "predictions"
+    preds, _, unresolved = resolve_predictions(entries, refs.resolve, on_missing=on_missing, source=src)
+    if not preds:
+        raise MetricError(f"{src}: no predicted image id matches the references in {refs_path}")
+    work = Path(tmp_dir) if tmp_dir is not None else (Path(out).parent if out is not None else None)
+    spice = _spice_from(spice_cfg, work)
+    with Evaluator(refs.captions, refs.domains, spice=spice, java=java, tmp_dir=tmp_dir, on_missing=on_missing) as ev:
+        result = ev.score(preds)
+    if unresolved:
+        result["notes"]["unresolved_predictions"] = (
+            f"{len(unresolved)} predictions matched no reference image and were not scored"
+        )
+    report: dict[str, Any] = {
+        "predictions": src,
+        "references": str(refs_path),
+        "format": refs.fmt or fmt,
+        "split": split,
+        **result,
+    }
+    if out is not None:
+        atomic_write_json(out, report)
+    return report
+
+
+# ---------------------------------------------------------------------------------------------
+# run directories
+# ---------------------------------------------------------------------------------------------
+
+
+def _read_features_dir(d: Path) -> Any:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from adjcap.io import is_temp_name
+
+    parts = sorted(p for p in d.glob("*.parquet") if not is_temp_name(p.name))
+    if not parts:
+        return None
+    return pa.concat_tables([pq.read_table(p) for p in parts])
+
+
+def _run_defaults(run_dir: Path) -> tuple[str | None, str]:
+    """(benchmark, apply split) from the run's config.toml (fallback: None, 'test')."""
+    cfg_file = run_dir / "config.toml"
+    if cfg_file.exists():
+        try:
+            from adjcap.config import load_config
+
+            cfg = load_config(config_file=cfg_file)
+            return cfg.benchmark, cfg.rerank.apply_split
+        except Exception:  # noqa: BLE001 - a damaged config only loses the defaults
+            pass
+    return None, "test"
+
+
+def load_run_references(run_dir: str | Path) -> tuple[dict[str, list[str]], dict[str, str] | None, Any]:
+    """The references, domains and apply-split feature table a run directory holds:
+    ``references/<benchmark>-<split>.json`` (+ ``.domains.json``) and ``features/<benchmark>-<split>/``."""
+    run_dir = Path(run_dir)
+    bench, split = _run_defaults(run_dir)
+    ref_dir = run_dir / "references"
+    cands = sorted(ref_dir.glob(f"{bench}-{split}.json")) if bench else []
+    if not cands:
+        cands = [p for p in sorted(ref_dir.glob(f"*-{split}.json"))]
+    if len(cands) != 1:
+        raise FileNotFoundError(
+            f"{ref_dir}: cannot tell which references to score against (found {[p.name for p in cands]}); "
+            "pass references= explicitly"
+        )
+    ref_file = cands[0]
+    refs = json.loads(ref_file.read_text(encoding="utf-8"))
+    dom_file = ref_file.with_name(ref_file.stem + ".domains.json")
+    domains = json.loads(dom_file.read_text(encoding="utf-8")) if dom_file.exists() else None
+    feats = _read_features_dir(run_dir / "features" / ref_file.stem)
+    return refs, domains, feats
+
+
+def _pick_key(entry: Mapping[str, Any]) -> Any:
+    ci = entry.get("candidate_index")
+    if isinstance(ci, int) and not isinstance(ci, bool) and ci >= 0:
+        return ci
+    return entry["caption"].strip()
+
+
+def evaluate_run(
+    run_dir: str | Path,
+    references: Mapping[str, Sequence[str]] | None = None,
+    domains: Mapping[str, str] | None = None,
+    features: Any = None,
+    eval_cfg: Any = None,
+    *,
+    protocols: Sequence[str] | None = None,
+    on_missing: OnMissing = "error",
+) -> dict[str, dict[str, Any]]:
+    """Score every ``predictions/<protocol>/<picker>.json`` of a run; write ``metrics/<protocol>.json``.
+
+    ``references``/``domains``: {image_id: [captions]} / {image_id: domain} of the split the
+    predictions are for; default: read from the run (:func:`load_run_references`).
+    ``features``: the feature table (pyarrow Table or rows) of that split, for CLIPScore and the
+    rank statistics; default: the run's ``features/<benchmark>-<split>/`` when references are
+    defaulted too. ``eval_cfg``: ``Config.eval`` (SPICE settings, java, CLIPScore w) or None
+    (no SPICE). Returns {protocol: metrics dict} (what is written).
+    """
+    run_dir = Path(run_dir)
+    if references is None:
+        references, dom2, feats2 = load_run_references(run_dir)
+        domains = domains if domains is not None else dom2
+        features = features if features is not None else feats2
+    pred_root = run_dir / "predictions"
+    proto_dirs = sorted(p for p in pred_root.iterdir() if p.is_dir()) if pred_root.is_dir() else []
+    if protocols is not None:
+        proto_dirs = [p for p in proto_dirs if p.name in set(protocols)]
+    if not proto_dirs:
+        raise FileNotFoundError(f"{pred_root}: no predictions/<protocol>/ folders to evaluate; run `adjcap fit` first")
+    java = getattr(eval_cfg, "java", "java") if eval_cfg is not None else "java"
+    w = float(getattr(eval_cfg, "clipscore_w", CLIPSCORE_W)) if eval_cfg is not None else CLIPSCORE_W
+    spice = _spice_from(eval_cfg, run_dir) if eval_cfg is not None else None
+    tmp_dir = run_dir / "metrics" / ".tmp"
+    from adjcap.data.benchmarks import References
+
+    refs_obj = References(captions={str(k): list(v) for k, v in references.items()})
+    rank = retrieval_verifier_spearman(features) if features is not None else None
+    written: dict[str, dict[str, Any]] = {}
+    with Evaluator(
+        refs_obj.captions, domains, spice=spice, java=java, tmp_dir=tmp_dir, on_missing=on_missing
+    ) as ev:
+        for pdir in proto_dirs:
+            files = sorted(p for p in pdir.glob("*.json") if not p.name.startswith("."))
+            if not files:
+                continue
+            pickers: dict[str, Any] = {}
+            per_image: dict[str, Any] = {}
+            picks: dict[str, dict[str, Any]] = {}
+            for f in files:
+                entries = load_predictions(f)
+                preds, rows, _ = resolve_predictions(entries, refs_obj.resolve, on_missing=on_missing, source=str(f))
+                res = ev.score(preds)
+                picks[f.stem] = {i: _pick_key(e) for i, e in rows.items()}
+                if features is not None:
+                    cs = clipscore_from_features(features, picks[f.stem], w=w)
+                    res["clipscore"] = cs.to_dict()
+                    for i, v in cs.per_image.items():
+                        if i in res["per_image"]:
+                            res["per_image"][i]["CLIPScore"] = v
+                per_image[f.stem] = res.pop("per_image")
+                pickers[f.stem] = res
+            stats: dict[str, Any] = {}
+            if rank is not None:
+                stats["retrieval_verifier_spearman"] = rank
+            if LM_PICKER in picks:
+                stats["pick_disagreement_vs_lm"] = pick_disagreement(picks, LM_PICKER)
+            if all(h in picks for h in HEAD_PICKERS):
+                stats["top1_agreement_heads"] = top1_agreement(*(picks[h] for h in HEAD_PICKERS))
+            doc = {
+                "protocol": pdir.name,
+                "run": str(run_dir),
+                "n_references": len(refs_obj.captions),
+                "pickers": pickers,
+                "rank_stats": stats,
+                "per_image": per_image,
+            }
+            atomic_write_json(run_dir / "metrics" / f"{pdir.name}.json", _clean_json(doc))
+            written[pdir.name] = doc
+    return written
+
+
+def _clean_json(obj: Any) -> Any:
+    """NaN -> None recursively (JSON has no NaN)."""
+    if isinstance(obj, float):
+        return None if math.isnan(obj) else obj
+    if isinstance(obj, Mapping):
+        return {str(k): _clean_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean_json(v) for v in obj]
+    return obj
+
+
+# ---------------------------------------------------------------------------------------------
+# printing
+# ---------------------------------------------------------------------------------------------
+
+
+def _fmt(v: Any, digits: int = 1) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "n/a"
+    return f"{float(v):.{digits}f}"
+
+
+def format_table(metrics: Mapping[str, Any], digits: int = 1) -> str:
+    """A plain-text table of an :func:`evaluate_predictions` / :meth:`Evaluator.score` result (or of
+    a bare {metric: value} dict): one row per corpus (NoCaps: each domain and overall), then CHAIR."""
+    if "metrics" in metrics or "domains" in metrics:
+        rows = dict(metrics["domains"]) if metrics.get("domains") else {"all": metrics["metrics"]}
+    else:
+        rows = {"all": metrics}
+    cols = list(METRIC_NAMES)
+    w0 = max(len("corpus"), *(len(k) for k in rows))
+    widths = [max(len(c), 5) for c in cols]
+    lines = [
+        "  ".join(["corpus".ljust(w0)] + [c.rjust(w) for c, w in zip(cols, widths)] + ["images".rjust(6)]),
+    ]
+    n_all = metrics.get("n_images")
+    for name, sc in rows.items():
+        n = sc.get("n_images", n_all) if isinstance(sc, Mapping) else None
+        lines.append(
+            "  ".join(
+                [name.ljust(w0)]
+                + [_fmt(sc.get(c), digits).rjust(w) for c, w in zip(cols, widths)]
+                + [str(n if n is not None else "").rjust(6)]
+            )
+        )
+    ch = metrics.get("chair")
+    if ch:
+        lines.append(
+            f"CHAIR proxy: CHAIR_s {ch['CHAIR_s']:.2f}%  CHAIR_i {ch['CHAIR_i']:.2f}%  "
+            f"objects mentioned {ch['n_mentioned']}  hallucinated {ch['n_hallucinated']}"
+        )
+    cs = metrics.get("clipscore")
+    if cs and cs.get("CLIPScore") is not None:
+        lines.append(f"CLIPScore (w=2.5): {cs['CLIPScore']:.4f} over {cs['n_images']} images")
+    for k, v in (metrics.get("notes") or {}).items():
+        lines.append(f"note [{k}]: {v}")
+    return "\n".join(lines)
