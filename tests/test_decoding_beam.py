@@ -55,16 +55,23 @@ def prompts(cap):
 
 
 def assert_same_beams(ref, fast):
+    """Same beams (token sequences, finished flags, sums and means within 1e-4), in the same order
+    by mean log-prob; two beams whose means tie to ~1e-6 may come out in either order."""
     assert len(ref) == len(fast)
     for a_list, b_list in zip(ref, fast):
-        assert [a.tokens for a in a_list] == [b.tokens for b in b_list]
-        for a, b in zip(a_list, b_list):
+        a_by = {tuple(a.tokens): a for a in a_list}
+        b_by = {tuple(b.tokens): b for b in b_list}
+        assert a_by.keys() == b_by.keys()
+        for key, a in a_by.items():
+            b = b_by[key]
             assert a.finished == b.finished
             assert abs(a.score_sum - b.score_sum) < 1e-4
             assert abs(a.score_mean - b.score_mean) < 1e-4
+        for a, b in zip(a_list, b_list):
+            assert abs(a.score_mean - b.score_mean) < 1e-5 or a.tokens == b.tokens
 
 
-@pytest.mark.parametrize("width, n_images", [(1, 30), (5, 30), (20, 10)])
+@pytest.mark.parametrize("width, n_images", [(1, 30), (5, 30), (20, 30)])
 def test_fast_beam_search_returns_the_reference_beams(cap, prompts, width, n_images):
     ps = prompts[:n_images]
     assert len({p.shape[0] for p in ps}) > 2  # prompts of different lengths share the batch
