@@ -176,7 +176,7 @@ class Verifier:
         return out
 
     def _pad(self, seqs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        width = max(len(s) for s in seqs)
+        width = max(1, max(len(s) for s in seqs))
         ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(seqs), width), dtype=torch.long)
         for i, s in enumerate(seqs):
@@ -226,46 +226,72 @@ class Verifier:
             raise ValueError(
                 f"score: {len(texts_per_image)} caption lists for {len(memo)} encoded images"
             )
-        flat = [t for texts in texts_per_image for t in texts]
-        owner = [i for i, texts in enumerate(texts_per_image) for _ in texts]
-        probs = np.zeros(len(flat), dtype=np.float32)
-        if flat:
-            seqs = self.tokenize(flat)
-            lengths = np.array([len(s) for s in seqs])
-            order = np.argsort(lengths, kind="stable")  # bucket by length
-            for start in range(0, len(order), self.pair_batch_size):
-                idx = order[start : start + self.pair_batch_size]
-                ids, mask = self._pad([seqs[i] for i in idx])
-                img = torch.as_tensor([owner[i] for i in idx], dtype=torch.long, device=self.device)
-                probs[idx] = self._itm_from_memo(ids.to(self.device), mask.to(self.device), memo, img)
-        out, pos = [], 0
-        for texts in texts_per_image:
-            out.append(probs[pos : pos + len(texts)].copy())
-            pos += len(texts)
-        return out
+        counts = [len(texts) for texts in texts_per_image]
+        seqs = self.tokenize([t for texts in texts_per_image for t in texts])
+        probs = np.zeros(len(seqs), dtype=np.float32)
+        starts = np.concatenate([[0], np.cumsum(counts)]).astype(int)
+        # images with captions, shortest longest-caption first: a chunk of whole images is padded to
+        # its longest caption, and similar lengths share a chunk (bucketing by length)
+        order = sorted((i for i in range(len(memo)) if counts[i]),
+                       key=lambda i: max(len(seqs[j]) for j in range(starts[i], starts[i + 1])))
+        chunk: list[int] = []
+        for i in order:
+            width = max([counts[c] for c in chunk] + [counts[i]])
+            if chunk and (len(chunk) + 1) * width > self.pair_batch_size:
+                self._score_chunk(chunk, counts, starts, seqs, memo, probs)
+                chunk = []
+            chunk.append(i)
+        if chunk:
+            self._score_chunk(chunk, counts, starts, seqs, memo, probs)
+        return [probs[starts[i] : starts[i + 1]].copy() for i in range(len(memo))]
 
     def score_images(self, images: Sequence[Image.Image], texts_per_image: Sequence[Sequence[str]]) -> list[np.ndarray]:
         """encode_images + score in one call."""
         return self.score(self.encode_images(images), texts_per_image)
 
-    def _itm_from_memo(
-        self, ids: torch.Tensor, mask: torch.Tensor, memo: ImageMemo, img: torch.Tensor
+    def _score_chunk(self, chunk: list[int], counts: list[int], starts: np.ndarray, seqs: list[list[int]],
+                     memo: ImageMemo, probs: np.ndarray) -> None:
+        """Score every caption of the images in ``chunk``: rows are laid out image-major, each image
+        padded to the same caption count (dummy rows are fully masked and dropped)."""
+        per = max(counts[i] for i in chunk)
+        rows: list[list[int]] = []
+        dest: list[int] = []
+        for i in chunk:
+            for j in range(starts[i], starts[i + 1]):
+                rows.append(seqs[j])
+                dest.append(j)
+            for _ in range(per - counts[i]):
+                rows.append([])
+                dest.append(-1)
+        ids, mask = self._pad(rows)
+        img = torch.as_tensor(chunk, dtype=torch.long, device=self.device)
+        got = self._itm_grouped(ids.to(self.device), mask.to(self.device), memo, img, per)
+        keep = np.array(dest) >= 0
+        probs[np.array(dest)[keep]] = got[keep]
+
+    def _itm_grouped(
+        self, ids: torch.Tensor, mask: torch.Tensor, memo: ImageMemo, img: torch.Tensor, per: int
     ) -> np.ndarray:
+        """ITM probabilities for rows ``ids`` [n*per, L] where rows n*per..(n+1)*per-1 belong to image
+        ``img[n]``. Cross-attention runs once per image over all of its captions' queries (keys and
+        values of the image tokens come from the memo, never recomputed or copied per caption)."""
         enc = self.model.text_encoder
         h = enc.embeddings(input_ids=ids)
         neg = torch.finfo(h.dtype).min
         self_mask = torch.zeros(mask.shape, dtype=h.dtype, device=h.device).masked_fill(mask == 0, neg)[:, None, None, :]
-        b, width = ids.shape
-        scale = 1.0 / math.sqrt(self.head_dim)
+        rows, width = ids.shape
+        n = rows // per
+        heads, dh = self.heads, self.head_dim
+        whole = img.numel() == len(memo) and bool((img == torch.arange(len(memo), device=img.device)).all())
         for layer, (k_all, v_all) in zip(self.text_layers, memo.cross_kv, strict=True):
             attn_out, _ = layer.attention(h, attention_mask=self_mask)
             cross = layer.crossattention
-            q = cross.self.query(attn_out).view(b, width, self.heads, self.head_dim).transpose(1, 2)
-            k = k_all.index_select(0, img)
-            v = v_all.index_select(0, img)
-            scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-            ctx = torch.matmul(scores.softmax(dim=-1), v)
-            ctx = ctx.transpose(1, 2).reshape(b, width, self.heads * self.head_dim)
+            q = cross.self.query(attn_out).view(n, per, width, heads, dh)
+            q = q.permute(0, 3, 1, 2, 4).reshape(n, heads, per * width, dh)
+            k = k_all if whole else k_all.index_select(0, img)
+            v = v_all if whole else v_all.index_select(0, img)
+            ctx = torch.nn.functional.scaled_dot_product_attention(q, k, v)  # [n, heads, per*width, dh]
+            ctx = ctx.view(n, heads, per, width, dh).permute(0, 2, 3, 1, 4).reshape(rows, width, heads * dh)
             cross_out = cross.output(ctx, attn_out)
             h = layer.feed_forward_chunk(cross_out)
         logits = self.model.itm_head(h[:, 0, :]).float()
