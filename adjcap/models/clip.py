@@ -453,53 +453,23 @@ def _pinned_from_tags(model: str) -> tuple[dict[str, Any], bool | None]:
     return pp, (qg.pop() if len(qg) == 1 else None)
 
 
-@functools.lru_cache(maxsize=8)
-def _tokenizer(model: str, context_length: int) -> Any:
-    return open_clip.get_tokenizer(model, context_length=context_length)
+@dataclass
+class _Source:
+    """Where the weights come from and what open_clip.create_model must be told about them."""
+
+    model_cfg: dict[str, Any]
+    ckpt: str | None
+    kwargs: dict[str, Any]
+    force_pp: dict[str, Any]
+    force_quick_gelu: bool
+    model_id: str
 
 
-def load_dual_encoder(
-    model: str,
-    pretrained: str | os.PathLike | None,
-    *,
-    device: str | torch.device = "auto",
-    precision: str = "auto",
-    towers: Iterable[str] = ("image", "text"),
-    image_batch_size: int = 32,
-    text_batch_size: int = 512,
-    quick_gelu: bool | None = None,
-    cache_dir: str | None = None,
-    seed: int = 0,
-) -> DualEncoder:
-    """Load an open_clip dual encoder.
-
-    Args:
-        model: open_clip architecture name (``ViT-bigG-14``, ``ViT-B-32``, ``RN50x64``, ``adjcap-tiny-clip``).
-        pretrained: a pretrained tag of that architecture, a local checkpoint file or a directory holding
-            one, or ``None`` for random weights (seeded by ``seed``).
-        device: "auto", "cpu", "cuda", "cuda:N".
-        precision: "auto" (bf16/fp16 on GPU, fp32 on CPU), "fp32", "fp16", "bf16".
-        towers: the towers to keep; the others are freed after loading.
-        quick_gelu: force the QuickGELU activation on/off (default: from the tag / sidecar / tags).
-        cache_dir: download cache (default: the Hugging Face cache).
-    """
-    register_adjcap_configs()
-    keep = {t.strip().lower() for t in towers}
-    bad = keep - {"image", "text"}
-    if bad or not keep:
-        raise ValueError(f"towers must be a non-empty subset of ('image', 'text'); got {tuple(towers)}")
-    if open_clip.get_model_config(model) is None:
-        import difflib
-
-        close = difflib.get_close_matches(model, open_clip.list_models(), n=5, cutoff=0.5)
-        raise ValueError(
-            f"unknown open_clip model '{model}'"
-            + (f"; did you mean {', '.join(close)}?" if close else "")
-            + " (open_clip.list_models() lists them all)"
-        )
-    dev = pick_device(device)
-    dtype = pick_dtype(precision, dev)
-
+def _resolve_source(
+    model: str, pretrained: str | os.PathLike | None, *, quick_gelu: bool | None = None,
+    cache_dir: str | None = None, seed: int = 0,
+) -> _Source:
+    """Resolve ``pretrained`` (tag, file, directory or None) without loading any weights."""
     model_cfg = open_clip.get_model_config(model)
     kwargs: dict[str, Any] = {}
     force_pp: dict[str, Any] = {}
@@ -552,7 +522,7 @@ def load_dual_encoder(
                         f"{path}: the known '{model}' checkpoints differ in activation (QuickGELU or GELU) and "
                         f"this file does not say which it is; assuming GELU. For OpenAI-trained weights use "
                         f"model='{model}-quickgelu' or pass quick_gelu=True (or put {SIDECAR} beside the file)",
-                        stacklevel=2,
+                        stacklevel=3,
                     )
                 elif qg_tags:
                     qg = True
@@ -571,8 +541,64 @@ def load_dual_encoder(
             )
     if quick_gelu is not None:
         qg = quick_gelu
-    if qg is not None:
-        kwargs["quick_gelu"] = qg
+    force_qg = False
+    if qg is True and not kwargs.get("quick_gelu", model_cfg.get("quick_gelu", False)):
+        force_qg = True  # open_clip's own switch (set before its tag/activation consistency check)
+    elif qg is False:
+        kwargs["quick_gelu"] = False
+    return _Source(model_cfg, ckpt, kwargs, force_pp, force_qg, model_id)
+
+
+
+@functools.lru_cache(maxsize=8)
+def _tokenizer(model: str, context_length: int) -> Any:
+    return open_clip.get_tokenizer(model, context_length=context_length)
+
+
+def load_dual_encoder(
+    model: str,
+    pretrained: str | os.PathLike | None,
+    *,
+    device: str | torch.device = "auto",
+    precision: str = "auto",
+    towers: Iterable[str] = ("image", "text"),
+    image_batch_size: int = 32,
+    text_batch_size: int = 512,
+    quick_gelu: bool | None = None,
+    cache_dir: str | None = None,
+    seed: int = 0,
+) -> DualEncoder:
+    """Load an open_clip dual encoder.
+
+    Args:
+        model: open_clip architecture name (``ViT-bigG-14``, ``ViT-B-32``, ``RN50x64``, ``adjcap-tiny-clip``).
+        pretrained: a pretrained tag of that architecture, a local checkpoint file or a directory holding
+            one, or ``None`` for random weights (seeded by ``seed``).
+        device: "auto", "cpu", "cuda", "cuda:N".
+        precision: "auto" (bf16/fp16 on GPU, fp32 on CPU), "fp32", "fp16", "bf16".
+        towers: the towers to keep; the others are freed after loading.
+        quick_gelu: force the QuickGELU activation on/off (default: from the tag / sidecar / tags).
+        cache_dir: download cache (default: the Hugging Face cache).
+    """
+    register_adjcap_configs()
+    keep = {t.strip().lower() for t in towers}
+    bad = keep - {"image", "text"}
+    if bad or not keep:
+        raise ValueError(f"towers must be a non-empty subset of ('image', 'text'); got {tuple(towers)}")
+    if open_clip.get_model_config(model) is None:
+        import difflib
+
+        close = difflib.get_close_matches(model, open_clip.list_models(), n=5, cutoff=0.5)
+        raise ValueError(
+            f"unknown open_clip model '{model}'"
+            + (f"; did you mean {', '.join(close)}?" if close else "")
+            + " (open_clip.list_models() lists them all)"
+        )
+    dev = pick_device(device)
+    dtype = pick_dtype(precision, dev)
+
+    src = _resolve_source(model, pretrained, quick_gelu=quick_gelu, cache_dir=cache_dir, seed=seed)
+    model_cfg, ckpt, kwargs, force_pp, model_id = src.model_cfg, src.ckpt, src.kwargs, src.force_pp, src.model_id
 
     build_on = dev if dev.type == "cuda" else torch.device("cpu")
     with torch.random.fork_rng(devices=[build_on.index or 0] if build_on.type == "cuda" else []):
@@ -585,6 +611,7 @@ def load_dual_encoder(
                     precision="fp32",
                     device=build_on,
                     force_preprocess_cfg=force_pp or None,
+                    force_quick_gelu=src.force_quick_gelu,
                     cache_dir=cache_dir,
                     weights_only=True,
                     **kwargs,
