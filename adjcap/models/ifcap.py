@@ -46,6 +46,7 @@ __all__ = [
     "TBlock",
     "Transformer",
     "build_tiny_ifcap",
+    "captioner_like_init",
     "check_state_dict",
     "drop_gpt2_mask_buffers",
     "gpt2_config",
@@ -559,6 +560,33 @@ def with_gpt2_mask_buffers(sd: Mapping[str, torch.Tensor], n_layer: int, n_posit
     return out
 
 
+@torch.no_grad()
+def captioner_like_init(
+    model: ClipCaptionModel,
+    stop_id: int,
+    *,
+    embed_std: float = 0.1,
+    block_std: float | None = None,
+    position_std: float = 0.1,
+    stop_bias: float = 1.0,
+    ln_f_scale: float = -1.0,
+) -> None:
+    """Re-initialise a random ClipCaptionModel so that its GPT-2 decodes like a captioner (see
+    :func:`build_tiny_ifcap`); ``block_std`` defaults to 2/sqrt(n_embd). Uses the global RNG."""
+    tr = model.gpt.transformer
+    d = tr.wte.weight.shape[1]
+    block_std = 2.0 / math.sqrt(d) if block_std is None else block_std
+    tr.wte.weight.normal_(0.0, embed_std)
+    tr.wpe.weight.normal_(0.0, position_std)
+    for block in tr.h:
+        for mod in (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj):
+            mod.weight.normal_(0.0, block_std)
+    stop = tr.wte.weight[stop_id]
+    tr.ln_f.weight.fill_(ln_f_scale)
+    tr.ln_f.bias.copy_(stop_bias * stop / stop.norm() ** 2)
+    model.mapping_network.prefix_const.normal_(0.0, 1.0 / math.sqrt(d))
+
+
 def build_tiny_ifcap(
     out_dir: str | os.PathLike,
     tokenizer_dir: str | os.PathLike,
@@ -617,17 +645,15 @@ def build_tiny_ifcap(
     try:
         torch.manual_seed(seed)
         model = ClipCaptionModel(cfg, dims, mapping_heads)
-        with torch.no_grad():
-            tr = model.gpt.transformer
-            tr.wte.weight.normal_(0.0, embed_std)
-            tr.wpe.weight.normal_(0.0, position_std)
-            for block in tr.h:
-                for mod in (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj):
-                    mod.weight.normal_(0.0, block_std)
-            stop = tr.wte.weight[stop_token_ids(tok, (".",))[0]]
-            tr.ln_f.weight.fill_(ln_f_scale)
-            tr.ln_f.bias.copy_(stop_bias * stop / stop.norm() ** 2)
-            model.mapping_network.prefix_const.normal_(0.0, 1.0 / math.sqrt(n_embd))
+        captioner_like_init(
+            model,
+            stop_token_ids(tok, (".",))[0],
+            embed_std=embed_std,
+            block_std=block_std,
+            position_std=position_std,
+            stop_bias=stop_bias,
+            ln_f_scale=ln_f_scale,
+        )
     finally:
         torch.random.set_rng_state(gen_state)
     sd = with_gpt2_mask_buffers(
