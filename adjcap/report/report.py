@@ -1,0 +1,350 @@
+"""``adjcap report --run DIR [--run DIR2 ...]``: report.md, report.html (tables + qualitative
+gallery), LaTeX tables (booktabs) in tables/, PNG plots in plots/.
+
+Reads what :func:`adjcap.metrics.evaluate.evaluate_run` wrote (``metrics/<protocol>.json``), the
+run's config, ``heads/heads.json`` (reranker diagnostics) and, for the gallery, predictions,
+references and images.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from adjcap.io import atomic_write_text
+from adjcap.report.collect import LM_PICKER, RunData, load_run
+from adjcap.report.gallery import GALLERY_CSS, GALLERY_JS, gallery_html, gallery_items
+from adjcap.report.plots import cider_by_configuration, hallucination_per_class
+from adjcap.report.published import PAPER_COLUMNS, PAPER_HEADERS, comparison_table, context_table
+from adjcap.report.tables import Table, bold_best
+
+DOMAINS = ("in-domain", "near-domain", "out-domain", "overall")
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "run"
+
+
+def _labels(runs: list[RunData]) -> list[str]:
+    seen: dict[str, int] = {}
+    out = []
+    for r in runs:
+        base = r.name
+        seen[base] = seen.get(base, 0) + 1
+        out.append(base if seen[base] == 1 else f"{base}-{seen[base]}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# tables
+# ---------------------------------------------------------------------------------------------
+
+
+def metrics_table(run: RunData, label: str) -> Table:
+    """Paper layout: rows = protocol / picker; B-4, MET, R-L, CIDEr, SPICE (+ CLIPScore, CHAIR_s)."""
+    tab = Table(
+        title=f"{label}: caption metrics (x100)",
+        columns=["protocol", "picker", *PAPER_HEADERS, "CLIPScore", "CHAIR_s"],
+        label=f"tab:{_slug(label)}-metrics",
+        digits={7: 3, 8: 2},
+    )
+    for proto in run.protocols:
+        tab.rules.add(len(tab.rows))
+        for picker in run.pickers(proto):
+            m = run.picker_metrics(proto, picker)
+            sc = m.get("metrics", {})
+            cs = (m.get("clipscore") or {}).get("CLIPScore")
+            ch = (m.get("chair") or {}).get("CHAIR_s")
+            tab.rows.append([proto, picker, *(sc.get(c) for c in PAPER_COLUMNS), cs, ch])
+    bold_best(tab, [2, 3, 4, 5, 6, 7, 8], lower_is_better={8})
+    notes = _spice_notes(run)
+    if notes:
+        tab.caption = "SPICE: " + notes
+    return tab
+
+
+def _spice_notes(run: RunData) -> str:
+    reasons = set()
+    for proto in run.protocols:
+        for picker in run.pickers(proto):
+            n = (run.picker_metrics(proto, picker).get("notes") or {}).get("SPICE")
+            if n and run.picker_metrics(proto, picker).get("metrics", {}).get("SPICE") is None:
+                reasons.add(n)
+    return " / ".join(sorted(reasons))
+
+
+def domains_table(run: RunData, label: str, proto: str, adj: str) -> Table | None:
+    lm_d = run.picker_metrics(proto, LM_PICKER).get("domains")
+    adj_d = run.picker_metrics(proto, adj).get("domains")
+    if not lm_d and not adj_d:
+        return None
+    lm_d, adj_d = lm_d or {}, adj_d or {}
+    tab = Table(
+        title=f"{label}: NoCaps domains ({proto}), each domain its own corpus",
+        columns=["corpus", "images", "LM CIDEr", "LM SPICE", f"{adj} CIDEr", f"{adj} SPICE", "delta CIDEr"],
+        label=f"tab:{_slug(label)}-nocaps",
+    )
+    names = [d for d in DOMAINS if d in lm_d or d in adj_d]
+    for d in names:
+        a, b = lm_d.get(d, {}), adj_d.get(d, {})
+        delta = None if a.get("CIDEr") is None or b.get("CIDEr") is None else b["CIDEr"] - a["CIDEr"]
+        n = b.get("n_images", a.get("n_images"))
+        tab.rows.append([d, n, a.get("CIDEr"), a.get("SPICE"), b.get("CIDEr"), b.get("SPICE"), delta])
+    if "overall" in names:
+        tab.rules.add(names.index("overall"))
+    return tab
+
+
+def chair_table(run: RunData, label: str, proto: str, adj: str) -> Table | None:
+    a = run.picker_metrics(proto, LM_PICKER).get("chair")
+    b = run.picker_metrics(proto, adj).get("chair")
+    if not a or not b:
+        return None
+
+    def rel(x: float, y: float) -> float | None:
+        return None if not x else 100.0 * (y - x) / x
+
+    tab = Table(
+        title=f"{label}: reference-proxy CHAIR ({proto})",
+        columns=["", "LM-only", adj, "rel. delta %"],
+        label=f"tab:{_slug(label)}-chair",
+        digits={1: 2, 2: 2, 3: 0},
+    )
+    tab.rows = [
+        ["CHAIR_s % (lower is better)", a["CHAIR_s"], b["CHAIR_s"], rel(a["CHAIR_s"], b["CHAIR_s"])],
+        ["CHAIR_i % (lower is better)", a["CHAIR_i"], b["CHAIR_i"], rel(a["CHAIR_i"], b["CHAIR_i"])],
+        ["# objects mentioned", a["n_mentioned"], b["n_mentioned"], rel(a["n_mentioned"], b["n_mentioned"])],
+        ["# hallucinated objects", a["n_hallucinated"], b["n_hallucinated"], rel(a["n_hallucinated"], b["n_hallucinated"])],
+    ]
+    tab.caption = (
+        "An object (COCO class, standard CHAIR synonyms) in a caption counts as hallucinated when none of the "
+        f"image's references mentions it; {a['n_captions']} captions."
+    )
+    return tab
+
+
+def rank_table(run: RunData, label: str) -> Table | None:
+    tab = Table(title=f"{label}: rank statistics", columns=["protocol", "statistic", "value"], default_digits=3)
+    for proto in run.protocols:
+        st = run.metrics[proto].get("rank_stats") or {}
+        sp = st.get("retrieval_verifier_spearman")
+        if sp and sp.get("mean") is not None:
+            tab.rows.append([proto, f"Spearman rho(retrieval cosine, verifier), mean over {sp['n_images']} images "
+                             f"({sp.get('source')} pairs, {sp.get('pairs_per_image') or 0:.1f} per image)", sp["mean"]])
+            tab.rows.append([proto, "  std over images", sp["std"]])
+        for picker, v in (st.get("pick_disagreement_vs_lm") or {}).items():
+            tab.rows.append([proto, f"pick differs from LM-only: {picker}", v])
+        if st.get("top1_agreement_heads") is not None:
+            tab.rows.append([proto, "top-1 agreement TriFuse vs MemAttend", st["top1_agreement_heads"]])
+    return tab if tab.rows else None
+
+
+def _flatten(prefix: str, obj: Any, out: list[list[Any]], depth: int = 0) -> None:
+    if isinstance(obj, dict) and depth < 3:
+        for k, v in obj.items():
+            _flatten(f"{prefix}.{k}" if prefix else str(k), v, out, depth + 1)
+    elif isinstance(obj, list):
+        nums = [x for x in obj if isinstance(x, (int, float)) and not isinstance(x, bool)]
+        if nums and len(nums) == len(obj):
+            out.append([prefix, f"{len(obj)} values, first {nums[0]:.4g}, last {nums[-1]:.4g}"])
+        else:
+            out.append([prefix, f"{len(obj)} items"])
+    elif isinstance(obj, float):
+        out.append([prefix, f"{obj:.4g}"])
+    else:
+        out.append([prefix, str(obj)])
+
+
+def heads_table(run: RunData, label: str) -> Table | None:
+    if not run.heads:
+        return None
+    rows: list[list[Any]] = []
+    _flatten("", run.heads, rows)
+    return Table(title=f"{label}: reranker diagnostics (heads/heads.json)", columns=["field", "value"], rows=rows[:60])
+
+
+def runs_table(runs: list[RunData], labels: list[str]) -> Table:
+    tab = Table(
+        title="Runs side by side: headline configuration of each run (x100)",
+        columns=["run", "config", "protocol / picker", *PAPER_HEADERS, "CLIPScore", "CHAIR_s", "images"],
+        label="tab:runs",
+        digits={8: 3, 9: 2},
+    )
+    for run, lab in zip(runs, labels):
+        hl = run.headline()
+        if hl is None:
+            tab.rows.append([lab, run.config_name or "", "not evaluated", *([None] * 7), None])
+            continue
+        proto, picker = hl
+        m = run.picker_metrics(proto, picker)
+        sc = m.get("metrics", {})
+        tab.rows.append([
+            lab, run.config_name or "", f"{proto} / {picker}", *(sc.get(c) for c in PAPER_COLUMNS),
+            (m.get("clipscore") or {}).get("CLIPScore"), (m.get("chair") or {}).get("CHAIR_s"), m.get("n_images"),
+        ])
+    bold_best(tab, [3, 4, 5, 6, 7, 8, 9], lower_is_better={9})
+    return tab
+
+
+# ---------------------------------------------------------------------------------------------
+# the report
+# ---------------------------------------------------------------------------------------------
+
+
+def write_report(
+    run_dirs: Sequence[str | Path],
+    out_dir: str | Path | None = None,
+    *,
+    gallery_limit: int = 60,
+    image_root: str | Path | None = None,
+    embed_images: bool = True,
+) -> dict[str, Any]:
+    """Write report.md, report.html, tables/*.tex and plots/*.png for one or more runs.
+
+    ``out_dir`` defaults to the first run directory. Returns the written paths:
+    {"markdown", "html", "tables": [...], "plots": [...]}.
+    """
+    if not run_dirs:
+        raise ValueError("write_report: give at least one run directory")
+    runs = [load_run(p) for p in run_dirs]
+    labels = _labels(runs)
+    out = Path(out_dir) if out_dir is not None else runs[0].path
+    out.mkdir(parents=True, exist_ok=True)
+    tables_dir, plots_dir = out / "tables", out / "plots"
+    written_tables: list[Path] = []
+    written_plots: list[Path] = []
+    md: list[str] = []
+    body: list[str] = []  # HTML
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+    def add(tab: Table | None, tex_name: str | None = None) -> None:
+        if tab is None:
+            return
+        md.append(tab.to_markdown())
+        body.append(tab.to_html())
+        if tex_name:
+            p = tables_dir / f"{_slug(tex_name)}.tex"
+            atomic_write_text(p, tab.to_latex())
+            written_tables.append(p)
+
+    md.append("# adjcap report\n")
+    md.append(f"Generated {stamp}. All caption metrics x100 (pycocoevalcap); CLIPScore w=2.5 (not x100); "
+              "CHAIR proxy in %. 'n/a' = not computed (never 0).\n")
+    body.append("<h1>adjcap report</h1>")
+    body.append(f"<p>Generated {html.escape(stamp)}. Caption metrics x100; CLIPScore w=2.5; CHAIR proxy in %; "
+                "n/a = not computed.</p>")
+    run_list = Table(title="Runs", columns=["run", "config", "benchmark", "protocols", "description"])
+    for run, lab in zip(runs, labels):
+        run_list.rows.append([lab, run.config_name or "", run.benchmark or "", ", ".join(run.protocols) or "none",
+                              run.description])
+    add(run_list)
+    if not any(r.metrics for r in runs):
+        md.append("No metrics found: run `adjcap evaluate --run DIR` first.\n")
+        body.append("<p>No metrics found: run <code>adjcap evaluate --run DIR</code> first.</p>")
+
+    if len(runs) > 1:
+        md.append("## Runs side by side\n")
+        body.append("<h2>Runs side by side</h2>")
+        add(runs_table(runs, labels), "runs")
+
+    cider_rows: list[tuple[str, float | None]] = []
+    measured_for_pub: list[tuple[str, str, str, dict[str, Any]]] = []
+    galleries: list[str] = []
+    for run, lab in zip(runs, labels):
+        if not run.metrics:
+            continue
+        md.append(f"## {lab}\n")
+        body.append(f"<h2>{html.escape(lab)}</h2>")
+        if run.description:
+            md.append(f"{run.description}\n")
+            body.append(f"<p>{html.escape(run.description)}</p>")
+        add(metrics_table(run, lab), f"{lab}-metrics")
+        for proto in run.protocols:
+            for picker in run.pickers(proto):
+                c = run.picker_metrics(proto, picker).get("metrics", {}).get("CIDEr")
+                cider_rows.append((f"{lab}: {proto}/{picker}" if len(runs) > 1 else f"{proto}/{picker}", c))
+        hl = run.headline()
+        if hl is None:
+            continue
+        proto, adj = hl
+        measured_for_pub.append((lab, run.config_name or "", f"{proto} / {adj}",
+                                 run.picker_metrics(proto, adj).get("metrics", {})))
+        add(domains_table(run, lab, proto, adj), f"{lab}-nocaps")
+        ch = chair_table(run, lab, proto, adj)
+        add(ch, f"{lab}-chair")
+        if ch is not None:
+            series = {
+                "LM-only": run.picker_metrics(proto, LM_PICKER)["chair"].get("per_class", {}),
+                adj: run.picker_metrics(proto, adj)["chair"].get("per_class", {}),
+            }
+            name = "hallucination_per_class.png" if len(runs) == 1 else f"hallucination_per_class-{_slug(lab)}.png"
+            p = hallucination_per_class(series, plots_dir / name, title=f"{lab}: hallucinated objects per class")
+            written_plots.append(p)
+            md.append(f"![hallucinated objects per class](plots/{name})\n")
+        add(rank_table(run, lab))
+        add(heads_table(run, lab))
+        if LM_PICKER in run.pickers(proto) and adj != LM_PICKER:
+            items = gallery_items(run, proto, adj, limit=gallery_limit,
+                                  image_root=Path(image_root) if image_root else None, embed=embed_images)
+            galleries.append(gallery_html(items, title=f"{lab}: LM-only vs {adj} ({proto}), {len(items)} images",
+                                          table_id=f"gallery-{_slug(lab)}", adj_name=adj))
+            md.append(f"Qualitative gallery ({len(items)} images, sortable by CIDEr gain): report.html\n")
+
+    # published numbers
+    pub = comparison_table(measured_for_pub)
+    ctx_tables = []
+    for run, lab in zip(runs, labels):
+        hl = run.headline()
+        if hl is None or not run.benchmark:
+            continue
+        proto, adj = hl
+        if run.benchmark == "coco":
+            ctx_tables.append((run.benchmark, [(f"{lab} ({proto}/{adj})", run.picker_metrics(proto, adj).get("metrics", {}), None)]))
+        elif run.benchmark in ("flickr30k", "nocaps"):
+            lm_m, adj_m = run.picker_metrics(proto, LM_PICKER), run.picker_metrics(proto, adj)
+            if run.benchmark == "nocaps" and adj_m.get("domains"):
+                rows = [(f"{lab} {d}", (lm_m.get("domains") or {}).get(d, {}), adj_m["domains"].get(d, {}))
+                        for d in DOMAINS if d in adj_m["domains"]]
+            else:
+                rows = [(f"{lab} all", lm_m.get("metrics", {}), adj_m.get("metrics", {}))]
+            ctx_tables.append((run.benchmark, rows))
+    if pub is not None or ctx_tables:
+        md.append("## Published numbers\n")
+        body.append("<h2>Published numbers</h2>")
+        add(pub, "published-vs-measured")
+        merged: dict[str, list] = {}
+        for bench, rows in ctx_tables:
+            merged.setdefault(bench, []).extend(rows)
+        for bench, rows in merged.items():
+            add(context_table(bench, rows), f"published-{bench}")
+
+    published_lines = {}
+    if any(r.benchmark == "coco" for r in runs):
+        published_lines = {"IFCap": 108.0, "Ours (paper)": 117.6}
+    if cider_rows:
+        p = cider_by_configuration(cider_rows, plots_dir / "cider_by_configuration.png", published=published_lines)
+        written_plots.append(p)
+        md.append("## Plots\n")
+        md.append("![CIDEr by configuration](plots/cider_by_configuration.png)\n")
+
+    md_path = atomic_write_text(out / "report.md", "\n".join(md))
+    plots_html = "".join(
+        f"<figure><img src='{html.escape(str(p.relative_to(out)))}' style='max-width:900px'></figure>"
+        for p in written_plots
+    )
+    page = (
+        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>adjcap report</title>"
+        f"<style>{GALLERY_CSS}</style></head><body>"
+        + "\n".join(body)
+        + ("<h2>Plots</h2>" + plots_html if plots_html else "")
+        + ("<h2>Qualitative gallery</h2><p>LM-only caption (red) vs adjudicated caption (blue), references and "
+           "per-image CIDEr. Click a column header to sort (gain = adjudicated - LM-only CIDEr).</p>"
+           + "\n".join(galleries) if galleries else "")
+        + f"<script>{GALLERY_JS}</script></body></html>"
+    )
+    html_path = atomic_write_text(out / "report.html", page)
+    return {"markdown": md_path, "html": html_path, "tables": written_tables, "plots": written_plots}

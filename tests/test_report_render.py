@@ -1,0 +1,127 @@
+"""Reports render: Markdown, HTML gallery with images and captions, PNG plots, LaTeX tables."""
+
+import html
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from adjcap.config import load_config
+from adjcap.metrics.evaluate import evaluate_run
+from adjcap.report.report import write_report
+
+FIX = Path(__file__).parent / "fixtures" / "metrics"
+
+
+def _make_run(root: Path, preset: str = "headline") -> Path:
+    """A run directory as the pipeline leaves it, with real captions: the LM-only picker is a
+    ViECap-style system's caption, the adjudicated pickers ClipCap's caption of the same image."""
+    items = json.loads((FIX / "gallery_6.json").read_text())
+    run = root / "run"
+    (run / "references").mkdir(parents=True)
+    (run / "config.toml").write_text(load_config(preset).to_toml())
+    (run / "references" / "coco-test.json").write_text(json.dumps({x["image_id"]: x["references"] for x in items}))
+    picks = {
+        "inductive": {"lm": "viecap", "ensemble": "clipcap", "trifuse": "clipcap", "memattend": "viecap"},
+        "training-free": {"lm": "viecap", "fixed": "clipcap"},
+    }
+    for proto, pickers in picks.items():
+        d = run / "predictions" / proto
+        d.mkdir(parents=True)
+        for name, src in pickers.items():
+            (d / f"{name}.json").write_text(json.dumps([{"image_id": x["image_id"], "caption": x[src]} for x in items]))
+    (run / "heads").mkdir()
+    (run / "heads" / "heads.json").write_text(json.dumps(
+        {"trifuse": {"params": 113, "losses": [2.9, 2.5, 2.4]}, "memattend": {"params": 17377, "seconds": 1.5}}))
+    return run
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    run = _make_run(tmp_path_factory.mktemp("a"))
+    evaluate_run(run)
+    paths = write_report([run], image_root=FIX / "images")
+    return run, paths
+
+
+def test_markdown_has_paper_style_tables_and_published_rows(report):
+    run, paths = report
+    md = paths["markdown"].read_text()
+    assert "| protocol | picker | B-4 | MET | R-L | CIDEr | SPICE | CLIPScore | CHAIR_s |" in md
+    assert "| inductive | ensemble |" in md and "| training-free | fixed |" in md
+    assert "published [tab:scoreboard]" in md and "Ours (inductive)" in md and "117.6" in md
+    assert "reference-proxy CHAIR" in md and "CHAIR_s % (lower is better)" in md
+    assert "pick differs from LM-only: ensemble" in md
+    assert "trifuse.params" in md  # reranker diagnostics from heads/heads.json
+    assert "SPICE: not requested" in md  # SPICE shown as missing, with the reason
+
+
+def test_html_gallery_contains_images_and_captions(report):
+    run, paths = report
+    page = paths["html"].read_text()
+    items = json.loads((FIX / "gallery_6.json").read_text())
+    assert page.count("data:image/jpeg;base64,") == 6  # every image embedded as a thumbnail
+    for x in items:
+        assert html.escape(x["viecap"]) in page and html.escape(x["clipcap"]) in page
+        assert html.escape(x["references"][0]) in page
+        assert f"data-id='{x['image_id']}'" in page
+    assert "data-gain=" in page and "addEventListener('click'" in page  # sortable by gain
+    # per-image CIDEr shown for both captions
+    doc = json.loads((run / "metrics" / "inductive.json").read_text())
+    first = items[0]["image_id"]
+    assert f"{doc['per_image']['ensemble'][first]['CIDEr']:.1f}" in page
+    assert "<table class='metrics'>" in page
+
+
+def test_pngs_exist_and_are_png(report):
+    _, paths = report
+    names = {p.name for p in paths["plots"]}
+    assert {"cider_by_configuration.png", "hallucination_per_class.png"} <= names
+    for p in paths["plots"]:
+        data = p.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 2000
+
+
+def check_latex(text: str) -> None:
+    assert text.count("\\begin{tabular}") == text.count("\\end{tabular}") == 1
+    assert text.count("\\begin{table}") == text.count("\\end{table}") == 1
+    assert "\\toprule" in text and "\\midrule" in text and "\\bottomrule" in text
+    spec = re.search(r"\\begin\{tabular\}\{([lcr]+)\}", text).group(1)
+    body = text.split("\\toprule", 1)[1].split("\\bottomrule", 1)[0]
+    rows = [r for r in body.split("\\\\") if r.strip() and r.strip() not in ("\\midrule",)]
+    for r in rows:
+        r = r.replace("\\midrule", "")
+        if not r.strip():
+            continue
+        assert len(re.findall(r"(?<!\\)&", r)) == len(spec) - 1, r
+    for a, b in (("{", "}"),):
+        assert text.replace("\\{", "").count(a) == text.replace("\\}", "").count(b)
+
+
+def test_latex_tables_are_well_formed(report):
+    _, paths = report
+    names = {p.name for p in paths["tables"]}
+    assert {"run-metrics.tex", "run-chair.tex", "published-vs-measured.tex", "published-coco.tex"} <= names
+    for p in paths["tables"]:
+        check_latex(p.read_text())
+
+
+def test_multi_run_side_by_side_and_empty_run(tmp_path, report):
+    run_a, _ = report
+    run_b = _make_run(tmp_path / "b", preset="training-free")
+    evaluate_run(run_b)
+    empty = tmp_path / "c" / "run"
+    empty.mkdir(parents=True)
+    out = tmp_path / "cmp"
+    paths = write_report([run_a, run_b, empty], out, embed_images=False)
+    md = paths["markdown"].read_text()
+    assert "## Runs side by side" in md
+    assert "| run | headline |" in md and "| run-2 | training-free | training-free / fixed |" in md
+    assert "| run-3 |" in md and "not evaluated" in md
+    assert (out / "tables" / "runs.tex").exists()
+    check_latex((out / "tables" / "runs.tex").read_text())
+    page = paths["html"].read_text()
+    assert "data:image/jpeg" not in page  # embed_images=False and no image root: placeholders
+    none = write_report([empty], tmp_path / "none")
+    assert "No metrics found" in none["markdown"].read_text()
