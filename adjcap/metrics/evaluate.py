@@ -385,13 +385,18 @@ def evaluate_run(
     java = getattr(eval_cfg, "java", "java") if eval_cfg is not None else "java"
     w = float(getattr(eval_cfg, "clipscore_w", CLIPSCORE_W)) if eval_cfg is not None else CLIPSCORE_W
     spice = _spice_from(eval_cfg, run_dir) if eval_cfg is not None else None
-    tmp_dir = run_dir / "metrics" / ".tmp"
+    import tempfile
+
     from adjcap.data.benchmarks import References
+
+    (run_dir / "metrics").mkdir(parents=True, exist_ok=True)
+    tmp = tempfile.TemporaryDirectory(prefix=".eval-", dir=run_dir / "metrics")
+    tmp_dir = Path(tmp.name)
 
     refs_obj = References(captions={str(k): list(v) for k, v in references.items()})
     rank = retrieval_verifier_spearman(features) if features is not None else None
     written: dict[str, dict[str, Any]] = {}
-    with Evaluator(
+    with tmp, Evaluator(
         refs_obj.captions, domains, spice=spice, java=java, tmp_dir=tmp_dir, on_missing=on_missing
     ) as ev:
         for pdir in proto_dirs:
