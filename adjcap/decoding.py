@@ -132,14 +132,23 @@ def beam_search_reference(
     max_len: int = 64,
     stop_ids: Sequence[int],
     temperature: float = 1.0,
+    neg_prompt: torch.Tensor | None = None,
+    contrastive_lambda: float = 0.0,
 ) -> list[Beam]:
     """IFCap's ``search.beam_search`` for one prompt [T, D] (no KV cache). Returns W beams sorted
-    by mean log-prob descending."""
-    _check(gpt, [prompt], beam_width, max_len)
+    by mean log-prob descending.
+
+    Contrastive option (not in IFCap; DESIGN 4, negative result): with ``neg_prompt`` and
+    ``contrastive_lambda`` > 0 the per-token score is (1+lambda) logp(.|prompt) - lambda logp(.|neg_prompt)
+    for the same generated prefix, and the beam's sums/means are of that score."""
+    _check(gpt, [prompt] if neg_prompt is None else [prompt, neg_prompt], beam_width, max_len)
+    lam = float(contrastive_lambda)
+    use_neg = neg_prompt is not None and lam != 0.0
     wte = gpt.transformer.wte
     dev = prompt.device
     stop = torch.tensor(list(stop_ids), device=dev)
     emb = prompt[None]
+    neg = neg_prompt[None] if use_neg else None
     w = beam_width
     tokens = scores = None
     lengths = torch.ones(w, device=dev)
@@ -147,9 +156,14 @@ def beam_search_reference(
     for _ in range(max_len):
         logits = gpt(inputs_embeds=emb, use_cache=False).logits[:, -1, :]
         logp = _logp(logits, temperature)
+        if use_neg:
+            neg_logp = _logp(gpt(inputs_embeds=neg, use_cache=False).logits[:, -1, :], temperature)
+            logp = (1.0 + lam) * logp - lam * neg_logp
         if scores is None:
             scores, nxt = logp[0].topk(w)
             emb = emb.expand(w, -1, -1)
+            if use_neg:
+                neg = neg.expand(w, -1, -1)
             tokens = nxt[:, None]
         else:
             vocab = logp.shape[1]
@@ -164,9 +178,14 @@ def beam_search_reference(
             lengths = lengths[src]
             tokens = torch.cat([tokens[src], nxt[:, None]], dim=1)
             emb = emb[src]
+            if use_neg:
+                neg = neg[src]
             scores = top * lengths
             stopped = stopped[src]
-        emb = torch.cat([emb, wte(nxt)[:, None].to(emb.dtype)], dim=1)
+        new = wte(nxt)[:, None].to(emb.dtype)
+        emb = torch.cat([emb, new], dim=1)
+        if use_neg:
+            neg = torch.cat([neg, new], dim=1)
         stopped = stopped | torch.isin(nxt, stop)
         if bool(stopped.all()):
             break
@@ -227,25 +246,51 @@ def _chunks(prompts: Sequence[torch.Tensor], batch_size: int | None) -> list[lis
 
 
 @torch.no_grad()
-def _beam_batch(gpt, prompts: Sequence[torch.Tensor], w: int, max_len: int, stop: torch.Tensor, temperature: float):
+def _beam_batch(
+    gpt,
+    prompts: Sequence[torch.Tensor],
+    w: int,
+    max_len: int,
+    stop: torch.Tensor,
+    temperature: float,
+    neg_prompts: Sequence[torch.Tensor] | None = None,
+    lam: float = 0.0,
+) -> list[list[Beam]]:
+    """Beam search for b images at once. Cache rows are laid out [stream][image][beam]; stream 1
+    (contrastive negatives) exists only when ``neg_prompts`` is given and follows stream 0's choices."""
     wte = gpt.transformer.wte
     dev = prompts[0].device
     b = len(prompts)
-    emb, mask, pos = _left_pad(prompts)
+    streams = 1 if neg_prompts is None else 2
+    all_prompts = list(prompts) + (list(neg_prompts) if neg_prompts is not None else [])
+    emb, mask, pos = _left_pad(all_prompts)
     out = gpt(inputs_embeds=emb, attention_mask=mask, position_ids=pos, use_cache=True)
     cache = out.past_key_values
-    logp = _logp(out.logits[:, -1, :], temperature)
+
+    def combine(logits: torch.Tensor, n: int) -> torch.Tensor:
+        """(streams*n, V) last-position logits -> (n, V) per-token scores."""
+        lp = _logp(logits, temperature)
+        if streams == 1:
+            return lp
+        return (1.0 + lam) * lp[:n] - lam * lp[n:]
+
+    logp = combine(out.logits[:, -1, :], b)
     vocab = logp.shape[1]
     scores, nxt = logp.topk(w, dim=-1)  # (B, W)
     tokens = nxt[..., None]
     lengths = torch.ones(b, w, device=dev)
     stopped = torch.isin(nxt, stop)
-    rows = torch.arange(b, device=dev).repeat_interleave(w)
+
+    def stream_rows(rows: torch.Tensor, n_per_stream: int) -> torch.Tensor:
+        return torch.cat([rows + s * n_per_stream for s in range(streams)])
+
+    rows = stream_rows(torch.arange(b, device=dev).repeat_interleave(w), b)
     cache.reorder_cache(rows)
     mask = mask[rows]
-    next_pos = torch.tensor([p.shape[0] for p in prompts], device=dev)[rows]
+    next_pos = torch.tensor([p.shape[0] for p in all_prompts], device=dev)[rows]
     alive = list(range(b))  # batch position -> image index (within this batch)
     results: dict[int, list[Beam]] = {}
+    beam_arange = torch.arange(w, device=dev)
     for _ in range(1, max_len):
         done = stopped.all(dim=1)
         if bool(done.any()):
@@ -254,20 +299,20 @@ def _beam_batch(gpt, prompts: Sequence[torch.Tensor], w: int, max_len: int, stop
             keep = torch.nonzero(~done).flatten()
             if keep.numel() == 0:
                 break
+            keep_rows = stream_rows((keep[:, None] * w + beam_arange).flatten(), len(alive) * w)
             alive = [alive[j] for j in keep.tolist()]
-            keep_rows = (keep[:, None] * w + torch.arange(w, device=dev)).flatten()
             cache.batch_select_indices(keep_rows)
             mask, next_pos = mask[keep_rows], next_pos[keep_rows]
             tokens, scores, lengths, stopped, nxt = tokens[keep], scores[keep], lengths[keep], stopped[keep], nxt[keep]
         nb = len(alive)
-        mask = torch.cat([mask, torch.ones(nb * w, 1, device=dev, dtype=mask.dtype)], dim=1)
-        inp = wte(nxt.reshape(-1))[:, None].to(emb.dtype)
+        mask = torch.cat([mask, torch.ones(mask.shape[0], 1, device=dev, dtype=mask.dtype)], dim=1)
+        inp = wte(nxt.reshape(-1).repeat(streams))[:, None].to(emb.dtype)
         out = gpt(
             inputs_embeds=inp, attention_mask=mask, position_ids=next_pos[:, None], past_key_values=cache, use_cache=True
         )
         cache = out.past_key_values
         next_pos = next_pos + 1
-        logp = _logp(out.logits[:, -1, :], temperature).view(nb, w, vocab)
+        logp = combine(out.logits[:, -1, :], nb * w).view(nb, w, vocab)
         logp[stopped] = float("-inf")
         logp[..., 0][stopped] = 0.0
         cand = scores[..., None] + logp
@@ -280,7 +325,7 @@ def _beam_batch(gpt, prompts: Sequence[torch.Tensor], w: int, max_len: int, stop
         tokens = torch.cat([tokens.gather(1, src[..., None].expand(-1, -1, tokens.shape[2])), nxt[..., None]], dim=2)
         stopped = stopped.gather(1, src) | torch.isin(nxt, stop)
         scores = top * lengths
-        cache.reorder_cache((torch.arange(nb, device=dev)[:, None] * w + src).flatten())
+        cache.reorder_cache(stream_rows((torch.arange(nb, device=dev)[:, None] * w + src).flatten(), nb * w))
     for j, i in enumerate(alive):
         if i not in results:
             results[i] = _sorted_beams(tokens[j], scores[j], lengths[j], stopped[j])
@@ -297,17 +342,32 @@ def beam_search_fast(
     stop_ids: Sequence[int],
     temperature: float = 1.0,
     batch_size: int | None = None,
+    neg_prompts: Sequence[torch.Tensor] | None = None,
+    contrastive_lambda: float = 0.0,
 ) -> list[list[Beam]]:
     """The reference beam search for many prompts ([T_i, D] each) at once, KV-cached.
     ``batch_size`` images are decoded together (None: all). Returns, per prompt, W beams sorted by
-    mean log-prob descending."""
+    mean log-prob descending. ``neg_prompts`` (one per prompt) + ``contrastive_lambda`` > 0: the
+    contrastive score of :func:`beam_search_reference`."""
     if not prompts:
         return []
-    _check(gpt, prompts, beam_width, max_len)
+    use_neg = neg_prompts is not None and float(contrastive_lambda) != 0.0
+    if use_neg and len(neg_prompts) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts but {len(neg_prompts)} negative prompts")
+    _check(gpt, list(prompts) + (list(neg_prompts) if use_neg else []), beam_width, max_len)
     stop = torch.tensor(list(stop_ids), device=prompts[0].device)
     out: list[list[Beam] | None] = [None] * len(prompts)
     for idx in _chunks(prompts, batch_size):
-        res = _beam_batch(gpt, [prompts[i] for i in idx], beam_width, max_len, stop, temperature)
+        res = _beam_batch(
+            gpt,
+            [prompts[i] for i in idx],
+            beam_width,
+            max_len,
+            stop,
+            temperature,
+            [neg_prompts[i] for i in idx] if use_neg else None,
+            float(contrastive_lambda),
+        )
         for i, r in zip(idx, res):
             out[i] = r
     return out  # type: ignore[return-value]
@@ -404,8 +464,18 @@ def decode_prompts(
     stop_ids: Sequence[int],
     batch_size: int | None = None,
     temperature: float = 1.0,
+    neg_prompts: Sequence[torch.Tensor] | None = None,
+    contrastive_lambda: float = 0.0,
 ) -> list[list[Candidate]]:
-    """Decode prompt embeddings into candidates: ``decoder`` beam|greedy, ``search`` fast|reference."""
+    """Decode prompt embeddings into candidates: ``decoder`` beam|greedy, ``search`` fast|reference.
+    ``neg_prompts`` + ``contrastive_lambda`` > 0 turn on contrastive beam search (beam decoder only)."""
+    use_neg = neg_prompts is not None and float(contrastive_lambda) != 0.0
+    if neg_prompts is None and float(contrastive_lambda) != 0.0:
+        raise ValueError("contrastive_lambda > 0 needs negative prompts (captioner.contrastive_lambda)")
+    if use_neg and decoder != "beam":
+        raise ValueError("contrastive decoding is implemented for the beam decoder only")
+    if use_neg and len(neg_prompts) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts but {len(neg_prompts)} negative prompts")
     if decoder not in ("beam", "greedy"):
         raise ValueError(f"decoder must be 'beam' or 'greedy', got {decoder!r}")
     if search not in ("fast", "reference"):
@@ -421,10 +491,14 @@ def decode_prompts(
         all_beams = beam_search_fast(
             gpt, prompts, beam_width=beam_width, max_len=max_len, stop_ids=stop_ids,
             temperature=temperature, batch_size=batch_size,
+            neg_prompts=neg_prompts if use_neg else None, contrastive_lambda=contrastive_lambda,
         )
     else:
         all_beams = [
-            beam_search_reference(gpt, p, beam_width=beam_width, max_len=max_len, stop_ids=stop_ids, temperature=temperature)
-            for p in prompts
+            beam_search_reference(
+                gpt, p, beam_width=beam_width, max_len=max_len, stop_ids=stop_ids, temperature=temperature,
+                neg_prompt=neg_prompts[i] if use_neg else None, contrastive_lambda=contrastive_lambda,
+            )
+            for i, p in enumerate(prompts)
         ]
     return [beams_to_candidates(b, tokenizer) for b in all_beams]

@@ -179,3 +179,32 @@ def test_bf16_fast_search_runs(cap, tmp_path):
     x, r, ents = make_inputs(3, seed=5)
     out = half.generate(x, r, ents, beam_width=3, max_len=5)
     assert all(len(cs) == 3 and all(c.n_tokens >= 1 for c in cs) for cs in out)
+
+
+@pytest.mark.parametrize("lam", [0.3, 1.0])
+def test_contrastive_fast_matches_contrastive_reference(cap, lam):
+    x, r, ents = make_inputs(12, seed=21)
+    neg_r = torch.randn(12, 4, CLIP_DIM, generator=torch.Generator().manual_seed(2))
+    pos = cap.prompt_embeddings(cap.soft_prompt(x, r), ents)
+    neg = cap.prompt_embeddings(cap.soft_prompt(x, neg_r), ents)
+    ref = [
+        beam_search_reference(cap.gpt, p, beam_width=5, max_len=MAX_LEN, stop_ids=cap.stop_ids, neg_prompt=n, contrastive_lambda=lam)
+        for p, n in zip(pos, neg)
+    ]
+    fast = beam_search_fast(
+        cap.gpt, pos, beam_width=5, max_len=MAX_LEN, stop_ids=cap.stop_ids, neg_prompts=neg, contrastive_lambda=lam, batch_size=5
+    )
+    assert_same_beams(ref, fast)
+    plain = beam_search_fast(cap.gpt, pos, beam_width=5, max_len=MAX_LEN, stop_ids=cap.stop_ids)
+    assert [[b.tokens for b in bs] for bs in plain] != [[b.tokens for b in bs] for bs in fast]
+    # the contrastive score of a beam: sum over tokens of (1+lam) l_pos - lam l_neg
+    b = fast[0][0]
+    want = (1 + lam) * teacher_forced_logprob(cap, pos[0], b.tokens) - lam * teacher_forced_logprob(cap, neg[0], b.tokens)
+    assert abs(b.score_sum - want) < 1e-4
+    # lambda 0 is plain beam search; the captioner API builds the negative prompt itself
+    zero = beam_search_fast(cap.gpt, pos, beam_width=5, max_len=MAX_LEN, stop_ids=cap.stop_ids, neg_prompts=neg, contrastive_lambda=0.0)
+    assert [[b.tokens for b in bs] for bs in zero] == [[b.tokens for b in bs] for bs in plain]
+    api = cap.generate(x, r, ents, beam_width=5, max_len=MAX_LEN, negative_retrieved_feats=neg_r, contrastive_lambda=lam)
+    assert [[c.token_ids for c in cs] for cs in api] == [[tuple(b.tokens) for b in bs] for bs in fast]
+    with pytest.raises(ValueError, match="beam decoder only"):
+        cap.generate(x, r, ents, decoder="greedy", negative_retrieved_feats=neg_r, contrastive_lambda=lam)

@@ -452,22 +452,27 @@ class IFCapCaptioner:
         search: str = "fast",
         batch_size: int | None = None,
         temperature: float = 1.0,
+        negative_retrieved_feats: torch.Tensor | Sequence[torch.Tensor] | None = None,
+        contrastive_lambda: float = 0.0,
     ) -> list[list[Candidate]]:
         """Captions for B images: one list of :class:`~adjcap.decoding.Candidate` per image, sorted
         by mean log-prob (incl. the stop token) descending; ``beam_width`` candidates for the beam
         decoder, one for greedy. ``search="reference"`` runs IFCap's own procedure image by image;
         ``"fast"`` the batched KV-cached search that returns the same beams.
-        ``retrieved_feats`` may be a list of [k_i, C] tensors when k differs between images."""
+        ``retrieved_feats`` may be a list of [k_i, C] tensors when k differs between images.
+
+        Contrastive decoding (DESIGN 4's negative result, off by default): with
+        ``negative_retrieved_feats`` (e.g. the verifier's bottom-4 captions' raw CLIP embeddings) and
+        ``contrastive_lambda`` > 0, a negative prompt [S_neg ; H] is built from the same image and
+        entities and the beam ranks (1+lambda) l_pos - lambda l_neg per token; the candidates' scores
+        are then of that contrastive quantity."""
         x = torch.as_tensor(image_feats)
         if x.dim() == 1:
             x = x[None]
-        if isinstance(retrieved_feats, torch.Tensor) and retrieved_feats.dim() == 3:
-            soft = self.soft_prompt(x, retrieved_feats)
-        else:
-            if len(retrieved_feats) != x.shape[0]:
-                raise ValueError(f"{x.shape[0]} images but {len(retrieved_feats)} retrieved-feature sets")
-            soft = torch.cat([self.soft_prompt(x[i : i + 1], r[None]) for i, r in enumerate(retrieved_feats)])
-        prompts = self.prompt_embeddings(soft, entities_list)
+        prompts = self.prompt_embeddings(self._soft(x, retrieved_feats), entities_list)
+        neg = None
+        if negative_retrieved_feats is not None and contrastive_lambda != 0.0:
+            neg = self.prompt_embeddings(self._soft(x, negative_retrieved_feats), entities_list)
         return decode_prompts(
             self.gpt,
             self.tokenizer,
@@ -479,7 +484,16 @@ class IFCapCaptioner:
             stop_ids=self.stop_ids,
             batch_size=batch_size,
             temperature=temperature,
+            neg_prompts=neg,
+            contrastive_lambda=contrastive_lambda,
         )
+
+    def _soft(self, x: torch.Tensor, retrieved_feats) -> torch.Tensor:
+        if isinstance(retrieved_feats, torch.Tensor) and retrieved_feats.dim() == 3:
+            return self.soft_prompt(x, retrieved_feats)
+        if len(retrieved_feats) != x.shape[0]:
+            raise ValueError(f"{x.shape[0]} images but {len(retrieved_feats)} retrieved-feature sets")
+        return torch.cat([self.soft_prompt(x[i : i + 1], torch.as_tensor(r)[None]) for i, r in enumerate(retrieved_feats)])
 
 
 # --------------------------------------------------------------------------------------------
