@@ -117,6 +117,13 @@ def test_real_size_state_dict_keys_equal_spec(meta_model):
     assert len(masks) == 24
     assert ours == {k: v for k, v in spec.items() if k not in masks}
     assert list(dict(meta_model.named_children())) == ["gpt", "mapping_network"]
+    # the builder's file layout (mask buffers after each ln_1) gives exactly the spec's 286 entries
+    with_masks = with_gpt2_mask_buffers(meta_model.state_dict(), 12, 1024)
+    assert {k: tuple(v.shape) for k, v in with_masks.items()} == spec
+    assert list(with_masks)[2:6] == [
+        "gpt.transformer.h.0.ln_1.weight", "gpt.transformer.h.0.ln_1.bias",
+        "gpt.transformer.h.0.attn.bias", "gpt.transformer.h.0.attn.masked_bias",
+    ]
 
 
 def test_loader_key_handling_accepts_the_released_layout(meta_model):

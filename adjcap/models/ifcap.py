@@ -348,9 +348,9 @@ _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def _resolve_device(device: str | torch.device) -> torch.device:
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    from adjcap.models.precision import pick_device
+
+    return pick_device(device)
 
 
 def _resolve_dtype(precision: str, device: torch.device) -> torch.dtype:
