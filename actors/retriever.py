@@ -12,11 +12,11 @@ from adjcap.pipeline import load_retrieval_encoder
 
 
 class RetrieverActor:
-    def __init__(self, cfg: dict, shared_index: Callable[[], tuple[Any, Any, list[str]]]):
+    def __init__(self, cfg: dict, shared_index: Callable[[], tuple[Any, Any, str, list[str]]]):
         self.cfg = Config.model_validate(cfg)
         self.encoder = load_retrieval_encoder(self.cfg, towers=("image",))
-        vectors, ids, self.texts = shared_index()
-        self.index = CaptionIndex.from_arrays(vectors, ids, device=self.cfg.device)
+        vectors, ids, precision, self.texts = shared_index()
+        self.index = CaptionIndex.from_arrays(vectors, ids, device=self.cfg.device, precision=precision)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         states = unpack(batch)

@@ -136,20 +136,47 @@ def ensure_index(cfg: Config, corpus, encoder=None) -> Path:
 
     enc_id = encoder_identity(cfg)
     out = index_dir_for(cfg, enc_id, corpus.fingerprint)
-    if idx.index_complete(out, enc_id, corpus.fingerprint):
+    if index_ready(out, enc_id, corpus.fingerprint):
         return out
     if encoder is None:
         encoder = load_retrieval_encoder(cfg, towers=("text",))
-    shards = []
-    for shard_no, start, end in shard_ranges(len(corpus.texts), cfg.retrieval.shard_size):
-        info = idx.verify_shard(out, shard_no)
-        if info is None:
+    ranges = shard_ranges(len(corpus.texts), cfg.retrieval.shard_size)
+    for shard_no, start, end in ranges:
+        if idx.verify_shard(out, shard_no) is None:
             vecs = encode_shard(encoder, corpus.texts[start:end])
-            info = idx.write_shard(out, shard_no, vecs, corpus.ids[start:end], precision=cfg.retrieval.index_precision)
-        shards.append(info)
-    idx.finalize_index(out, shards, encoder_id=enc_id, corpus_fingerprint=corpus.fingerprint,
-                       precision=cfg.retrieval.index_precision)
+            idx.write_shard(out, shard_no, vecs, corpus.ids[start:end], precision=cfg.retrieval.index_precision)
+    finalize(out, enc_id, corpus, len(ranges))
     return out
+
+
+def finalize(out: Path, enc_id: str, corpus, num_shards: int) -> None:
+    from adjcap import index as idx
+
+    idx.finalize_index(out, encoder_id=enc_id, corpus_fingerprint=corpus.fingerprint, num_shards=num_shards,
+                       expected_count=len(corpus.texts), extra={"corpus_source": str(corpus.source)})
+
+
+def index_ready(out: Path, encoder_id: str, corpus_fingerprint: str) -> bool:
+    """A finished index (manifest written last) for this encoder and corpus."""
+    from adjcap import index as idx
+
+    try:
+        m = idx.IndexManifest.read(out)
+    except idx.CaptionIndexError:
+        return False
+    return m.encoder_id == encoder_id and m.corpus_fingerprint == corpus_fingerprint
+
+
+def index_arrays(out: Path) -> tuple[np.ndarray, np.ndarray, str]:
+    """(vectors as stored, ids, precision) of a finished index, checked against its manifest; what
+    the Ray job puts in the object store once for every retriever actor."""
+    from adjcap.index import CaptionIndex
+
+    index = CaptionIndex.load(out, device="cpu")
+    vectors = index.vectors.numpy()
+    if index.manifest.precision == "fp16":
+        vectors = vectors.astype(np.float16)
+    return vectors, index.ids.numpy(), index.manifest.precision
 
 
 # --------------------------------------------------------------------------------------------
@@ -186,7 +213,9 @@ def load_models(cfg: Config, benchmark: str | None = None) -> Models:
 
     corpus = load_benchmark_corpus(cfg, benchmark)
     retrieval = load_retrieval_encoder(cfg)
-    index = CaptionIndex.load(ensure_index(cfg, corpus, retrieval), device=cfg.device)
+    enc_id = encoder_identity(cfg)
+    index = CaptionIndex.load(ensure_index(cfg, corpus, retrieval), device=cfg.device,
+                              encoder_id=enc_id, corpus_fingerprint=corpus.fingerprint)
     captioner, clip, vocabulary = load_captioner_role(cfg)
     return Models(retrieval, index, corpus.texts, load_verifier_role(cfg), captioner, clip, vocabulary)
 

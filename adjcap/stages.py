@@ -149,7 +149,9 @@ def verify(states: list[ImageState], verifier, keep: int) -> list[ImageState]:
                 }
                 for j in order
             ]
-            s.verifier_memo = verifier.memo_item(memo, i) if hasattr(verifier, "memo_item") else None
+            # only the vision-encoder output travels to stage 4; cross-attention K/V are recomputed
+            # there from it (cheap), which keeps the per-image state small between Ray pools
+            s.verifier_memo = memo.image_embeds[i].detach().cpu()
 
     return _guarded("verify", run, states)
 
@@ -273,8 +275,8 @@ def score(states: list[ImageState], encoder, verifier) -> list[ImageState]:
 
 
 def _memo_for(verifier, batch: list[ImageState]):
-    if hasattr(verifier, "memo_stack") and all(s.verifier_memo is not None for s in batch):
-        return verifier.memo_stack([s.verifier_memo for s in batch])
+    if all(s.verifier_memo is not None for s in batch):
+        return verifier.memo_from_image_embeds(torch.stack([s.verifier_memo for s in batch]))
     return verifier.encode_images(_images(batch))
 
 

@@ -8,14 +8,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import numpy as np
 import ray
 from ray.data import ActorPoolStrategy
 
 from actors.encoder import CorpusEncoderActor
 from adjcap import index as idx
 from adjcap.config import Config
-from adjcap.pipeline import encoder_identity, index_dir_for, load_benchmark_corpus, shard_ranges
+from adjcap.pipeline import encoder_identity, finalize, index_dir_for, index_ready, load_benchmark_corpus, shard_ranges
 from jobs.ray_session import pool_resources, ray_session
 
 
@@ -24,7 +23,7 @@ def ensure_index(cfg: Config) -> Path:
     corpus = load_benchmark_corpus(cfg)
     enc_id = encoder_identity(cfg)
     out = index_dir_for(cfg, enc_id, corpus.fingerprint)
-    if idx.index_complete(out, enc_id, corpus.fingerprint):
+    if index_ready(out, enc_id, corpus.fingerprint):
         print(f"index: {out} (complete, {len(corpus.texts)} captions)")
         return out
     ranges = shard_ranges(len(corpus.texts), cfg.retrieval.shard_size)
@@ -45,14 +44,7 @@ def ensure_index(cfg: Config) -> Path:
         )
         done = sorted(int(x) for b in ds.iter_batches(batch_format="numpy") for x in b["shard"])
         assert done == sorted(s for s, _, _ in todo), f"shards missing after encoding: {set(s for s, _, _ in todo) - set(done)}"
-    shards = []
-    for s, _, _ in ranges:
-        info = idx.verify_shard(out, s)
-        if info is None:
-            raise RuntimeError(f"index shard {s} in {out} failed verification after encoding; rerun to re-encode it")
-        shards.append(info)
-    idx.finalize_index(out, shards, encoder_id=enc_id, corpus_fingerprint=corpus.fingerprint,
-                       precision=cfg.retrieval.index_precision)
+    finalize(out, enc_id, corpus, len(ranges))
     dt = time.time() - t0
     print(f"index: done in {dt:.1f}s ({len(corpus.texts) / max(dt, 1e-9):.0f} captions/s)")
     return out
@@ -70,7 +62,3 @@ def main(cfg: Config) -> Path:
         out = ensure_index(cfg)
     print(out)
     return out
-
-
-def load_index_arrays(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    return idx.load_arrays(path)

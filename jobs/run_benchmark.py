@@ -21,13 +21,12 @@ from actors.decode import decode_batch
 from actors.retriever import RetrieverActor
 from actors.scorer import ScorerActor
 from actors.verifier import VerifierActor
-from adjcap import index as idx
 from adjcap.config import Config
 from adjcap.data.benchmarks import read_benchmark
 from adjcap.data.records import Record
 from adjcap.features import rows_to_table
 from adjcap.io import atomic_write_json, atomic_write_parquet, atomic_write_text, is_temp_name
-from adjcap.pipeline import load_benchmark_corpus
+from adjcap.pipeline import index_arrays, load_benchmark_corpus
 from jobs.encode_corpus import _getter, ensure_index
 from jobs.ray_session import pool_resources, ray_session
 
@@ -104,8 +103,8 @@ def extract_features(cfg: Config, run_dir: Path, records: dict[str, list[Record]
 
     index_path = ensure_index(cfg)
     corpus = load_benchmark_corpus(cfg)
-    vectors, ids = idx.load_arrays(index_path)
-    shared_index = _getter(ray.put((vectors, ids, corpus.texts)))
+    vectors, ids, precision = index_arrays(index_path)
+    shared_index = _getter(ray.put((vectors, ids, precision, corpus.texts)))
     cfg_dict = cfg.model_dump(mode="json")
     bs = cfg.ray.batch_size
     w = cfg.ray.workers
