@@ -154,10 +154,10 @@ def beam_search_reference(
     lengths = torch.ones(w, device=dev)
     stopped = torch.zeros(w, dtype=torch.bool, device=dev)
     for _ in range(max_len):
-        logits = gpt(inputs_embeds=emb, use_cache=False).logits[:, -1, :]
+        logits = gpt(inputs_embeds=emb, use_cache=False, logits_to_keep=1).logits[:, -1, :]
         logp = _logp(logits, temperature)
         if use_neg:
-            neg_logp = _logp(gpt(inputs_embeds=neg, use_cache=False).logits[:, -1, :], temperature)
+            neg_logp = _logp(gpt(inputs_embeds=neg, use_cache=False, logits_to_keep=1).logits[:, -1, :], temperature)
             logp = (1.0 + lam) * logp - lam * neg_logp
         if scores is None:
             scores, nxt = logp[0].topk(w)
@@ -200,14 +200,14 @@ def greedy_reference(
     _check(gpt, [prompt], 1, max_len)
     wte = gpt.transformer.wte
     stop = set(int(s) for s in stop_ids)
-    out = gpt(inputs_embeds=prompt[None], use_cache=True)
+    out = gpt(inputs_embeds=prompt[None], use_cache=True, logits_to_keep=1)
     toks: list[int] = []
     total = 0.0
     finished = False
     for step in range(max_len):
         if step:
             inp = wte(torch.tensor([[toks[-1]]], device=prompt.device)).to(prompt.dtype)
-            out = gpt(inputs_embeds=inp, past_key_values=out.past_key_values, use_cache=True)
+            out = gpt(inputs_embeds=inp, past_key_values=out.past_key_values, use_cache=True, logits_to_keep=1)
         logits = out.logits[0, -1]
         tok = int(logits.argmax())
         total += float(_logp(logits, temperature)[tok])
@@ -264,7 +264,7 @@ def _beam_batch(
     streams = 1 if neg_prompts is None else 2
     all_prompts = list(prompts) + (list(neg_prompts) if neg_prompts is not None else [])
     emb, mask, pos = _left_pad(all_prompts)
-    out = gpt(inputs_embeds=emb, attention_mask=mask, position_ids=pos, use_cache=True)
+    out = gpt(inputs_embeds=emb, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
     cache = out.past_key_values
 
     def combine(logits: torch.Tensor, n: int) -> torch.Tensor:
@@ -394,7 +394,7 @@ def greedy_fast(
     results: list[Beam | None] = [None] * len(prompts)
     for idx in _chunks(prompts, batch_size):
         emb, mask, pos = _left_pad([prompts[i] for i in idx])
-        out = gpt(inputs_embeds=emb, attention_mask=mask, position_ids=pos, use_cache=True)
+        out = gpt(inputs_embeds=emb, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
         next_pos = torch.tensor([prompts[i].shape[0] for i in idx], device=dev)
         n = len(idx)
         toks = torch.zeros(n, 0, dtype=torch.long, device=dev)
