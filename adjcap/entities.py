@@ -28,12 +28,14 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 
 __all__ = [
+    "ENSEMBLE_TEMPLATES",
     "NLTK_DOWNLOAD_COMMAND",
     "NLTK_RESOURCES",
     "NLTKResourceError",
     "clip_classifier_entities",
     "count_nouns",
     "count_tagged",
+    "ensemble_embeddings",
     "filter_entities",
     "frequency_entities",
     "hard_prompt",
@@ -202,6 +204,31 @@ def frequency_entities(
 # --------------------------------------------------------------------------------------------
 # CLIP zero-shot entity classifier (spec 4.3; IFCap's NoCaps path)
 # --------------------------------------------------------------------------------------------
+
+
+# ViECap's 7-template prompt ensemble for the vocabulary text embeddings (spec 4.3)
+ENSEMBLE_TEMPLATES = (
+    "itap of a {}.",
+    "a bad photo of the {}.",
+    "a origami {}.",
+    "a photo of the large {}.",
+    "a {} in a video game.",
+    "art of the {}.",
+    "a photo of the small {}.",
+)
+
+
+def ensemble_embeddings(
+    vocab: Sequence[str], encode_texts: Callable[[list[str]], torch.Tensor], templates: Sequence[str] = ENSEMBLE_TEMPLATES
+) -> torch.Tensor:
+    """[N, C] vocabulary embeddings as ViECap built them: encode the templates filled with each entry,
+    L2-normalise each, average, L2-normalise the average. ``encode_texts`` maps a list of strings to
+    [n, C] text embeddings (raw or normalised; normalised here). One encoder call for everything."""
+    texts = [t.format(v) for v in vocab for t in templates]
+    emb = torch.as_tensor(encode_texts(texts)).float()
+    emb = emb / emb.norm(dim=-1, keepdim=True)
+    mean = emb.view(len(vocab), len(templates), -1).mean(dim=1)
+    return mean / mean.norm(dim=-1, keepdim=True)
 
 
 def clip_classifier_entities(

@@ -7,11 +7,13 @@ import pytest
 import torch
 
 from adjcap.entities import (
+    ENSEMBLE_TEMPLATES,
     NLTK_DOWNLOAD_COMMAND,
     NLTKResourceError,
     clip_classifier_entities,
     count_nouns,
     count_tagged,
+    ensemble_embeddings,
     filter_entities,
     frequency_entities,
     hard_prompt,
@@ -153,3 +155,25 @@ def test_clip_classifier_entities():
     assert clip_classifier_entities(x[0], t, vocab, top_k=1) == [["dog"]]
     with pytest.raises(ValueError, match="row i must embed vocab"):
         clip_classifier_entities(x, t[:3], vocab)
+
+
+def test_ensemble_embeddings_average_normalised_template_embeddings():
+    assert len(ENSEMBLE_TEMPLATES) == 7 and ENSEMBLE_TEMPLATES[0] == "itap of a {}."
+    g = torch.Generator().manual_seed(0)
+    table = {}
+
+    def encode(texts):
+        out = []
+        for t in texts:
+            if t not in table:
+                table[t] = torch.randn(6, generator=g) * 3
+            out.append(table[t])
+        return torch.stack(out)
+
+    got = ensemble_embeddings(["dog", "traffic light"], encode)
+    assert got.shape == (2, 6)
+    for i, name in enumerate(["dog", "traffic light"]):
+        vs = torch.stack([table[t.format(name)] for t in ENSEMBLE_TEMPLATES])
+        m = (vs / vs.norm(dim=-1, keepdim=True)).mean(0)
+        torch.testing.assert_close(got[i], m / m.norm())
+    assert "a traffic light in a video game." in table
