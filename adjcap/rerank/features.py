@@ -110,6 +110,9 @@ def zscore(x: torch.Tensor | np.ndarray, mask: torch.Tensor | np.ndarray) -> tor
         xt = xt.unsqueeze(-1)
     if m.shape != xt.shape[:2]:
         raise ValueError(f"zscore: mask shape {tuple(m.shape)} does not match values {tuple(xt.shape[:2])}")
+    if xt.numel() == 0:
+        z0 = torch.zeros(xt.shape, dtype=torch.float32)
+        return z0.squeeze(-1) if squeeze else z0
     valid = m.unsqueeze(-1) & torch.isfinite(xt)
     n = valid.sum(dim=1, keepdim=True).clamp(min=1).to(torch.float64)
     xv = torch.where(valid, xt, torch.zeros((), dtype=torch.float64))

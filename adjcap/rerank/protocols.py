@@ -192,7 +192,7 @@ def run_protocol(
     elif r.select:
         fit_split = r.fit_split  # training-free: alpha is still chosen on a held-out beam dump
     fit_feats: BeamFeatures | None = None
-    if fit_split is not None and (learned or r.select):
+    if fit_split is not None and ((learned and heads is None) or r.select):
         _table_for(tables, fit_split, "fit_split" if protocol != "transductive" else "apply_split")
         fit_feats = feats[fit_split]
         if fit_feats.n_images == 0:

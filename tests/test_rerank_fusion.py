@@ -1,0 +1,106 @@
+"""Pickers: LM = the beam's first choice, ties -> lowest beam rank, fixed alpha z-mix, ensemble,
+diagnostics."""
+
+import numpy as np
+import pytest
+import torch
+
+from adjcap.features import empty_row, rows_to_table
+from adjcap.rerank import (
+    Heads,
+    MemAttend,
+    TriFuse,
+    agreement,
+    differs_from_lm,
+    head_scores,
+    load_features,
+    pick,
+    picked_texts,
+    picker_scores,
+    zscore,
+)
+from adjcap.rerank.synthetic import synthetic_feature_rows
+
+
+def _row(iid, cands):
+    r = empty_row(iid, "coco", "test", None, None)
+    r["candidates"] = [
+        {
+            "text": t,
+            "lm_logprob_sum": lm * 4,
+            "lm_logprob_mean": lm,
+            "n_tokens": 4,
+            "beam_rank": rank,
+            "retrieval_cosine": cos,
+            "verifier": ver,
+        }
+        for t, lm, cos, ver, rank in cands
+    ]
+    return r
+
+
+def test_single_scorer_pickers_and_tie_rule():
+    rows = [
+        # candidates are listed out of beam order on purpose
+        _row("a", [("a0", -1.5, 0.20, 0.1, 2), ("a1", -1.0, 0.10, 0.9, 0), ("a2", -1.2, 0.40, 0.3, 1)]),
+        # LM tie between b0 (beam rank 1) and b2 (beam rank 0): the lower beam rank wins
+        _row("b", [("b0", -1.0, 0.3, 0.5, 1), ("b1", -2.0, 0.3, 0.5, 2), ("b2", -1.0, 0.3, 0.5, 3)]),
+    ]
+    rows[1]["candidates"][2]["beam_rank"] = 0
+    f = load_features(rows_to_table(rows))
+    assert pick(f, "lm").tolist() == [1, 2]
+    assert pick(f, "retrieval").tolist() == [2, 2]  # image b: all cosines tie -> beam rank 0
+    assert pick(f, "verifier").tolist() == [1, 2]
+    assert picked_texts(f, pick(f, "retrieval")) == ["a2", "b2"]
+
+
+def test_lm_pick_is_the_beams_first_choice_with_mean_feature():
+    f = load_features(rows_to_table(synthetic_feature_rows(50, 8, seed=4, short_every=7)), lm_feature="mean")
+    idx = pick(f, "lm")
+    assert all(int(f.beam_rank[i, j]) == 0 for i, j in enumerate(idx))
+    assert differs_from_lm(idx, f) == 0.0
+
+
+def test_fixed_alpha_mix():
+    f = load_features(rows_to_table(synthetic_feature_rows(30, 10, seed=9)))
+    for alpha in (0.0, 0.48, 1.0):
+        want = alpha * zscore(f.raw_scores[..., 0], f.mask) + (1 - alpha) * zscore(f.raw_scores[..., 1], f.mask)
+        assert pick(f, "fixed", alpha=alpha).tolist() == want.argmax(dim=1).tolist()
+    assert pick(f, "fixed", alpha=1.0).tolist() == pick(f, "lm").tolist()
+    assert pick(f, "fixed", alpha=0.0).tolist() == pick(f, "retrieval").tolist()
+
+
+def test_ensemble_and_head_pickers():
+    f = load_features(rows_to_table(synthetic_feature_rows(25, 10, seed=2, short_every=4)))
+    torch.manual_seed(0)
+    heads = Heads(trifuse=TriFuse().eval(), memattend=MemAttend().eval())
+    t, m = head_scores(f, heads.trifuse), head_scores(f, heads.memattend)
+    s = picker_scores(f, "ensemble", heads, beta=0.75)
+    want = 0.75 * zscore(t, f.mask) + 0.25 * zscore(m, f.mask)
+    torch.testing.assert_close(s[f.mask].float(), want[f.mask])
+    assert torch.isinf(s[~f.mask]).all()
+    assert pick(f, "ensemble", heads, beta=1.0).tolist() == pick(f, "trifuse", heads).tolist()
+    assert pick(f, "ensemble", heads, beta=0.0).tolist() == pick(f, "memattend", heads).tolist()
+    assert pick(f, heads).tolist() == pick(f, "ensemble", heads).tolist()  # pick(features, heads)
+    idx = pick(f, "ensemble", heads)
+    assert all(bool(f.mask[i, j]) for i, j in enumerate(idx))  # never a padded slot
+    with pytest.raises(ValueError, match="trifuse"):
+        pick(f, "trifuse")
+    with pytest.raises(ValueError, match="unknown picker"):
+        pick(f, "cider")
+
+
+def test_verifier_picker_without_verifier_scores_is_an_error():
+    rows = [_row("a", [("x", -1.0, 0.2, float("nan"), 0), ("y", -2.0, 0.3, float("nan"), 1)])]
+    f = load_features(rows_to_table(rows))
+    with pytest.raises(ValueError, match="verifier"):
+        pick(f, "verifier")
+    assert pick(f, "fixed").tolist() in ([0], [1])
+
+
+def test_agreement():
+    assert agreement([1, 2, 3, 4], [1, 0, 3, 0]) == 0.5
+    assert agreement({"a": 1, "b": 2}, {"b": 2, "a": 0, "c": 5}) == 0.5
+    with pytest.raises(ValueError):
+        agreement([1, 2], [1])
+    assert np.isnan(agreement([], []))
