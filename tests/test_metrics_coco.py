@@ -23,6 +23,9 @@ def _load():
 
 @pytest.fixture(scope="module")
 def data():
+    from adjcap.metrics.meteor import shared_meteor
+
+    shared_meteor()  # start adjcap's METEOR JVM now: it loads while pycocoevalcap's own one does
     return _load()
 
 

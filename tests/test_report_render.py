@@ -125,3 +125,29 @@ def test_multi_run_side_by_side_and_empty_run(tmp_path, report):
     assert "data:image/jpeg" not in page  # embed_images=False and no image root: placeholders
     none = write_report([empty], tmp_path / "none")
     assert "No metrics found" in none["markdown"].read_text()
+
+
+def test_nocaps_run_reports_domains_and_cross_domain_table(tmp_path):
+    corpus = json.loads((FIX / "nocaps_corpus_60.json").read_text())
+    preds = {p["image_id"]: p["caption"] for p in json.loads((FIX / "viecap_nocaps_results_60.json").read_text())}
+    run = tmp_path / "nocaps-run"
+    (run / "references").mkdir(parents=True)
+    (run / "config.toml").write_text(load_config("headline", ["benchmark=nocaps"]).to_toml())
+    (run / "references" / "nocaps-test.json").write_text(json.dumps({c["image_id"]: c["caption"] for c in corpus}))
+    (run / "references" / "nocaps-test.domains.json").write_text(
+        json.dumps({c["image_id"]: c["split"] for c in corpus}))
+    d = run / "predictions" / "inductive"
+    d.mkdir(parents=True)
+    (d / "lm.json").write_text(json.dumps([{"image_id": k, "caption": v} for k, v in preds.items()]))
+    # stand-in for an adjudicated pick: the last reference of each image (real text)
+    (d / "ensemble.json").write_text(json.dumps([{"image_id": c["image_id"], "caption": c["caption"][-1]} for c in corpus]))
+    evaluate_run(run)
+    paths = write_report([run], embed_images=False)
+    md = paths["markdown"].read_text()
+    assert "NoCaps domains (inductive)" in md
+    for dom in ("in-domain", "near-domain", "out-domain", "overall"):
+        assert f"| {dom} | " in md
+    assert "[tab:xdomain]" in md and "| nocaps-run overall | measured |" in md
+    assert (run / "tables" / "nocaps-run-nocaps.tex").exists()
+    check_latex((run / "tables" / "nocaps-run-nocaps.tex").read_text())
+    assert "<div class='noimg'>" in paths["html"].read_text()  # no images on this machine: placeholders

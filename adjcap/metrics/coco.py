@@ -150,7 +150,6 @@ def score_tokenized(
     *,
     meteor: MeteorScorer | None = None,
     java: str = "java",
-    tmp_dir: str | Path | None = None,
 ) -> MetricResult:
     """BLEU/METEOR/ROUGE-L/CIDEr on PTB-tokenised {id: [refs]} and {id: [prediction]} (same keys).
 
@@ -250,8 +249,10 @@ def coco_metrics(
     ``on_missing``: see :func:`align`.
     """
     preds, refs, notes = align(predictions, references, on_missing)
+    if meteor is None:
+        shared_meteor(java)  # the JVM loads its paraphrase table while the captions are tokenised
     gts, res = _tokenize_pair(preds, refs, java, tmp_dir)
-    result = score_tokenized(gts, res, meteor=meteor, java=java, tmp_dir=tmp_dir)
+    result = score_tokenized(gts, res, meteor=meteor, java=java)
     result.notes.update(notes)
     attach_spice(result, *spice_per_image(preds, refs, spice))
     return result
@@ -280,6 +281,7 @@ def coco_metrics_by_domain(
             f"{len(missing_domain)} images have no domain label: {_preview(missing_domain)} "
             "(NoCaps references must carry in/near/out-domain labels)"
         )
+    shared_meteor(java)  # starts loading while the captions are tokenised
     gts, res = _tokenize_pair(preds, refs, java, tmp_dir)
     by_domain: dict[str, list[Hashable]] = {}
     for i in preds:

@@ -107,6 +107,7 @@ class Evaluator:
         """-> {"n_images", "metrics" (x100), "domains" (NoCaps: each domain + overall), "chair",
         "notes", "per_image" {id: {metric: x100}}}."""
         preds, refs, notes = align(predictions, self.references, on_missing or self.on_missing)
+        self._meteor_proc()  # starts the JVM (if not up) while the captions are tokenised
         gts_all = self._refs_tokenized()
         self._tokenize_captions(list(preds.values()))
         ids = list(preds)
@@ -232,7 +233,7 @@ def resolve_predictions(
     return preds, rows, unresolved
 
 
-def _spice_from(spice_cfg: Any, work_dir: Path | None) -> SpiceConfig | None:
+def _spice_from(spice_cfg: Any, work_dir: Path | None, cache_dir: str | Path | None = None) -> SpiceConfig | None:
     """SpiceConfig from: None/False (no SPICE), a SpiceConfig, or an EvalCfg-like object."""
     if spice_cfg is None or spice_cfg is False:
         return None
@@ -243,7 +244,7 @@ def _spice_from(spice_cfg: Any, work_dir: Path | None) -> SpiceConfig | None:
     import tempfile
 
     wd = work_dir if work_dir is not None else Path(tempfile.gettempdir()) / "adjcap-spice"
-    return SpiceConfig.from_eval_cfg(spice_cfg, wd)
+    return SpiceConfig.from_eval_cfg(spice_cfg, wd, cache_dir=cache_dir)
 
 
 def evaluate_predictions(
@@ -361,6 +362,7 @@ def evaluate_run(
     *,
     protocols: Sequence[str] | None = None,
     on_missing: OnMissing = "error",
+    cache_dir: str | Path | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Score every ``predictions/<protocol>/<picker>.json`` of a run; write ``metrics/<protocol>.json``.
 
@@ -369,7 +371,8 @@ def evaluate_run(
     ``features``: the feature table (pyarrow Table or rows) of that split, for CLIPScore and the
     rank statistics; default: the run's ``features/<benchmark>-<split>/`` when references are
     defaulted too. ``eval_cfg``: ``Config.eval`` (SPICE settings, java, CLIPScore w) or None
-    (no SPICE). Returns {protocol: metrics dict} (what is written).
+    (no SPICE); ``cache_dir`` (``Config.cache_dir``) is where downloaded CoreNLP jars are kept
+    (default: the run's spice/ folder). Returns {protocol: metrics dict} (what is written).
     """
     run_dir = Path(run_dir)
     if references is None:
@@ -384,7 +387,7 @@ def evaluate_run(
         raise FileNotFoundError(f"{pred_root}: no predictions/<protocol>/ folders to evaluate; run `adjcap fit` first")
     java = getattr(eval_cfg, "java", "java") if eval_cfg is not None else "java"
     w = float(getattr(eval_cfg, "clipscore_w", CLIPSCORE_W)) if eval_cfg is not None else CLIPSCORE_W
-    spice = _spice_from(eval_cfg, run_dir) if eval_cfg is not None else None
+    spice = _spice_from(eval_cfg, run_dir, cache_dir) if eval_cfg is not None else None
     import tempfile
 
     from adjcap.data.benchmarks import References
