@@ -88,6 +88,10 @@ class EntityCfg(_Strict):
     pool: Literal["verified", "retrieved"] = Field(
         "verified", description="count nouns over the k verified captions or all L retrieved"
     )
+    tagger: str = Field(
+        "nltk",
+        description="'nltk' (word_tokenize + pos_tag + WordNet, as IFCap) or a JSON lexicon {word: [tag, lemma]}",
+    )
     vocabulary: str | None = Field(None, description="CLIP-classifier vocabulary (JSON list or class2ind)")
     vocabulary_embeddings: str | None = Field(None, description="precomputed ensemble text embeddings")
     classifier_top_k: int = 3

@@ -22,8 +22,9 @@ them). A missing resource raises :class:`NLTKResourceError` naming it and that c
 from __future__ import annotations
 
 import os
+import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 
@@ -271,3 +272,40 @@ def clip_classifier_entities(
             ents.append(vocab[i])
         out.append(ents)
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# Lexicon tagger (closed vocabularies, e.g. the demo world)
+# --------------------------------------------------------------------------------------------
+
+_WORD = re.compile(r"[A-Za-z]+(?:'[a-z]+)?|[0-9]+|[^\sA-Za-z0-9]")
+
+
+def lexicon_tagger(lexicon: Mapping[str, Sequence[str]]) -> tuple[Callable[[str], list[tuple[str, str]]], Callable[[str], str]]:
+    """(tagger, lemmatize) from a {word: [tag, lemma]} lexicon: words are split on letters and
+    punctuation, looked up lower-cased; unknown words get the tag 'X' (never a noun)."""
+    lex = {str(k).lower(): (str(v[0]), str(v[1])) for k, v in lexicon.items()}
+
+    def tag(caption: str) -> list[tuple[str, str]]:
+        return [(w, lex.get(w.lower(), ("X", w))[0]) for w in _WORD.findall(caption)]
+
+    def lemmatize(word: str) -> str:
+        return lex.get(word, (None, word))[1]
+
+    return tag, lemmatize
+
+
+def load_tagger(spec: str) -> tuple[Callable[[str], list[tuple[str, str]]], Callable[[str], str]]:
+    """'nltk' -> NLTK's tagger and WordNet lemmatiser (errors name the missing data); a path ->
+    :func:`lexicon_tagger` over that JSON file."""
+    if spec == "nltk":
+        return nltk_tagger(), nltk_lemmatizer()
+    import json
+    from pathlib import Path
+
+    path = Path(spec)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"captioner.entities.tagger: lexicon {path} does not exist (use 'nltk' or a JSON {{word: [tag, lemma]}})"
+        )
+    return lexicon_tagger(json.loads(path.read_text()))

@@ -15,6 +15,7 @@ The Ray actors (``actors/``) and :func:`adjcap.pipeline.run_pipeline` call exact
 
 from __future__ import annotations
 
+import functools
 import math
 import traceback
 from dataclasses import dataclass, field
@@ -193,8 +194,9 @@ def caption(
                 start += len(ts)
             entity_lists = []
             if ecfg.mode == "frequency":
+                tagger, lemmatize = _tagger(cfg.resolve(ecfg.tagger))
                 for s in batch:
-                    counts = ent.count_nouns(entity_pool(s, ecfg.pool))
+                    counts = ent.count_nouns(entity_pool(s, ecfg.pool), tagger=tagger, lemmatize=lemmatize)
                     entity_lists.append(ent.filter_entities(counts, ecfg.threshold))
             elif ecfg.mode == "clip_classifier":
                 if vocabulary is None:
@@ -207,7 +209,7 @@ def caption(
             else:
                 entity_lists = [[] for _ in batch]
             beams = captioner.generate(
-                img.float(), _stack_ragged(feats).float(), entity_lists,
+                img.float(), [f.float() for f in feats], entity_lists,
                 decoder=ccfg.decoder, beam_width=ccfg.beam_width, max_len=ccfg.max_len, search=ccfg.search,
             )
         for s, ents, beam in zip(batch, entity_lists, beams):
@@ -229,13 +231,9 @@ def caption(
     return _guarded("caption", run, states)
 
 
-def _stack_ragged(feats: list[torch.Tensor]) -> torch.Tensor:
-    k = max(f.shape[0] for f in feats)
-    if all(f.shape[0] == k for f in feats):
-        return torch.stack(feats)
-    # the official code always feeds k=5; a shorter pool repeats its last caption to keep one batch
-    padded = [torch.cat([f, f[-1:].expand(k - f.shape[0], -1)]) if f.shape[0] < k else f for f in feats]
-    return torch.stack(padded)
+@functools.lru_cache(maxsize=4)
+def _tagger(spec: str):
+    return ent.load_tagger(spec)
 
 
 # --------------------------------------------------------------------------------------------

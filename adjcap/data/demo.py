@@ -348,10 +348,32 @@ def _captions(scene: dict[str, Any], rng: random.Random, n: int = 5) -> list[str
 # --------------------------------------------------------------------------------------------
 
 
+# Nouns of the demo grammar (NLTK-style tags: NN singular, NNS plural) with their lemmas. The demo
+# world is a closed vocabulary, so this lexicon tags its captions exactly; it lets the frequency
+# entity filter run where NLTK's tagger data cannot be installed (see captioner.entities.tagger).
+_EXTRA_NOUNS = ("grass", "field", "lawn", "beach", "sand", "sea", "street", "road", "city", "snow", "table",
+                "wall", "background", "park", "picture", "drawing", "image", "photo", "sky", "middle", "side",
+                "left", "right", "top", "object", "thing", "shape", "sign")
+
+
+def demo_lexicon() -> dict[str, list[str]]:
+    """{lower-case word: [tag, lemma]} for every noun the demo captions use."""
+    lex: dict[str, list[str]] = {}
+    for kind, (plural, _, _) in OBJECTS.items():
+        for s_word, p_word in zip(kind.split(), plural.split()):
+            lex[s_word] = ["NN", s_word]
+            lex[p_word] = ["NNS", s_word]
+    for noun in _EXTRA_NOUNS:
+        lex.setdefault(noun, ["NN", noun])
+        lex.setdefault(noun + ("es" if noun.endswith(("s", "x", "ch", "sh")) else "s"), ["NNS", noun])
+    return dict(sorted(lex.items()))
+
+
 def _paths(root: Path) -> dict[str, Path]:
     ann = root / "annotations"
     return {
         "root": root,
+        "lexicon": root / "lexicon.json",
         "images": root / "images",
         "annotations": ann,
         "train": ann / "train_captions.json",
@@ -381,14 +403,17 @@ def build_demo_world(
 ) -> dict[str, Path]:
     """Write (or reuse, when complete with the same parameters) the demo world under ``root``.
 
-    Returns paths: root, images, annotations, train, val, test, manifest. Deterministic: the same
+    Returns paths: root, lexicon, images, annotations, train, val, test, manifest. Deterministic: the same
     arguments give byte-identical files. The manifest is written last; files are written atomically.
     """
     root = Path(root).expanduser()
     paths = _paths(root)
     params = _params(seed, n_test, n_val, n_corpus_images)
     if _complete(paths, params):
+        if not paths["lexicon"].is_file():
+            atomic_write_json(paths["lexicon"], demo_lexicon())
         return paths
+    atomic_write_json(paths["lexicon"], demo_lexicon())
     paths["images"].mkdir(parents=True, exist_ok=True)
     paths["annotations"].mkdir(parents=True, exist_ok=True)
     files: dict[str, int] = {}

@@ -209,14 +209,21 @@ class Verifier:
                 batch = self.preprocess(items[start : start + self.image_batch_size])
             batch = batch.to(self.device, dtype=self.dtype)
             embeds = self.model.vision_model(pixel_values=batch).last_hidden_state
-            kv = []
-            for layer in self.text_layers:
-                att = layer.crossattention.self
-                k = att.key(embeds).view(embeds.shape[0], embeds.shape[1], self.heads, self.head_dim)
-                v = att.value(embeds).view(embeds.shape[0], embeds.shape[1], self.heads, self.head_dim)
-                kv.append((k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()))
-            memos.append(ImageMemo(embeds, kv))
+            memos.append(self.memo_from_image_embeds(embeds))
         return memos[0] if len(memos) == 1 else ImageMemo.concat(memos)
+
+    @torch.inference_mode()
+    def memo_from_image_embeds(self, embeds: torch.Tensor) -> ImageMemo:
+        """An ImageMemo from vision-encoder outputs [n, P, Dv] computed earlier (e.g. in another
+        pool): only the per-layer cross-attention keys/values are computed here."""
+        embeds = embeds.to(self.device, dtype=self.dtype)
+        kv = []
+        for layer in self.text_layers:
+            att = layer.crossattention.self
+            k = att.key(embeds).view(embeds.shape[0], embeds.shape[1], self.heads, self.head_dim)
+            v = att.value(embeds).view(embeds.shape[0], embeds.shape[1], self.heads, self.head_dim)
+            kv.append((k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()))
+        return ImageMemo(embeds, kv)
 
     # ---- scoring -----------------------------------------------------------------------------
     @torch.inference_mode()
