@@ -35,10 +35,13 @@ def test_matching_and_comparison_tables():
     rows = matching_rows("training-free", "training-free", "fixed")
     assert [(k, r["scores"]["CIDEr"]) for k, r in rows] == [("protocols", 115.8)]
     assert matching_rows("headline", "inductive", "lm") == []  # the LM pick is not the paper's row
-    tab = comparison_table([("r", "ablation-2", "inductive / lm", {"B-4": 31.0, "CIDEr": 111.0})])
+    assert matching_rows("headline", "inductive", "ensemble", benchmark="nocaps") == []
+    assert [k for k, _ in matching_rows("headline", "inductive", "ensemble", benchmark="coco")] == [
+        "scoreboard", "protocols", "verifier_substrate"]
+    tab = comparison_table([("r", "ablation-2", "inductive / lm", {"B-4": 31.0, "CIDEr": 111.0}, "coco")])
     assert tab.rows[0][:2] == ["published [tab:ablation]", "2 ViT-bigG/14 input (drop-in, K=5)"]
     assert tab.rows[2][5] == pytest.approx(111.0 - 111.6) and tab.rows[2][6] is None
-    assert comparison_table([("r", "demo", "inductive / ensemble", {})]) is None
+    assert comparison_table([("r", "demo", "inductive / ensemble", {}, "demo")]) is None
     nc = context_table("nocaps", [("r in-domain", {"CIDEr": 70.0}, {"CIDEr": 75.0})])
     assert nc.rows[-1] == ["r in-domain", "measured", 70.0, None, 75.0, None]
     assert context_table("demo", []) is None

@@ -148,6 +148,7 @@ def test_nocaps_run_reports_domains_and_cross_domain_table(tmp_path):
     for dom in ("in-domain", "near-domain", "out-domain", "overall"):
         assert f"| {dom} | " in md
     assert "[tab:xdomain]" in md and "| nocaps-run overall | measured |" in md
+    assert "tab:scoreboard" not in md  # COCO's published rows are not compared with a NoCaps run
     assert (run / "tables" / "nocaps-run-nocaps.tex").exists()
     check_latex((run / "tables" / "nocaps-run-nocaps.tex").read_text())
     assert "<div class='noimg'>" in paths["html"].read_text()  # no images on this machine: placeholders

@@ -20,13 +20,20 @@ def load_published() -> dict[str, Any]:
     return json.loads(text)
 
 
-def matching_rows(config_name: str | None, protocol: str | None = None, picker: str | None = None) -> list[tuple[str, dict[str, Any]]]:
-    """Published rows produced by the preset ``config_name`` (and, where the row says, the same
-    protocol/picker): [(table key, row)]."""
+def matching_rows(
+    config_name: str | None,
+    protocol: str | None = None,
+    picker: str | None = None,
+    benchmark: str | None = None,
+) -> list[tuple[str, dict[str, Any]]]:
+    """Published rows produced by the preset ``config_name`` on ``benchmark`` (when given) and,
+    where the row says, the same protocol/picker: [(table key, row)]."""
     if not config_name:
         return []
     out = []
     for key, tab in load_published()["tables"].items():
+        if benchmark is not None and tab.get("benchmark") != benchmark:
+            continue
         for row in tab.get("rows", []):
             if row.get("preset") != config_name or "scores" not in row:
                 continue
@@ -38,11 +45,12 @@ def matching_rows(config_name: str | None, protocol: str | None = None, picker: 
     return out
 
 
-def comparison_table(measured: list[tuple[str, str, str, dict[str, Any]]]) -> Table | None:
+def comparison_table(measured: list[tuple[str, str, str, dict[str, Any], str | None]]) -> Table | None:
     """Published rows next to the measured rows of the same configuration.
 
-    ``measured``: [(run label, config name, protocol/picker label, scores)]; rows whose
-    configuration has a published counterpart get a published row, a measured row and a delta.
+    ``measured``: [(run label, config name, "protocol / picker", scores, benchmark)]; rows whose
+    configuration has a published counterpart on that benchmark get a published row, a measured
+    row and a delta.
     """
     tab = Table(
         title="Published (paper) vs measured, x100",
@@ -50,9 +58,9 @@ def comparison_table(measured: list[tuple[str, str, str, dict[str, Any]]]) -> Ta
         caption="'published' rows are the paper's numbers (table label in brackets); 'measured' rows are this "
         "report's runs; delta = measured - published.",
     )
-    for run_label, config_name, what, scores in measured:
+    for run_label, config_name, what, scores, benchmark in measured:
         proto, _, picker = what.partition(" / ")
-        rows = matching_rows(config_name, proto or None, picker or None)
+        rows = matching_rows(config_name, proto or None, picker or None, benchmark)
         seen = set()
         for key, row in rows:
             ident = (row["name"], tuple(row["scores"].get(c) for c in PAPER_COLUMNS))

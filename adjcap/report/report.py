@@ -252,7 +252,7 @@ def write_report(
         add(runs_table(runs, labels), "runs")
 
     cider_rows: list[tuple[str, float | None]] = []
-    measured_for_pub: list[tuple[str, str, str, dict[str, Any]]] = []
+    measured_for_pub: list[tuple[str, str, str, dict[str, Any], str | None]] = []
     galleries: list[str] = []
     for run, lab in zip(runs, labels):
         if not run.metrics:
@@ -272,7 +272,7 @@ def write_report(
             continue
         proto, adj = hl
         measured_for_pub.append((lab, run.config_name or "", f"{proto} / {adj}",
-                                 run.picker_metrics(proto, adj).get("metrics", {})))
+                                 run.picker_metrics(proto, adj).get("metrics", {}), run.benchmark))
         add(domains_table(run, lab, proto, adj), f"{lab}-nocaps")
         ch = chair_table(run, lab, proto, adj)
         add(ch, f"{lab}-chair")
