@@ -67,6 +67,9 @@ def test_memo_reuse_equals_per_pair_forward(verifier, images):
     # the test can fail: the same caption scores differently on different images
     same = verifier.score(memo, [[caps[3]]] * 5)
     assert np.ptp(np.concatenate(same)) > 1e-2
+    # a memo rebuilt from stored ViT outputs (another pool) scores the same
+    again = verifier.memo_from_image_embeds(memo.image_embeds.cpu())
+    np.testing.assert_allclose(np.concatenate(verifier.score(again, texts_per_image)), got, atol=1e-6)
     # a memo of a subset still lines up with its images
     sub = verifier.score(memo.select([4, 0]), [texts_per_image[4], texts_per_image[0]])
     np.testing.assert_allclose(sub[0], fast[4], atol=1e-6)
