@@ -74,6 +74,8 @@ class Evaluator:
         self.chair = ChairMatcher() if chair else None
         self._ref_tok: dict[Hashable, list[str]] | None = None
         self._cap_tok: dict[str, str] = {}
+        self._spice_scores: dict[tuple[Hashable, str], float] = {}
+        self._spice_failed: str | None = None
 
     # ---- shared state ------------------------------------------------------------------------
     def _refs_tokenized(self) -> dict[Hashable, list[str]]:
@@ -87,6 +89,25 @@ class Evaluator:
             tok = ptb_tokenize({k: [c] for k, c in enumerate(new)}, java=self.java, tmp_dir=self.tmp_dir)
             for k, c in enumerate(new):
                 self._cap_tok[c] = tok[k][0]
+
+    def _spice(
+        self, preds: Mapping[Hashable, str], refs: Mapping[Hashable, Sequence[str]]
+    ) -> tuple[dict[Hashable, float] | None, str | None]:
+        """Per-image SPICE, computed once per (image, caption): a picker that agrees with another
+        on an image reuses its score. An unavailable SPICE is not retried (no repeated downloads)."""
+        if self.spice is None:
+            return None, "not requested"
+        if self._spice_failed is not None:
+            return None, self._spice_failed
+        todo = {i: c for i, c in preds.items() if (i, c) not in self._spice_scores}
+        if todo:
+            per, reason = spice_per_image(todo, {i: refs[i] for i in todo}, self.spice)
+            if per is None:
+                self._spice_failed = reason
+                return None, reason
+            for i, v in per.items():
+                self._spice_scores[(i, todo[i])] = v
+        return {i: self._spice_scores[(i, c)] for i, c in preds.items()}, None
 
     def _meteor_proc(self) -> MeteorScorer:
         return shared_meteor(self.java)
@@ -131,7 +152,7 @@ class Evaluator:
             for d in names:
                 sub = by_dom[d]
                 parts[d] = score_tokenized({i: gts[i] for i in sub}, {i: res[i] for i in sub}, meteor=met)
-        spice_per, reason = spice_per_image(preds, refs, self.spice)
+        spice_per, reason = self._spice(preds, refs)
         for r in [overall, *parts.values()]:
             attach_spice(r, spice_per, reason)
         out: dict[str, Any] = {
