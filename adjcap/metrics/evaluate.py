@@ -294,8 +294,8 @@ def evaluate_predictions(
     preds, _, unresolved = resolve_predictions(entries, refs.resolve, on_missing=on_missing, source=src)
     if not preds:
         raise MetricError(f"{src}: no predicted image id matches the references in {refs_path}")
-    work = Path(tmp_dir) if tmp_dir is not None else (Path(out).parent if out is not None else None)
-    spice = _spice_from(spice_cfg, work)
+    # SPICE's parse cache and temp files: tmp_dir if given, else <system temp>/adjcap-spice
+    spice = _spice_from(spice_cfg, Path(tmp_dir) if tmp_dir is not None else None)
     with Evaluator(refs.captions, refs.domains, spice=spice, java=java, tmp_dir=tmp_dir, on_missing=on_missing) as ev:
         result = ev.score(preds)
     if unresolved:

@@ -121,7 +121,8 @@ def _missing_message(looked: list[Path], extra: str = "") -> str:
         f"SPICE needs Stanford CoreNLP {CORENLP_VERSION} ({CORENLP_JARS[0]} and {CORENLP_JARS[1]}), "
         f"which were not found (looked in: {where}).{extra} To get SPICE: download "
         f"{CORENLP_ZIP_DIR}.zip ({CORENLP_URL}), put those two jars in a directory and set "
-        "eval.spice_jars=DIR (CLI: --set eval.spice_jars=DIR), or set eval.spice_download=true to "
+        "eval.spice_jars=DIR (CLI: `adjcap evaluate --spice-jars DIR`, or --set eval.spice_jars=DIR), or set "
+        "eval.spice_download=true to "
         "download them on first use (about 400 MB; needs internet). Set eval.spice=false to skip SPICE. "
         "All other metrics are reported without it."
     )
