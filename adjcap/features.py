@@ -15,6 +15,7 @@ RETRIEVED = pa.struct(
         ("corpus_id", pa.int64()),
         ("text", pa.string()),
         ("cosine", pa.float32()),
+        ("verifier", pa.float32()),  # ITM match probability of every retrieved caption; NaN without a verifier
     ]
 )
 

@@ -108,7 +108,7 @@ def retrieve(states: list[ImageState], encoder, index, corpus_texts: Sequence[st
         for i, s in enumerate(batch):
             s.retrieval_embedding = emb_np[i]
             s.retrieved = [
-                {"corpus_id": int(c), "text": corpus_texts[int(c)], "cosine": float(v)}
+                {"corpus_id": int(c), "text": corpus_texts[int(c)], "cosine": float(v), "verifier": math.nan}
                 for c, v in zip(ids[i], scores[i])
             ]
 
@@ -139,6 +139,8 @@ def verify(states: list[ImageState], verifier, keep: int) -> list[ImageState]:
             probs = verifier.score(memo, [[r["text"] for r in s.retrieved] for s in batch])
         for i, s in enumerate(batch):
             p = np.asarray(probs[i], dtype=np.float64)
+            for r, v in zip(s.retrieved, p):
+                r["verifier"] = float(v)
             # stable sort: equal scores keep retrieval order
             order = np.argsort(-p, kind="stable")[:keep]
             s.verified = [

@@ -38,6 +38,10 @@ def test_rows_follow_the_method(demo_cfg, models, test_records):
         assert all(0.0 < v < 1.0 for v in ver)
         kept = {v["retrieval_rank"] for v in row["verified"]}
         assert len(kept) == demo_cfg.verifier.keep
+        # every retrieved caption carries its verifier score; the kept ones are its top k
+        all_ver = [r["verifier"] for r in row["retrieved"]]
+        assert sorted(all_ver, reverse=True)[: len(ver)] == ver
+        assert all(row["retrieved"][v["retrieval_rank"]]["verifier"] == v["verifier"] for v in row["verified"])
         # stage 3: a beam of N, ranked by mean log-prob, beam_rank 0..N-1
         cands = row["candidates"]
         assert len(cands) == demo_cfg.captioner.beam_width

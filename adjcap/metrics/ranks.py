@@ -71,12 +71,16 @@ def _rows(feature_rows: Any) -> Iterable[Mapping[str, Any]]:
 def retrieval_verifier_pairs(row: Mapping[str, Any]) -> tuple[list[float], list[float], str]:
     """(retrieval cosines, verifier scores, source) of one feature row.
 
-    With a ``retrieved_verifier`` list (verifier score of each of the L retrieved captions,
-    aligned with ``retrieved``) all L pairs are used (source ``"retrieved"``); otherwise only the k
+    With the verifier score of each of the L retrieved captions (the ``verifier`` field of each
+    ``retrieved`` entry, or a ``retrieved_verifier`` list aligned with it) all L pairs are used (source ``"retrieved"``); otherwise only the k
     kept captions in ``verified``, which carry their ``retrieval_rank`` (source ``"verified"``).
     """
     retrieved = row.get("retrieved") or []
     rv = row.get("retrieved_verifier")
+    if rv is None and retrieved and all(
+        r.get("verifier") is not None and not math.isnan(float(r["verifier"])) for r in retrieved
+    ):
+        rv = [float(r["verifier"]) for r in retrieved]  # the feature table's per-retrieved verifier score
     if rv is not None and len(rv) == len(retrieved) and len(retrieved) > 0:
         return [float(r["cosine"]) for r in retrieved], [float(v) for v in rv], "retrieved"
     cos, ver = [], []
