@@ -78,3 +78,15 @@ def test_fit_refuses_empty_and_mismatched_memory():
     feats = load_features(rows_to_table(synthetic_feature_rows(3, 4, seed=0)), memory_tokens=3)
     with pytest.raises(ValueError, match="memory_tokens"):
         fit_memattend(feats, MemAttendCfg(epochs=1))
+
+
+def test_fit_features_protocol_interface():
+    from adjcap.rerank import fit
+
+    feats = _feats(12, seed=5)
+    cfg = RerankCfg(trifuse=TriFuseCfg(epochs=2), memattend=MemAttendCfg(epochs=1))
+    heads = fit(feats, cfg)
+    assert heads.available() == ["trifuse", "memattend"] and heads.meta["protocol"] == "inductive"
+    assert pick(feats, heads).shape == (12,)
+    with pytest.raises(ValueError, match="training-free"):
+        fit(feats, "training-free")

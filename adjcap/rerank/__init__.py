@@ -17,7 +17,7 @@ Typical use::
 from adjcap.rerank.borda import average_ranks, borda_targets, listwise_loss
 from adjcap.rerank.diagnostics import agreement, differs_from_lm, loss_curves
 from adjcap.rerank.features import BeamFeatures, load_features, read_feature_table, zscore
-from adjcap.rerank.fit import Fitted, fit, fit_heads, fit_memattend, fit_trifuse
+from adjcap.rerank.fitting import Fitted, fit, fit_heads, fit_memattend, fit_trifuse
 from adjcap.rerank.fusion import (
     LEARNED_PICKERS,
     PICKERS,

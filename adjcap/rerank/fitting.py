@@ -4,14 +4,17 @@
   loss: :func:`adjcap.rerank.borda.listwise_loss`. No reference caption is involved anywhere.
 * Optimiser: Adam (TriFuse lr 1e-2 x 100 epochs, MemAttend lr 3e-3 x 200 epochs by default).
 * Batching: **full batch** by default: one Adam step per epoch, on the gradient of the mean loss
-  over all images (accumulated over fixed chunks of 256 images in table order, which keeps the
-  working set in cache; the chunking changes only the float summation order). With
-  ``batch_images=B`` the images are cut into fixed minibatches of B images, from one permutation
-  drawn once from the seed; an epoch is one pass over all minibatches. The recorded per-epoch loss
+  over all images (accumulated over fixed chunks of images in table order, 1024 for TriFuse and 256
+  for MemAttend, which keeps the working set in cache; chunking changes only the float summation
+  order). With ``batch_images=B`` the images are cut into fixed minibatches of B images, from one
+  permutation drawn once from the seed; an epoch is one pass over all minibatches. The recorded per-epoch loss
   is the image-weighted mean of the losses computed during that epoch (before each step).
 * Determinism: ``torch.manual_seed(seed)`` before the head is built, deterministic algorithms on,
   ``threads`` intra-op threads (default 1) for the duration of the fit; global torch settings are
   restored afterwards. Same input -> byte-identical weights, losses and picks.
+* Cost: MemAttend's 200 full passes over 5,000 images x 25 tokens are about 3 TFLOP of training
+  arithmetic (~15 GFLOP per epoch); on one AVX2 core that is about 3 minutes of CPU. TriFuse's 100
+  epochs take a few seconds. ``benchmarks/rerank.py`` measures both.
 """
 
 from __future__ import annotations
@@ -66,7 +69,8 @@ def _check(feats: BeamFeatures, what: str) -> None:
         raise ValueError(f"{what}: no images to fit on (every feature row failed or the table is empty)")
 
 
-CHUNK_IMAGES = 256  # images per forward/backward pass (cache-sized); does not change the maths
+# images per forward/backward pass (sized so the working set stays in cache); does not change the maths
+CHUNK_IMAGES = {"trifuse": 1024, "memattend": 256}
 
 
 def _steps(n: int, batch_images: int | None, seed: int) -> list[torch.Tensor | None]:
@@ -87,7 +91,7 @@ def _train(
     epochs: int,
     batch_images: int | None,
     seed: int,
-    chunk_images: int = CHUNK_IMAGES,
+    chunk_images: int,
 ) -> list[float]:
     """Adam on the listwise loss. Each step's gradient is the gradient of the mean loss over its
     images, accumulated over chunks of ``chunk_images`` images (fixed order)."""
@@ -159,6 +163,7 @@ def fit_trifuse(
             tcfg.epochs,
             batch_images,
             seed,
+            CHUNK_IMAGES["trifuse"],
         )
     return Fitted(head, losses, feats.n_images, seed, time.perf_counter() - t0, batch_images)
 
@@ -188,7 +193,9 @@ def fit_memattend(
         def forward(sel: slice | torch.Tensor) -> torch.Tensor:
             return head(b[sel], mem[sel], bm[sel], mm[sel])
 
-        losses = _train(head, forward, target, bm, mcfg.lr, mcfg.epochs, batch_images, seed)
+        losses = _train(
+            head, forward, target, bm, mcfg.lr, mcfg.epochs, batch_images, seed, CHUNK_IMAGES["memattend"]
+        )
     return Fitted(head, losses, feats.n_images, seed, time.perf_counter() - t0, batch_images)
 
 
@@ -220,4 +227,24 @@ def fit_heads(
     return heads
 
 
-fit = fit_heads
+def fit(
+    feats: BeamFeatures,
+    protocol: str | Config | RerankCfg | None = None,
+    cfg: Config | RerankCfg | None = None,
+    seed: int | None = None,
+) -> Heads:
+    """``fit(features, protocol) -> heads``: fit TriFuse and MemAttend on ``feats``.
+
+    ``protocol`` is "inductive" or "transductive" (the caller passes the fit split's features:
+    val for inductive, the test split itself for transductive) or a Config / RerankCfg, whose
+    protocol and head settings are used. "training-free" fits nothing and is refused."""
+    if isinstance(protocol, (Config, RerankCfg)):
+        cfg, protocol = protocol, (protocol.rerank if isinstance(protocol, Config) else protocol).protocol
+    if protocol == "training-free":
+        raise ValueError("protocol 'training-free' fits no head; pick with picker 'fixed', 'lm', 'retrieval' or 'verifier'")
+    if protocol not in (None, "inductive", "transductive"):
+        raise ValueError(f"unknown protocol {protocol!r}; known: inductive, transductive, training-free")
+    heads = fit_heads(feats, cfg, seed=seed)
+    if protocol is not None:
+        heads.meta["protocol"] = protocol
+    return heads

@@ -34,7 +34,7 @@ from adjcap.features import PREDICTION_SCHEMA
 from adjcap.rerank.borda import borda_targets, listwise_loss
 from adjcap.rerank.diagnostics import agreement, differs_from_lm
 from adjcap.rerank.features import BeamFeatures, load_features, zscore
-from adjcap.rerank.fit import fit_heads
+from adjcap.rerank.fitting import fit_heads
 from adjcap.rerank.fusion import LEARNED_PICKERS, TRAINING_FREE_PICKERS, head_scores, pick
 from adjcap.rerank.heads import Heads
 
@@ -220,7 +220,9 @@ def run_protocol(
     if learned and used_heads is None:
         assert fit_feats is not None
         used_heads = fit_heads(fit_feats, r, seed=cfg.seed)
-        used_heads.meta.update({"fit_split": fit_split, "protocol": protocol})
+        used_heads.meta.update(
+            {"fit_split": fit_split, "protocol": protocol, "rerank": r.model_dump(mode="json")}
+        )
     if used_heads is not None:
         used_heads.meta.update({"alpha": alpha, "beta": beta, "lm_feature": lm_feature})
 

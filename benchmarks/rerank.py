@@ -1,0 +1,112 @@
+"""Benchmark: fit TriFuse and MemAttend on a synthetic 5,000-image x 20-candidate feature table on CPU.
+
+    .venv/bin/python benchmarks/rerank.py                 # paper schedule: 100 + 200 epochs
+    .venv/bin/python benchmarks/rerank.py --threads 2 --images 1000
+
+Goes through the same path as a run: feature rows -> Arrow table -> load_features -> fit -> pick.
+Prints wall-clock and process CPU seconds per phase, and the machine's load average (on a shared
+machine other processes slow the wall clock down; the CPU seconds are the less noisy number).
+The one-time cost of torch's first optimizer construction (it imports torch._dynamo) is measured
+separately as "warm-up" and is not part of the fit times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from adjcap.config import MemAttendCfg, TriFuseCfg  # noqa: E402
+from adjcap.features import rows_to_table  # noqa: E402
+from adjcap.rerank import Heads, agreement, fit_memattend, fit_trifuse, load_features, pick  # noqa: E402
+from adjcap.rerank.synthetic import synthetic_feature_rows  # noqa: E402
+
+
+class Timer:
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, float, float]] = []
+
+    def __call__(self, name: str):
+        timer = self
+
+        class _Ctx:
+            def __enter__(self):
+                self.w, self.c = time.perf_counter(), time.process_time()
+
+            def __exit__(self, *exc):
+                timer.rows.append((name, time.perf_counter() - self.w, time.process_time() - self.c))
+                print(f"{name:<28} wall {timer.rows[-1][1]:8.2f} s   cpu {timer.rows[-1][2]:8.2f} s", flush=True)
+
+        return _Ctx()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--images", type=int, default=5000)
+    ap.add_argument("--candidates", type=int, default=20)
+    ap.add_argument("--threads", type=int, default=1, help="intra-op CPU threads during the fit")
+    ap.add_argument("--trifuse-epochs", type=int, default=TriFuseCfg().epochs)
+    ap.add_argument("--memattend-epochs", type=int, default=MemAttendCfg().epochs)
+    ap.add_argument("--batch-images", type=int, default=0, help="0 = full batch (default)")
+    ap.add_argument("--json", type=Path, default=None, help="also write the timings here")
+    args = ap.parse_args()
+    bi = args.batch_images or None
+
+    print(
+        f"torch {torch.__version__}, {os.cpu_count()} CPUs visible, fit threads {args.threads}, "
+        f"load average {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
+    t = Timer()
+    with t("synthetic rows -> Arrow"):
+        table = rows_to_table(synthetic_feature_rows(args.images, args.candidates, seed=1))
+    with t("load_features"):
+        feats = load_features(table)
+    with t("warm-up (torch.optim import)"):
+        torch.optim.Adam(torch.nn.Linear(1, 1).parameters())
+    with t(f"fit TriFuse x{args.trifuse_epochs}"):
+        tri = fit_trifuse(feats, TriFuseCfg(epochs=args.trifuse_epochs), seed=42, batch_images=bi, threads=args.threads)
+    with t(f"fit MemAttend x{args.memattend_epochs}"):
+        mem = fit_memattend(
+            feats, MemAttendCfg(epochs=args.memattend_epochs), seed=42, batch_images=bi, threads=args.threads
+        )
+    heads = Heads(trifuse=tri.head, memattend=mem.head)  # type: ignore[arg-type]
+    with t("pick ensemble (all images)"):
+        idx = pick(feats, "ensemble", heads)
+    fit_wall = sum(r[1] for r in t.rows if r[0].startswith("fit "))
+    fit_cpu = sum(r[2] for r in t.rows if r[0].startswith("fit "))
+    print(
+        f"\nFIT BOTH HEADS on {feats.n_images} images x {args.candidates} candidates: "
+        f"{fit_wall:.1f} s wall, {fit_cpu:.1f} s CPU "
+        f"(TriFuse loss {tri.losses[0]:.3f} -> {tri.losses[-1]:.3f}, "
+        f"MemAttend loss {mem.losses[0]:.3f} -> {mem.losses[-1]:.3f}; "
+        f"top-1 agreement of the heads {agreement(pick(feats, 'trifuse', heads), pick(feats, 'memattend', heads)):.2f}; "
+        f"{len(idx)} picks); load average now {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "images": feats.n_images,
+                    "candidates": args.candidates,
+                    "threads": args.threads,
+                    "phases": [{"name": n, "wall_s": w, "cpu_s": c} for n, w, c in t.rows],
+                    "fit_wall_s": fit_wall,
+                    "fit_cpu_s": fit_cpu,
+                    "losses": {"trifuse": tri.losses, "memattend": mem.losses},
+                },
+                indent=2,
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()
