@@ -149,7 +149,7 @@ table.metrics td.num{text-align:right;font-variant-numeric:tabular-nums}
 table.metrics tr.rule td{border-top:2px solid #999}
 p.caption{font-size:12px;color:#555;max-width:900px}
 table.gallery{border-collapse:collapse;font-size:13px;width:100%}
-table.gallery th{position:sticky;top:0;background:#f4f4f4;padding:6px;text-align:left}
+table.gallery th{position:sticky;top:0;background:#f4f4f4;padding:6px;text-align:left;white-space:nowrap}
 table.gallery th.sort{cursor:pointer;text-decoration:underline dotted}
 table.gallery td{border-bottom:1px solid #e6e6e6;padding:6px;vertical-align:top}
 td.img img{max-width:224px;max-height:224px;border-radius:3px}

@@ -143,8 +143,14 @@ def rank_table(run: RunData, label: str) -> Table | None:
     return tab if tab.rows else None
 
 
+# heads.json parts that repeat the config or another entry
+_HEADS_SKIP = ("meta.rerank", "meta.losses")
+
+
 def _flatten(prefix: str, obj: Any, out: list[list[Any]], depth: int = 0) -> None:
-    if isinstance(obj, dict) and depth < 3:
+    if prefix in _HEADS_SKIP:
+        return
+    if isinstance(obj, dict) and depth < 4:
         for k, v in obj.items():
             _flatten(f"{prefix}.{k}" if prefix else str(k), v, out, depth + 1)
     elif isinstance(obj, list):
@@ -164,7 +170,7 @@ def heads_table(run: RunData, label: str) -> Table | None:
         return None
     rows: list[list[Any]] = []
     _flatten("", run.heads, rows)
-    return Table(title=f"{label}: reranker diagnostics (heads/heads.json)", columns=["field", "value"], rows=rows[:60])
+    return Table(title=f"{label}: reranker diagnostics (heads/heads.json)", columns=["field", "value"], rows=rows[:80])
 
 
 def runs_table(runs: list[RunData], labels: list[str]) -> Table:
