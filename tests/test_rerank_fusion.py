@@ -104,3 +104,23 @@ def test_agreement():
     with pytest.raises(ValueError):
         agreement([1, 2], [1])
     assert np.isnan(agreement([], []))
+
+
+def test_short_beam_picks_the_same_alone_or_padded_in_a_batch():
+    rows = synthetic_feature_rows(8, 12, seed=21, short_every=2)
+    both = load_features(rows_to_table(rows))
+    torch.manual_seed(3)
+    heads = Heads(trifuse=TriFuse().eval(), memattend=MemAttend().eval())
+    for r in rows:
+        if len(r["candidates"]) == 12:
+            continue
+        alone = load_features(rows_to_table([r]))
+        i = both.image_ids.index(r["image_id"])
+        k = len(r["candidates"])
+        for name in ("trifuse", "memattend"):
+            torch.testing.assert_close(
+                head_scores(both, getattr(heads, name))[i, :k], head_scores(alone, getattr(heads, name))[0],
+                atol=1e-5, rtol=1e-5,
+            )
+        for picker in ("lm", "fixed", "trifuse", "memattend", "ensemble"):
+            assert int(pick(both, picker, heads)[i]) == int(pick(alone, picker, heads)[0]), picker

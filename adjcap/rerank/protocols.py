@@ -21,6 +21,7 @@ only ``image_id``, ``error``, ``candidates`` and ``verified`` columns are.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,7 +121,7 @@ def holdout_split(image_ids: list[str], fraction: float, seed: int) -> tuple[np.
     return rest, hold
 
 
-def _grid_losses(mix: callable, grid: np.ndarray, feats: BeamFeatures) -> list[float]:
+def _grid_losses(mix: Callable[[float], torch.Tensor], grid: np.ndarray, feats: BeamFeatures) -> list[float]:
     _, target = borda_targets(feats.raw_scores, feats.mask)
     out = []
     for g in grid:
