@@ -121,12 +121,14 @@ def evaluate(
     out: Optional[Path] = typer.Option(None, help="write the metrics JSON here"),
     spice_jars: Optional[Path] = typer.Option(None, help="directory with Stanford CoreNLP 3.6.0 jars for SPICE"),
     no_spice: bool = typer.Option(False, "--no-spice", help="skip SPICE"),
+    intersection: bool = typer.Option(False, "--intersection",
+                                      help="score only images present in both predictions and references"),
 ):
     """Score predictions: BLEU, METEOR, ROUGE-L, CIDEr, SPICE, CHAIR proxy (and NoCaps domains)."""
     from jobs import evaluate as job
 
     _run(lambda: job.main(run=run, predictions=predictions, references=references, fmt=fmt, split=split,
-                          out=out, spice_jars=spice_jars, spice=not no_spice))
+                          out=out, spice_jars=spice_jars, spice=not no_spice, intersection=intersection))
 
 
 @app.command("report")

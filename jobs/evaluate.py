@@ -10,7 +10,7 @@ from adjcap.config import Config
 def evaluate_run_dir(cfg: Config, run_dir: Path) -> dict:
     from adjcap.metrics.evaluate import evaluate_run, format_table
 
-    out = evaluate_run(run_dir, eval_cfg=cfg.eval)
+    out = evaluate_run(run_dir, eval_cfg=cfg.eval, cache_dir=cfg.cache_dir)
     for proto, doc in out.items():
         for picker, res in doc["pickers"].items():
             print(f"[{proto} / {picker}]")
@@ -19,7 +19,7 @@ def evaluate_run_dir(cfg: Config, run_dir: Path) -> dict:
 
 
 def main(*, run: Path | None, predictions: Path | None, references: Path | None, fmt: str, split: str | None,
-         out: Path | None, spice_jars: Path | None, spice: bool) -> dict:
+         out: Path | None, spice_jars: Path | None, spice: bool, intersection: bool = False) -> dict:
     from adjcap.config import EvalCfg
     from adjcap.metrics.evaluate import evaluate_predictions, format_table
 
@@ -34,7 +34,8 @@ def main(*, run: Path | None, predictions: Path | None, references: Path | None,
         return evaluate_run_dir(cfg, run)
     if predictions is None or references is None:
         raise ValueError("give --run DIR, or --predictions PRED.json with --references REFS")
-    result = evaluate_predictions(predictions, references, fmt=fmt, split=split, spice_cfg=eval_cfg, out=out)
+    result = evaluate_predictions(predictions, references, fmt=fmt, split=split, spice_cfg=eval_cfg, out=out,
+                                  on_missing="intersection" if intersection else "error")
     print(format_table(result))
     if out:
         print(f"metrics written to {out}")
