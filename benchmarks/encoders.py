@@ -135,17 +135,11 @@ def tiny(args) -> None:
     bench_index("index, cpu", n=100_000, dim=256, queries=256, k=9, device=dev)
 
 
-def real(args) -> None:
+def real_verifier(dev: torch.device) -> Verifier:
+    """BLIP ITM large (blip-itm-large-coco shapes), random weights, a tokenizer trained on captions."""
     from transformers import BlipConfig, BlipForImageTextRetrieval, BlipImageProcessor
     from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 
-    dev = torch.device("cuda")
-    for name, n_img, n_txt in (("ViT-B-32", 512, 16384), ("ViT-bigG-14", 128, 16384)):
-        enc = load_dual_encoder(name, None, device="cuda", image_batch_size=64, text_batch_size=1024)
-        bench_dual_encoder(f"{name} random, cuda", enc, n_images=n_img, n_texts=n_txt)
-        del enc
-        torch.cuda.empty_cache()
-    # BLIP ITM large (blip-itm-large-coco shapes), random weights, a tokenizer trained on captions
     cfg = BlipConfig(
         text_config=dict(vocab_size=30524, hidden_size=768, num_attention_heads=12, num_hidden_layers=12,
                          intermediate_size=3072, encoder_hidden_size=1024),
@@ -161,9 +155,20 @@ def real(args) -> None:
     proc = BlipImageProcessor(size={"height": 384, "width": 384}, image_mean=OPENAI_CLIP_MEAN, image_std=OPENAI_CLIP_STD)
     ver = Verifier(net, tok, proc, model_id="blip-itm-large/random", device=dev, dtype=dtype,
                    image_batch_size=32, pair_batch_size=512)
+    return ver
+
+
+def real(args) -> None:
+    dev = torch.device("cuda")
+    for name, n_img, n_txt in (("ViT-B-32", 512, 16384), ("ViT-bigG-14", 128, 16384)):
+        enc = load_dual_encoder(name, None, device="cuda", image_batch_size=64, text_batch_size=1024)
+        bench_dual_encoder(f"{name} random, cuda", enc, n_images=n_img, n_texts=n_txt)
+        del enc
+        torch.cuda.empty_cache()
+    ver = real_verifier(dev)
     bench_verifier("BLIP ITM large random, cuda", ver, n_images=128, per_image=9, ref_images=32)
     bench_verifier("BLIP ITM large random, cuda", ver, n_images=128, per_image=20, ref_images=16)
-    del net, ver
+    del ver
     torch.cuda.empty_cache()
     bench_index("index, cuda (COCO corpus size, bigG dim)", n=566_747, dim=1280, queries=1024, k=9, device="cuda")
 

@@ -1,0 +1,145 @@
+"""Time each stage of the pipeline per image, and the corpus encode per caption.
+
+    python benchmarks/stages.py            # the demo world with the tiny models, on CPU
+    python benchmarks/stages.py --real     # real-size architectures with random weights (needs CUDA):
+                                           # ViT-bigG-14 retrieval, BLIP ITM large, IFCap (GPT-2 +
+                                           # mapping net) with a ViT-B-32, a 566,747 x 1280 fp16 index
+
+Calls the same stage functions as the Ray actors (adjcap.stages) on batches of decoded images and
+prints images/s per stage (captions/s for the corpus encode). Not a test: nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from adjcap import stages  # noqa: E402
+from adjcap.config import load_config  # noqa: E402
+from adjcap.pipeline import Models, decode_into, encode_shard, load_models, new_states  # noqa: E402
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _time(fn) -> float:
+    _sync()
+    t = time.perf_counter()
+    fn()
+    _sync()
+    return time.perf_counter() - t
+
+
+def bench_stages(label: str, models: Models, cfg, states_factory, n_images: int, batch: int) -> dict[str, float]:
+    """Warm up once, then time every stage over n_images in batches; returns images/s per stage."""
+    warm = states_factory(min(batch, n_images))
+    stages.retrieve(warm, models.retrieval, models.index, models.corpus_texts, cfg.retrieval.top_l)
+    stages.verify(warm, models.verifier, cfg.verifier.keep)
+    stages.caption(warm, models.captioner, models.captioner_clip, cfg, models.vocabulary)
+    stages.score(warm, models.retrieval, models.verifier)
+    totals = {"retrieve": 0.0, "verify": 0.0, "caption": 0.0, "score": 0.0}
+    for start in range(0, n_images, batch):
+        st = states_factory(min(batch, n_images - start))
+        totals["retrieve"] += _time(lambda: stages.retrieve(st, models.retrieval, models.index, models.corpus_texts,
+                                                             cfg.retrieval.top_l))
+        totals["verify"] += _time(lambda: stages.verify(st, models.verifier, cfg.verifier.keep))
+        totals["caption"] += _time(lambda: stages.caption(st, models.captioner, models.captioner_clip, cfg,
+                                                          models.vocabulary))
+        totals["score"] += _time(lambda: stages.score(st, models.retrieval, models.verifier))
+        errors = [s.error for s in st if s.error]
+        if errors:
+            print(f"  ({len(errors)} images failed: {errors[0]})")
+    whole = sum(totals.values())
+    print(f"\n{label}: {n_images} images, batch {batch}")
+    for k, v in totals.items():
+        print(f"  {k:9s} {v / n_images * 1000:9.2f} ms/image  {n_images / v:9.2f} images/s")
+    print(f"  {'total':9s} {whole / n_images * 1000:9.2f} ms/image  {n_images / whole:9.2f} images/s")
+    return {k: n_images / v for k, v in totals.items()}
+
+
+def tiny(args) -> None:
+    from jobs.demo import prepare
+    from jobs.run_benchmark import read_records
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = load_config("demo", [f"paths.cache_dir={tmp}", "device=cpu"])
+        prepare(cfg)
+        models = load_models(cfg)
+        recs = read_records(cfg)["test"]
+
+        def factory(n: int):
+            chosen = [recs[i % len(recs)] for i in range(n)]
+            st = new_states(chosen, cfg.benchmark)
+            decode_into(st, chosen)
+            return st
+
+        bench_stages("tiny models, cpu (demo world)", models, cfg, factory, args.images, args.batch)
+        texts = list(models.corpus_texts)
+        dt = _time(lambda: encode_shard(models.retrieval, texts))
+        print(f"  corpus encode: {len(texts)} captions in {dt:.2f}s = {len(texts) / dt:.0f} captions/s")
+
+
+def real(args) -> None:
+    from PIL import Image
+
+    from adjcap.index import CaptionIndex
+    from adjcap.models.clip import load_dual_encoder
+    from benchmarks.decoding import real_captioner
+    from benchmarks.encoders import captions, real_verifier
+
+    dev = torch.device("cuda")
+    cfg = load_config("headline", ["device=cuda", "captioner.entities.mode=none"])
+    retrieval = load_dual_encoder("ViT-bigG-14", None, device="cuda", precision="bf16")
+    clip = load_dual_encoder("ViT-B-32", None, device="cuda", precision="fp16")
+    verifier = real_verifier(dev)
+    captioner = real_captioner(dev, torch.float32)
+    n = 566_747
+    rng = np.random.default_rng(0)
+    vecs = rng.standard_normal((n, retrieval.embed_dim), dtype=np.float32)
+    index = CaptionIndex.from_arrays(vecs, device="cuda", precision="fp16")
+    corpus = captions(4096)
+    corpus_texts = [corpus[i % len(corpus)] for i in range(n)]
+    models = Models(retrieval, index, corpus_texts, verifier, captioner, clip)
+    images = [Image.fromarray(rng.integers(0, 255, (480, 640, 3), dtype=np.uint8)) for _ in range(16)]
+
+    def factory(k: int):
+        st = [stages.ImageState(image_id=str(i), benchmark="bench", split="test") for i in range(k)]
+        for i, s in enumerate(st):
+            s.image = images[i % len(images)]
+        return st
+
+    bench_stages(f"real-size random weights, {torch.cuda.get_device_name()}", models, cfg, factory,
+                 args.images, args.batch)
+    sample = corpus_texts[:65536]
+    dt = _time(lambda: encode_shard(retrieval, sample))
+    print(f"  corpus encode (bigG text, bf16): {len(sample) / dt:.0f} captions/s "
+          f"-> {n / (len(sample) / dt):.0f}s for the 566,747-caption corpus")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--real", action="store_true", help="real-size random-weight models on CUDA")
+    ap.add_argument("--images", type=int, default=48)
+    ap.add_argument("--batch", type=int, default=16)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    if args.real:
+        if not torch.cuda.is_available():
+            sys.exit("--real needs a CUDA device")
+        real(args)
+    else:
+        tiny(args)
+
+
+if __name__ == "__main__":
+    main()
