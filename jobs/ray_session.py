@@ -29,13 +29,16 @@ def ray_session(cfg: Config) -> Iterator[None]:
         ray.init(address=address, runtime_env=runtime_env, logging_level=logging.WARNING)
     else:
         include = cfg.ray.include_dashboard
-        ray.init(
+        ctx = ray.init(
             include_dashboard=include,
             dashboard_host=cfg.ray.dashboard_host,
             runtime_env=runtime_env,
             logging_level=logging.WARNING,
             configure_logging=True,
         )
+        url = getattr(ctx, "dashboard_url", None)
+        if url:
+            print(f"Ray dashboard: http://{url}")
     try:
         yield
     finally:
