@@ -210,9 +210,13 @@ def caption(
                 )
             else:
                 entity_lists = [[] for _ in batch]
+            negatives = None
+            if ccfg.contrastive_lambda > 0:
+                negatives = [clip.encode_texts(t, normalize=False).float() for t in _bottom_captions(batch, 4)]
             beams = captioner.generate(
                 img.float(), [f.float() for f in feats], entity_lists,
                 decoder=ccfg.decoder, beam_width=ccfg.beam_width, max_len=ccfg.max_len, search=ccfg.search,
+                negative_retrieved_feats=negatives, contrastive_lambda=ccfg.contrastive_lambda,
             )
         for s, ents, beam in zip(batch, entity_lists, beams):
             s.entities = list(ents)
@@ -231,6 +235,20 @@ def caption(
             ]
 
     return _guarded("caption", run, states)
+
+
+def _bottom_captions(batch: list[ImageState], n: int) -> list[list[str]]:
+    """The contrastive-decoding negatives (DESIGN 4, a negative result kept as an option): the
+    verifier's bottom n of the L retrieved (retrieval order's last n without a verifier)."""
+    out = []
+    for s in batch:
+        scored = [(r.get("verifier"), j, r["text"]) for j, r in enumerate(s.retrieved)]
+        if all(v is not None and not math.isnan(v) for v, _, _ in scored):
+            scored.sort(key=lambda t: (t[0], -t[1]))
+            out.append([t for _, _, t in scored[:n]])
+        else:
+            out.append([r["text"] for r in s.retrieved[-n:]])
+    return out
 
 
 @functools.lru_cache(maxsize=4)

@@ -94,3 +94,15 @@ def test_without_verifier_keeps_retrieval_order(demo_cfg, models, test_records):
         assert [v["retrieval_rank"] for v in row["verified"]] == list(range(cfg.verifier.keep))
         assert all(math.isnan(c["verifier"]) for c in row["candidates"])
         pa.Table.from_pylist([row], schema=FEATURE_SCHEMA)
+
+
+def test_contrastive_decoding_option_changes_the_beam_scores(demo_cfg, models, test_records):
+    """The negative-result option (DESIGN 4): l_cd = (1+lambda) l_pos - lambda l_neg with the
+    verifier's bottom-4 retrieved captions as the negative prompt."""
+    cfg = demo_cfg.model_copy(deep=True)
+    base = run_pipeline(test_records[:2], cfg, models)
+    cfg.captioner.contrastive_lambda = 0.3
+    cd = run_pipeline(test_records[:2], cfg, models)
+    for b, c in zip(base, cd):
+        assert c["error"] is None and len(c["candidates"]) == cfg.captioner.beam_width
+        assert [x["lm_logprob_sum"] for x in b["candidates"]] != [x["lm_logprob_sum"] for x in c["candidates"]]
