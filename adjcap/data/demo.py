@@ -23,7 +23,7 @@ import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from PIL import Image, ImageDraw
 
@@ -233,7 +233,7 @@ def _draw_object(d: ImageDraw.ImageDraw, o: _Obj, w: int, h: int) -> None:
         d.rectangle([cx - r * 0.55, cy - r * 0.12, cx + r * 0.55, cy + r * 0.12], fill=(250, 250, 250))
 
 
-def _render(scene: dict[str, Any], rng: random.Random) -> bytes:
+def _render_image(scene: dict[str, Any], rng: random.Random) -> Image.Image:
     w, h = rng.choice(_IMAGE_SIZES)
     im = Image.new("RGB", (w, h))
     d = ImageDraw.Draw(im)
@@ -241,6 +241,11 @@ def _render(scene: dict[str, Any], rng: random.Random) -> bytes:
     # far (higher) objects first so nearer ones overlap them
     for o in sorted(scene["objects"], key=lambda o: o.cy):
         _draw_object(d, o, w, h)
+    return im
+
+
+def _render(scene: dict[str, Any], rng: random.Random) -> bytes:
+    im = _render_image(scene, rng)
     buf = io.BytesIO()
     im.save(buf, format="PNG", optimize=False, compress_level=6)
     return buf.getvalue()
@@ -443,6 +448,36 @@ def build_demo_world(
         {"params": params, "fingerprint": digest.hexdigest()[:16], "files": files, "scenes": scenes},
     )
     return paths
+
+
+@dataclass
+class RenderedPair:
+    """One rendered scene of a training pool: the image (never written to disk), its 5 captions and
+    the scene (background, objects) as in the manifest."""
+
+    image: Image.Image
+    captions: list[str]
+    scene: dict[str, Any]
+
+
+def iter_training_pairs(seed: int = 42, n: int = 1000, pool: str = "clip-train") -> Iterator[RenderedPair]:
+    """Scenes of a separate image pool (``pool`` names its random stream, e.g. "clip-train" or
+    "clip-heldout"), drawn and captioned exactly as the benchmark images are, for training and checking
+    the tiny models. Deterministic in (seed, n, pool); independent of the benchmark splits; writes nothing."""
+    if pool in ("train", "val", "test"):
+        raise ValueError(f"pool {pool!r} is a benchmark split; name a separate pool such as 'clip-train'")
+    rng = random.Random(f"adjcap-demo:{seed}:{pool}")
+    for _ in range(int(n)):
+        scene = _sample_scene(rng)
+        caps = _captions(scene, rng)
+        image = _render_image(scene, rng)
+        yield RenderedPair(image, caps, {"background": scene["background"],
+                                         "objects": [o.as_dict() for o in scene["objects"]]})
+
+
+def render_training_pairs(seed: int = 42, n: int = 1000, pool: str = "clip-train") -> list[RenderedPair]:
+    """:func:`iter_training_pairs` as a list."""
+    return list(iter_training_pairs(seed, n, pool))
 
 
 def demo_corpus_texts(root: str | Path) -> list[str]:

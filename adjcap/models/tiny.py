@@ -7,6 +7,12 @@ so the real loaders load them exactly as they load the released weights.
     {cache}/tiny/gpt2-tokenizer/   GPT-2 byte-level BPE trained on the corpus
     {cache}/tiny/ifcap/            IFCap state dict with the official key names + GPT-2 config.json
     {cache}/tiny/vocabulary.json   entity vocabulary for the CLIP-classifier entity path
+    {cache}/tiny/TRAINING.json     what the trainings did (steps, seconds, losses)
+
+Each family's builder saves a deterministic random model; :mod:`adjcap.models.tiny_train` then trains
+them briefly on the demo world (CLIP contrastively on rendered images, BLIP ITM on matched/mismatched
+pairs, IFCap text-only as IFCap is trained) and writes them back in the same formats, so the demo
+retrieves, verifies and captions sensibly.
 """
 
 from __future__ import annotations
@@ -21,29 +27,41 @@ from typing import Sequence
 from adjcap.io import atomic_write_json
 
 READY = "READY.json"
-VERSION = 1
+VERSION = 2
+RETRIEVAL_CLIP = "adjcap-tiny-clip"  # the same architecture; TinyTrainSettings decides copy or own training
+CAPTIONER_CLIP = "adjcap-tiny-clip"
 
 
-def _fingerprint(texts: Sequence[str], seed: int) -> str:
-    h = hashlib.sha256(f"v{VERSION}|{seed}|".encode())
+def _fingerprint(texts: Sequence[str], seed: int, settings=None) -> str:
+    from dataclasses import asdict
+
+    from adjcap.models.tiny_train import TinyTrainSettings
+
+    train = json.dumps(asdict(settings or TinyTrainSettings()), sort_keys=True)
+    h = hashlib.sha256(f"v{VERSION}|{seed}|{train}|".encode())
     for t in texts:
         h.update(t.encode())
         h.update(b"\n")
     return h.hexdigest()[:16]
 
 
-def tiny_world_ready(root: Path, corpus_texts: Sequence[str], seed: int = 42) -> bool:
+def tiny_world_ready(root: Path, corpus_texts: Sequence[str], seed: int = 42, settings=None) -> bool:
     marker = Path(root) / READY
     if not marker.exists():
         return False
     try:
-        return json.loads(marker.read_text()).get("fingerprint") == _fingerprint(corpus_texts, seed)
+        return json.loads(marker.read_text()).get("fingerprint") == _fingerprint(corpus_texts, seed, settings)
     except (OSError, ValueError):
         return False
 
 
-def build_tiny_world(cache_dir: Path, corpus_texts: Sequence[str], seed: int = 42) -> dict[str, Path]:
-    """Build (or reuse) the tiny world under cache_dir/tiny. Idempotent: READY.json is written last."""
+def build_tiny_world(cache_dir: Path, corpus_texts: Sequence[str], seed: int = 42,
+                     settings=None) -> dict[str, Path]:
+    """Build (or reuse) the tiny world under cache_dir/tiny: random models of the real classes, then
+    trained on the demo world (``settings``: :class:`adjcap.models.tiny_train.TinyTrainSettings`,
+    default the demo's; a world built with other settings is rebuilt). Idempotent: READY.json is
+    written last."""
+    from adjcap.models.tiny_train import TinyTrainSettings, train_tiny_world
     from adjcap.models.blip import build_tiny_blip
     from adjcap.models.clip import build_tiny_clip
     from adjcap.models.ifcap import build_tiny_ifcap, train_gpt2_tokenizer
@@ -57,19 +75,24 @@ def build_tiny_world(cache_dir: Path, corpus_texts: Sequence[str], seed: int = 4
         "ifcap": root / "ifcap" / "tiny-ifcap.pt",
         "vocabulary": root / "vocabulary.json",
     }
-    if tiny_world_ready(root, corpus_texts, seed):
+    settings = settings or TinyTrainSettings()
+    if tiny_world_ready(root, corpus_texts, seed, settings):
         return paths
     root.mkdir(parents=True, exist_ok=True)
-    build_tiny_clip(paths["retrieval_clip"], seed=seed)
-    clip_path = build_tiny_clip(paths["captioner_clip"], seed=seed + 1)
+    (root / READY).unlink(missing_ok=True)
+    build_tiny_clip(paths["retrieval_clip"], seed=seed, model=RETRIEVAL_CLIP)
+    clip_path = build_tiny_clip(paths["captioner_clip"], seed=seed + 1, model=CAPTIONER_CLIP)
     build_tiny_blip(paths["blip"], list(corpus_texts), seed=seed)
     train_gpt2_tokenizer(list(corpus_texts), paths["tokenizer"])
     from adjcap.models.clip import load_dual_encoder
 
-    clip_dim = load_dual_encoder("adjcap-tiny-clip", str(clip_path), device="cpu").embed_dim
+    clip_dim = load_dual_encoder(CAPTIONER_CLIP, str(clip_path), device="cpu").embed_dim
     build_tiny_ifcap(paths["ifcap"].parent, paths["tokenizer"], clip_dim=clip_dim, seed=seed)
+    logs = train_tiny_world(paths, corpus_texts, seed, settings, retrieval_model=RETRIEVAL_CLIP,
+                            captioner_model=CAPTIONER_CLIP)
+    atomic_write_json(root / "TRAINING.json", logs)
     atomic_write_json(paths["vocabulary"], entity_vocabulary(corpus_texts))
-    atomic_write_json(root / READY, {"fingerprint": _fingerprint(corpus_texts, seed), "seed": seed,
+    atomic_write_json(root / READY, {"fingerprint": _fingerprint(corpus_texts, seed, settings), "seed": seed,
                                      "paths": {k: str(v) for k, v in paths.items()}})
     return paths
 
