@@ -49,7 +49,8 @@ def config_cmd(
 def run_job(
     benchmark: str = typer.Argument(..., help="coco | flickr30k | nocaps | demo | a configured benchmark name"),
     workers: int = typer.Option(None, "--workers", "-w", help="actors per pool (default: config ray.workers)"),
-    preset: str = PRESET,
+    preset: Optional[str] = typer.Option(None, "--preset", "-p",
+                                         help="config preset (default: headline; demo for the demo benchmark)"),
     sets: Optional[List[str]] = SET,
     config_file: Optional[Path] = CONFIG_FILE,
     limit: Optional[int] = typer.Option(None, help="only the first N images of each split"),
@@ -68,6 +69,7 @@ def run_job(
         extra.append(f"limit={limit}")
     if address is not None:
         extra.append(f"ray.address={address}")
+    preset = preset or ("demo" if benchmark == "demo" else "headline")
     cfg = _cfg(preset, sets, config_file, extra)
     _run(lambda: run_benchmark.main(cfg, run_dir=run_dir, resume=resume, evaluate=evaluate))
 

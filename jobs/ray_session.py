@@ -54,4 +54,16 @@ def pool_resources(cfg: Config, pool: str) -> dict[str, float]:
     fraction of a CPU so all pools fit on a 2-core machine."""
     if has_gpus():
         return {"num_gpus": float(cfg.ray.gpu_share.get(pool, 0.25)), "num_cpus": 1.0}
-    return {"num_cpus": float(cfg.ray.cpu_share)}
+    return {"num_cpus": cpu_share(cfg)}
+
+
+POOLS = 4
+
+
+def cpu_share(cfg: Config) -> float:
+    """CPUs per actor without GPUs: the configured share, shrunk so that every actor of the four
+    pools plus the decode tasks fit in the cluster's CPUs (else Ray Data waits forever)."""
+    total = float(ray.cluster_resources().get("CPU", 1.0))
+    # Ray Data stalls when its operators' requests add up to every CPU: keep 20% headroom
+    room = max(0.8 * total - cfg.ray.decode_cpus, 0.1)
+    return round(min(float(cfg.ray.cpu_share), room / (POOLS * cfg.ray.workers)), 4)

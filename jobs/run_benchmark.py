@@ -160,6 +160,10 @@ def read_features(run_dir: Path, benchmark: str, split: str):
 
 def main(cfg: Config, run_dir: Path | None = None, resume: bool = True, evaluate: bool = True) -> Path:
     run_dir = Path(run_dir or default_run_dir(cfg))
+    if cfg.benchmark == "demo":  # the built-in world is generated, never downloaded
+        from jobs.demo import prepare
+
+        prepare(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(run_dir / "config.toml", cfg.to_toml())
     records = read_records(cfg)

@@ -15,14 +15,21 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def job(demo_cfg, tmp_path_factory):
-    cfg = demo_cfg.model_copy(deep=True)
-    cfg.limit = 10
-    cfg.ray.workers = 1
-    cfg.ray.include_dashboard = False
-    cfg.ray.rows_per_part = 4
-    run_dir = tmp_path_factory.mktemp("run")
-    run_benchmark.main(cfg, run_dir=run_dir, evaluate=False)
-    return cfg, run_dir
+    """`adjcap run-job demo --workers 2 --run-dir DIR` through the CLI, on 10 images per split."""
+    from typer.testing import CliRunner
+
+    from adjcap.config import load_config
+    from cli import app
+
+    run_dir = tmp_path_factory.mktemp("run") / "demo"
+    res = CliRunner().invoke(app, [
+        "run-job", "demo", "--workers", "2", "--run-dir", str(run_dir), "--limit", "10",
+        "--set", f"paths.cache_dir={demo_cfg.paths.cache_dir}", "--set", "ray.include_dashboard=false",
+        "--set", "ray.rows_per_part=4",
+    ])
+    assert res.exit_code == 0, res.output
+    cfg = load_config(config_file=run_dir / "config.toml")  # the saved config re-runs as is
+    return cfg, run_dir, res.output
 
 
 def _ids(run_dir, cfg, split):
@@ -30,8 +37,22 @@ def _ids(run_dir, cfg, split):
     return t.column("image_id").to_pylist()
 
 
+def test_cli_job_leaves_the_documented_run_directory(job):
+    cfg, run_dir, output = job
+    assert output.strip().splitlines()[-1] == str(run_dir)  # the job prints the run directory last
+    assert cfg.ray.workers == 2 and cfg.limit == 10 and cfg.name == "demo"
+    preds = sorted((run_dir / "predictions" / cfg.rerank.protocol).glob("*.json"))
+    assert {p.stem for p in preds} >= {"lm", "ensemble", "trifuse", "memattend", "fixed"}
+    for p in preds:
+        entries = json.loads(p.read_text())  # COCO results format
+        assert len(entries) == 10 and all(set(e) >= {"image_id", "caption"} for e in entries)
+    metrics = json.loads((run_dir / "metrics" / f"{cfg.rerank.protocol}.json").read_text())
+    assert metrics["pickers"]["ensemble"]["metrics"]["CIDEr"] is not None
+    assert (run_dir / "heads" / "trifuse.safetensors").exists() and (run_dir / "report.md").exists()
+
+
 def test_one_row_per_image_no_duplicates(job):
-    cfg, run_dir = job
+    cfg, run_dir, _ = job
     records = read_records(cfg)
     assert (run_dir / "config.toml").exists()
     for split, recs in records.items():
@@ -41,7 +62,7 @@ def test_one_row_per_image_no_duplicates(job):
 
 
 def test_rerun_does_no_work_and_deleting_a_part_restores_exactly_it(job):
-    cfg, run_dir = job
+    cfg, run_dir, _ = job
     run_benchmark.main(cfg, run_dir=run_dir, evaluate=False)
     summary = json.loads((run_dir / "features" / "summary.json").read_text())["splits"]
     assert all(s["done"] == 0 and s["failed"] == 0 and s["skipped"] == s["images"] for s in summary.values())
@@ -60,7 +81,7 @@ def test_rerun_does_no_work_and_deleting_a_part_restores_exactly_it(job):
 
 
 def test_ray_output_equals_single_process_pipeline(job):
-    cfg, run_dir = job
+    cfg, run_dir, _ = job
     recs = read_records(cfg)["test"]
     expected = {r["image_id"]: r for r in run_pipeline(recs, cfg)}
     got = {r["image_id"]: r for r in read_features(run_dir, cfg.benchmark, "test").to_pylist()}
