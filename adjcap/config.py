@@ -93,7 +93,6 @@ class EntityCfg(_Strict):
         description="'nltk' (word_tokenize + pos_tag + WordNet, as IFCap) or a JSON lexicon {word: [tag, lemma]}",
     )
     vocabulary: str | None = Field(None, description="CLIP-classifier vocabulary (JSON list or class2ind)")
-    vocabulary_embeddings: str | None = Field(None, description="precomputed ensemble text embeddings")
     classifier_top_k: int = 3
     classifier_threshold: float = 0.2
     classifier_temperature: float = 0.01

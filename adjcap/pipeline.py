@@ -26,24 +26,22 @@ from adjcap.data.records import Record
 
 
 def load_retrieval_encoder(cfg: Config, towers: tuple[str, ...] = ("image", "text")):
-    from adjcap.models.clip import load_dual_encoder
+    from adjcap.models.clip import load_encoder_from_config
 
-    e = cfg.retrieval.encoder
-    return load_dual_encoder(e.model, cfg.resolve(e.pretrained), device=cfg.device, precision=e.precision, towers=towers)
+    return load_encoder_from_config(cfg.retrieval.encoder, towers=towers, device=cfg.device, resolve=cfg.resolve)
 
 
 def load_verifier_role(cfg: Config):
     if not cfg.verifier.enabled:
         return None
-    from adjcap.models.blip import load_verifier
+    from adjcap.models.blip import load_verifier_from_config
 
-    v = cfg.verifier
-    return load_verifier(cfg.resolve(v.model), device=cfg.device, precision=v.precision, max_text_tokens=v.max_text_tokens)
+    return load_verifier_from_config(cfg.verifier, device=cfg.device, resolve=cfg.resolve)
 
 
 def load_captioner_role(cfg: Config):
     """-> (IFCap captioner, its CLIP, vocabulary for the CLIP-classifier entities or None)."""
-    from adjcap.models.clip import load_dual_encoder
+    from adjcap.models.clip import load_encoder_from_config
     from adjcap.models.ifcap import load_ifcap
 
     c = cfg.captioner
@@ -51,7 +49,7 @@ def load_captioner_role(cfg: Config):
         cfg.resolve(c.checkpoint), lm_config=cfg.resolve(c.lm_config), tokenizer=cfg.resolve(c.tokenizer),
         device=cfg.device, mapping_heads=c.mapping_heads, precision=c.precision,
     )
-    clip = load_dual_encoder(c.clip.model, cfg.resolve(c.clip.pretrained), device=cfg.device, precision=c.clip.precision)
+    clip = load_encoder_from_config(c.clip, device=cfg.device, resolve=cfg.resolve)
     vocabulary = None
     if c.entities.mode == "clip_classifier":
         vocabulary = load_entity_vocabulary(cfg, clip)
@@ -59,9 +57,9 @@ def load_captioner_role(cfg: Config):
 
 
 def load_entity_vocabulary(cfg: Config, clip) -> tuple[list[str], torch.Tensor]:
-    """Vocabulary names (sorted, lower-cased, as ViECap) and their 7-template ensemble embeddings,
-    computed with the captioner's CLIP (spec/ifcap.md 4.3)."""
-    from adjcap.entities import ENSEMBLE_TEMPLATES
+    """Vocabulary names (lower-cased, stripped, sorted, as ViECap) and their 7-template ensemble
+    embeddings computed with the captioner's CLIP (spec/ifcap.md 4.3)."""
+    from adjcap.entities import ensemble_embeddings
 
     e = cfg.captioner.entities
     if not e.vocabulary:
@@ -72,12 +70,7 @@ def load_entity_vocabulary(cfg: Config, clip) -> tuple[list[str], torch.Tensor]:
     data = json.loads(path.read_text())
     names = sorted({str(x).lower().strip() for x in (data.keys() if isinstance(data, dict) else data)})
     with torch.inference_mode():
-        embs = []
-        for name in names:
-            t = clip.encode_texts([tpl.format(name) for tpl in ENSEMBLE_TEMPLATES], normalize=True).float()
-            m = t.mean(0)
-            embs.append(m / m.norm())
-    return names, torch.stack(embs)
+        return names, ensemble_embeddings(names, lambda texts: clip.encode_texts(texts, normalize=True))
 
 
 # --------------------------------------------------------------------------------------------

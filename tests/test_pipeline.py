@@ -106,3 +106,20 @@ def test_contrastive_decoding_option_changes_the_beam_scores(demo_cfg, models, t
     for b, c in zip(base, cd):
         assert c["error"] is None and len(c["candidates"]) == cfg.captioner.beam_width
         assert [x["lm_logprob_sum"] for x in b["candidates"]] != [x["lm_logprob_sum"] for x in c["candidates"]]
+
+
+def test_clip_classifier_entities_path(demo_cfg, models, test_records):
+    """NoCaps' entity path: top-3 vocabulary entries by CLIP with the 7-template ensemble, p >= threshold."""
+    from adjcap.pipeline import load_entity_vocabulary
+
+    cfg = demo_cfg.model_copy(deep=True)
+    cfg.captioner.entities.mode = "clip_classifier"
+    cfg.captioner.entities.classifier_threshold = 0.0
+    names, emb = load_entity_vocabulary(cfg, models.captioner_clip)
+    assert names == sorted(names) and emb.shape[0] == len(names)
+    m = type(models)(**{**models.__dict__, "vocabulary": (names, emb)})
+    rows = run_pipeline(test_records[:2], cfg, m)
+    for row in rows:
+        assert row["error"] is None
+        assert len(row["entities"]) == cfg.captioner.entities.classifier_top_k
+        assert set(row["entities"]) <= set(names)
