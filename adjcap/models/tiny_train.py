@@ -4,13 +4,16 @@ The tiny models are small models of the real classes (see :mod:`adjcap.models.ti
 make the demo run but retrieve at random and caption gibberish; these trainings (about a minute on
 one CPU core, all together) make the demo show the method working:
 
-* the two open_clip models (retrieval role and IFCap's CLIP role): contrastive CLIP training
-  (symmetric InfoNCE with the learnt temperature) on images of a separate rendered pool
-  (:func:`adjcap.data.demo.iter_training_pairs`, pool "clip-train") paired with their captions;
+* the open_clip model of IFCap's CLIP role: contrastive CLIP training (symmetric InfoNCE with the
+  learnt temperature) on images of a separate rendered pool (:func:`adjcap.data.demo.iter_training_pairs`,
+  pool "clip-train") paired with their captions. The retrieval role has the same architecture and by
+  default gets a copy (``TinyTrainSettings.retrieval_clip_steps`` > 0 trains its own, another seed);
 * the BLIP ITM verifier: binary matched / mismatched training of the ITM head (and the whole tiny
   model) on the same pool, with hard-ish negatives (captions of the most similar other scenes by CLIP
   text cosine, and captions with one colour or object word swapped for one absent from the scene),
-  tokenised through :meth:`adjcap.models.blip.Verifier.tokenize` (LAVIS cleaning, [ENC] first token);
+  tokenised through :meth:`adjcap.models.blip.Verifier.tokenize` (LAVIS cleaning, [ENC] first token),
+  plus BLIP's image-text contrastive loss on its unimodal features (without it the ITM head of a
+  randomly initialised model stays at chance for hundreds of steps);
 * IFCap, text-only as in IFCap (spec/ifcap.md section 7, simplified): input x = norm(norm(t) + eps),
   eps ~ N(0, 0.016 I), t the captioner CLIP's text feature of the caption; r = raw CLIP text features
   of the caption's 5 nearest other corpus captions (normalised text cosine); hard prompt from the
@@ -50,11 +53,13 @@ __all__ = [
     "TrainingPool",
     "deterministic",
     "render_pool",
-    "train_blip_itm",
-    "train_clip",
     "caption_entities",
     "drop_entities",
+    "scene_text_features",
+    "train_blip_itm",
+    "train_clip",
     "train_ifcap",
+    "train_tiny_world",
     "training_entities",
 ]
 
