@@ -184,8 +184,11 @@ def main(cfg: Config, run_dir: Path | None = None, resume: bool = True, evaluate
         from jobs import fit
 
         fit.main(cfg, run_dir)
-        ev.evaluate_run_dir(cfg, run_dir)
-        ev.report([run_dir], None)
+        if any(r.references for recs in records.values() for r in recs):
+            ev.evaluate_run_dir(cfg, run_dir)
+            ev.report([run_dir], None)
+        else:  # the user's own images: captions, but nothing to score them against
+            print(f"no reference captions for {cfg.benchmark}: predictions written, metrics and report skipped")
     print(f"outputs: features/, predictions/, metrics/, report.md, report.html in")
     print(run_dir)
     return run_dir
