@@ -16,7 +16,7 @@ def decode_batch(batch: dict[str, Any]) -> dict[str, Any]:
             image_id=str(batch["image_id"][i]),
             benchmark=str(batch["benchmark"][i]),
             split=str(batch["split"][i]),
-            domain=(str(batch["domain"][i]) or None) if batch["domain"][i] is not None else None,
+            domain=str(batch["domain"][i] or "") or None,
         )
         d = decode_image(batch["image_path"][i])
         if d.error:

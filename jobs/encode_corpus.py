@@ -18,9 +18,9 @@ from adjcap.pipeline import encoder_identity, finalize, index_dir_for, index_rea
 from jobs.ray_session import pool_resources, ray_session
 
 
-def ensure_index(cfg: Config) -> Path:
+def ensure_index(cfg: Config, corpus=None) -> Path:
     """Inside a Ray session: the index for cfg's encoder and corpus, encoding what is missing."""
-    corpus = load_benchmark_corpus(cfg)
+    corpus = corpus if corpus is not None else load_benchmark_corpus(cfg)
     enc_id = encoder_identity(cfg)
     out = index_dir_for(cfg, enc_id, corpus.fingerprint)
     if index_ready(out, enc_id, corpus.fingerprint):

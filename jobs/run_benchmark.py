@@ -101,8 +101,8 @@ def extract_features(cfg: Config, run_dir: Path, records: dict[str, list[Record]
     if not todo:
         return summary
 
-    index_path = ensure_index(cfg)
     corpus = load_benchmark_corpus(cfg)
+    index_path = ensure_index(cfg, corpus)
     vectors, ids, precision = index_arrays(index_path)
     shared_index = _getter(ray.put((vectors, ids, precision, corpus.texts)))
     cfg_dict = cfg.model_dump(mode="json")
