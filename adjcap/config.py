@@ -151,6 +151,9 @@ class RerankCfg(_Strict):
     memattend: MemAttendCfg = Field(default_factory=MemAttendCfg)
     select: bool = Field(False, description="choose alpha/beta by Borda pseudo-label loss on held-out")
     holdout_fraction: float = Field(0.2, gt=0.0, lt=1.0)
+    threads: int | None = Field(
+        None, ge=1, description="CPU threads for fitting the heads; None = every available CPU (results do not depend on it)"
+    )
 
 
 class BenchmarkCfg(_Strict):

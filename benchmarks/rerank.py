@@ -51,7 +51,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", type=int, default=5000)
     ap.add_argument("--candidates", type=int, default=20)
-    ap.add_argument("--threads", type=int, default=1, help="intra-op CPU threads during the fit")
+    ap.add_argument("--threads", type=int, default=0, help="fit worker threads (0 = every available CPU)")
     ap.add_argument("--trifuse-epochs", type=int, default=TriFuseCfg().epochs)
     ap.add_argument("--memattend-epochs", type=int, default=MemAttendCfg().epochs)
     ap.add_argument("--batch-images", type=int, default=0, help="0 = full batch (default)")
@@ -60,7 +60,7 @@ def main() -> None:
     bi = args.batch_images or None
 
     print(
-        f"torch {torch.__version__}, {os.cpu_count()} CPUs visible, fit threads {args.threads}, "
+        f"torch {torch.__version__}, {os.cpu_count()} CPUs visible, fit threads {args.threads or 'all'}, "
         f"load average {os.getloadavg()[0]:.2f}",
         flush=True,
     )
@@ -72,10 +72,10 @@ def main() -> None:
     with t("warm-up (torch.optim import)"):
         torch.optim.Adam(torch.nn.Linear(1, 1).parameters())
     with t(f"fit TriFuse x{args.trifuse_epochs}"):
-        tri = fit_trifuse(feats, TriFuseCfg(epochs=args.trifuse_epochs), seed=42, batch_images=bi, threads=args.threads)
+        tri = fit_trifuse(feats, TriFuseCfg(epochs=args.trifuse_epochs), seed=42, batch_images=bi, threads=args.threads or None)
     with t(f"fit MemAttend x{args.memattend_epochs}"):
         mem = fit_memattend(
-            feats, MemAttendCfg(epochs=args.memattend_epochs), seed=42, batch_images=bi, threads=args.threads
+            feats, MemAttendCfg(epochs=args.memattend_epochs), seed=42, batch_images=bi, threads=args.threads or None
         )
     heads = Heads(trifuse=tri.head, memattend=mem.head)  # type: ignore[arg-type]
     with t("pick ensemble (all images)"):

@@ -4,24 +4,32 @@
   loss: :func:`adjcap.rerank.borda.listwise_loss`. No reference caption is involved anywhere.
 * Optimiser: Adam (TriFuse lr 1e-2 x 100 epochs, MemAttend lr 3e-3 x 200 epochs by default).
 * Batching: **full batch** by default: one Adam step per epoch, on the gradient of the mean loss
-  over all images (accumulated over fixed chunks of images in table order, 1024 for TriFuse and 256
-  for MemAttend, which keeps the working set in cache; chunking changes only the float summation
-  order). With ``batch_images=B`` the images are cut into fixed minibatches of B images, from one
-  permutation drawn once from the seed; an epoch is one pass over all minibatches. The recorded per-epoch loss
-  is the image-weighted mean of the losses computed during that epoch (before each step).
-* Determinism: ``torch.manual_seed(seed)`` before the head is built, deterministic algorithms on,
-  ``threads`` intra-op threads (default 1) for the duration of the fit; global torch settings are
-  restored afterwards. Same input -> byte-identical weights, losses and picks.
+  over all images. The images are cut into fixed chunks in table order (1024 for TriFuse, 256 for
+  MemAttend, sized so a chunk's working set stays in cache); each chunk's gradient is computed on
+  its own and the chunk gradients are summed in chunk order. With ``batch_images=B`` the images
+  are cut into fixed minibatches of B images, from one permutation drawn once from the seed; an
+  epoch is one pass over all minibatches. The recorded per-epoch loss is the image-weighted mean
+  of the losses computed during that epoch (before each step).
+* Threads: chunks are independent, so they run on ``threads`` worker threads (default: every CPU
+  this process may use), each with one intra-op thread and denormals flushed to zero (softmax
+  tails of sharp attention otherwise hit the slow denormal path). Because the chunk gradients are
+  always summed in the same order, **the result does not depend on the thread count**.
+* Gradients: TriFuse through autograd; MemAttend through the explicit backward of
+  :mod:`adjcap.rerank.memattend_grad` (same gradients, about twice as fast on CPU).
+* Determinism: ``torch.manual_seed(seed)`` before the head is built, deterministic algorithms on;
+  global torch settings are restored afterwards. Same input -> byte-identical weights, losses and
+  picks, on any number of threads.
 * Cost: MemAttend's 200 full passes over 5,000 images x 25 tokens are about 3 TFLOP of training
-  arithmetic (~15 GFLOP per epoch); on one AVX2 core that is about 3 minutes of CPU. TriFuse's 100
-  epochs take a few seconds. ``benchmarks/rerank.py`` measures both.
+  arithmetic (~15 GFLOP per epoch) in tiny matrices; ``benchmarks/rerank.py`` measures both heads.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -30,25 +38,45 @@ from adjcap.config import Config, MemAttendCfg, RerankCfg, TriFuseCfg
 from adjcap.rerank.borda import borda_targets, listwise_loss
 from adjcap.rerank.features import BeamFeatures
 from adjcap.rerank.heads import Heads, MemAttend, TriFuse
+from adjcap.rerank.memattend_grad import MemAttendStep
 
-DEFAULT_THREADS = 1
+
+def available_cpus() -> int:
+    """CPUs this process may run on (the affinity mask where the platform has one)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def _threads(threads: int | None) -> int:
+    if threads is None:
+        return available_cpus()
+    if int(threads) < 1:
+        raise ValueError(f"threads must be >= 1 (or None for every available CPU), got {threads}")
+    return int(threads)
 
 
 @contextlib.contextmanager
-def deterministic_cpu(seed: int, threads: int | None = DEFAULT_THREADS) -> Iterator[None]:
-    """Seed torch, switch on deterministic algorithms and pin the CPU thread count; restore after."""
+def deterministic_cpu(seed: int) -> Iterator[None]:
+    """Seed torch, switch on deterministic algorithms and use one intra-op thread; restore after."""
     prev_det = torch.are_deterministic_algorithms_enabled()
     prev_warn = torch.is_deterministic_algorithms_warn_only_enabled()
     prev_threads = torch.get_num_threads()
     try:
         torch.use_deterministic_algorithms(True)
-        if threads:
-            torch.set_num_threads(int(threads))
+        torch.set_num_threads(1)
         torch.manual_seed(int(seed))
         yield
     finally:
         torch.use_deterministic_algorithms(prev_det, warn_only=prev_warn)
         torch.set_num_threads(prev_threads)
+
+
+def _worker_init() -> None:
+    # per-thread settings of the pool's own threads (the caller's thread is left untouched)
+    torch.set_num_threads(1)
+    torch.set_flush_denormal(True)
 
 
 @dataclass
@@ -61,6 +89,7 @@ class Fitted:
     seed: int
     seconds: float
     batch_images: int | None = None
+    threads: int = 1
     extra: dict = field(default_factory=dict)
 
 
@@ -69,8 +98,12 @@ def _check(feats: BeamFeatures, what: str) -> None:
         raise ValueError(f"{what}: no images to fit on (every feature row failed or the table is empty)")
 
 
-# images per forward/backward pass (sized so the working set stays in cache); does not change the maths
+# images per chunk (sized so the working set stays in cache); does not change the maths
 CHUNK_IMAGES = {"trifuse": 1024, "memattend": 256}
+
+Chunk = slice | torch.Tensor
+# (chunk, weight) -> (mean loss over the chunk's images, gradients of weight * that loss)
+ChunkGrad = Callable[[Chunk, float], tuple[float, Sequence[torch.Tensor]]]
 
 
 def _steps(n: int, batch_images: int | None, seed: int) -> list[torch.Tensor | None]:
@@ -83,41 +116,44 @@ def _steps(n: int, batch_images: int | None, seed: int) -> list[torch.Tensor | N
 
 
 def _train(
-    head: torch.nn.Module,
-    forward: Callable[[slice | torch.Tensor], torch.Tensor],
-    target: torch.Tensor,
-    mask: torch.Tensor,
+    params: list[torch.nn.Parameter],
+    chunk_grad: ChunkGrad,
+    n: int,
     lr: float,
     epochs: int,
     batch_images: int | None,
     seed: int,
     chunk_images: int,
+    threads: int,
+    after_step: Callable[[], None] | None = None,
 ) -> list[float]:
     """Adam on the listwise loss. Each step's gradient is the gradient of the mean loss over its
-    images, accumulated over chunks of ``chunk_images`` images (fixed order)."""
-    n = mask.shape[0]
-    steps = _steps(n, batch_images, seed)
-    plan: list[list[slice | torch.Tensor]] = []
-    for idx in steps:
+    images: the sum, in chunk order, of the chunks' gradients of (chunk images / step images) x
+    (chunk mean loss)."""
+    plan: list[list[Chunk]] = []
+    for idx in _steps(n, batch_images, seed):
         if idx is None:
             plan.append([slice(s, min(s + chunk_images, n)) for s in range(0, n, chunk_images)])
         else:
             plan.append(list(torch.split(idx, chunk_images)))
-    opt = torch.optim.Adam(head.parameters(), lr=float(lr))
-    head.train()
+    opt = torch.optim.Adam(params, lr=float(lr))
     losses: list[float] = []
-    for _ in range(int(epochs)):
-        total = 0.0
-        for chunks in plan:
-            n_step = sum(_size(c) for c in chunks)
-            opt.zero_grad(set_to_none=True)
-            for c in chunks:
-                loss = listwise_loss(forward(c), target[c], mask[c])
-                (loss * (_size(c) / n_step)).backward()
-                total += float(loss.detach()) * _size(c)
-            opt.step()
-        losses.append(total / n)
-    head.eval()
+    with ThreadPoolExecutor(max_workers=threads, initializer=_worker_init) as pool:
+        for _ in range(int(epochs)):
+            total = 0.0
+            for chunks in plan:
+                n_step = sum(_size(c) for c in chunks)
+                results = list(pool.map(lambda c: chunk_grad(c, _size(c) / n_step), chunks))
+                for i, p in enumerate(params):
+                    g = results[0][1][i].clone()
+                    for _, grads in results[1:]:
+                        g.add_(grads[i])
+                    p.grad = g
+                total += sum(loss * _size(c) for c, (loss, _) in zip(chunks, results))
+                opt.step()
+                if after_step is not None:
+                    after_step()
+            losses.append(total / n)
     return losses
 
 
@@ -144,7 +180,7 @@ def fit_trifuse(
     cfg: TriFuseCfg | RerankCfg | Config | None = None,
     seed: int = 42,
     batch_images: int | None = None,
-    threads: int | None = DEFAULT_THREADS,
+    threads: int | None = None,
 ) -> Fitted:
     """Fit TriFuse on ``feats`` (its Borda targets); see the module docstring."""
     _check(feats, "fit_trifuse")
@@ -152,20 +188,21 @@ def fit_trifuse(
     t0 = time.perf_counter()
     _, target = borda_targets(feats.raw_scores, feats.mask)
     x, mask = feats.scores, feats.mask
-    with deterministic_cpu(seed, threads):
+    nt = _threads(threads)
+    with deterministic_cpu(seed):
         head = TriFuse(hidden=tcfg.hidden)
+        params = list(head.parameters())
+        head.train()
+
+        def chunk_grad(c: Chunk, w: float) -> tuple[float, Sequence[torch.Tensor]]:
+            loss = listwise_loss(head(x[c]), target[c], mask[c])
+            return float(loss.detach()), torch.autograd.grad(loss * w, params)
+
         losses = _train(
-            head,
-            lambda sel: head(x[sel]),
-            target,
-            mask,
-            tcfg.lr,
-            tcfg.epochs,
-            batch_images,
-            seed,
-            CHUNK_IMAGES["trifuse"],
+            params, chunk_grad, feats.n_images, tcfg.lr, tcfg.epochs, batch_images, seed, CHUNK_IMAGES["trifuse"], nt
         )
-    return Fitted(head, losses, feats.n_images, seed, time.perf_counter() - t0, batch_images)
+        head.eval()
+    return Fitted(head, losses, feats.n_images, seed, time.perf_counter() - t0, batch_images, nt)
 
 
 def fit_memattend(
@@ -173,7 +210,7 @@ def fit_memattend(
     cfg: MemAttendCfg | RerankCfg | Config | None = None,
     seed: int = 42,
     batch_images: int | None = None,
-    threads: int | None = DEFAULT_THREADS,
+    threads: int | None = None,
 ) -> Fitted:
     """Fit MemAttend on ``feats`` (its Borda targets); see the module docstring."""
     _check(feats, "fit_memattend")
@@ -187,16 +224,28 @@ def fit_memattend(
     t0 = time.perf_counter()
     _, target = borda_targets(feats.raw_scores, feats.mask)
     b, mem, bm, mm = feats.beam, feats.memory, feats.mask, feats.memory_mask
-    with deterministic_cpu(seed, threads):
+    nt = _threads(threads)
+    with deterministic_cpu(seed):
         head = MemAttend(d_model=mcfg.d_model, layers=mcfg.layers, heads=mcfg.heads, ffn=mcfg.ffn)
+        step = MemAttendStep(head)
 
-        def forward(sel: slice | torch.Tensor) -> torch.Tensor:
-            return head(b[sel], mem[sel], bm[sel], mm[sel])
+        def chunk_grad(c: Chunk, w: float) -> tuple[float, Sequence[torch.Tensor]]:
+            return step(b[c], mem[c], bm[c], mm[c], target[c], w)
 
         losses = _train(
-            head, forward, target, bm, mcfg.lr, mcfg.epochs, batch_images, seed, CHUNK_IMAGES["memattend"]
+            list(head.parameters()),
+            chunk_grad,
+            feats.n_images,
+            mcfg.lr,
+            mcfg.epochs,
+            batch_images,
+            seed,
+            CHUNK_IMAGES["memattend"],
+            nt,
+            after_step=step.refresh,
         )
-    return Fitted(head, losses, feats.n_images, seed, time.perf_counter() - t0, batch_images)
+        head.eval()
+    return Fitted(head, losses, feats.n_images, seed, time.perf_counter() - t0, batch_images, nt)
 
 
 def fit_heads(
@@ -205,7 +254,7 @@ def fit_heads(
     seed: int | None = None,
     which: tuple[str, ...] = ("trifuse", "memattend"),
     batch_images: int | None = None,
-    threads: int | None = DEFAULT_THREADS,
+    threads: int | None = None,
 ) -> Heads:
     """Fit the requested heads (default both) and return them with their loss curves."""
     if seed is None:
@@ -213,17 +262,22 @@ def fit_heads(
     unknown = [w for w in which if w not in ("trifuse", "memattend")]
     if unknown:
         raise ValueError(f"fit_heads: unknown head(s) {unknown}; known: trifuse, memattend")
+    if threads is None:
+        r = cfg.rerank if isinstance(cfg, Config) else cfg
+        threads = r.threads if isinstance(r, RerankCfg) else None
     heads = Heads(meta={"seed": int(seed), "n_images": feats.n_images, "lm_feature": feats.lm_feature})
     if "trifuse" in which:
         f = fit_trifuse(feats, cfg, seed=seed, batch_images=batch_images, threads=threads)
         heads.trifuse = f.head  # type: ignore[assignment]
         heads.losses["trifuse"] = f.losses
         heads.meta["trifuse_seconds"] = f.seconds
+        heads.meta["fit_threads"] = f.threads
     if "memattend" in which:
         f = fit_memattend(feats, cfg, seed=seed, batch_images=batch_images, threads=threads)
         heads.memattend = f.head  # type: ignore[assignment]
         heads.losses["memattend"] = f.losses
         heads.meta["memattend_seconds"] = f.seconds
+        heads.meta["fit_threads"] = f.threads
     return heads
 
 
