@@ -5,11 +5,11 @@ Same function and same gradients as ``listwise_loss(MemAttend(...)(...))`` + ``b
 compare both to float tolerance); it exists because fitting is the CPU-bound part of the reranker:
 200 full passes over 5,000 images x 25 tokens. Written out, one chunk needs fewer and larger
 kernels than autograd's graph: no autograd bookkeeping, the attention scale folded into the query
-projection, one fused projection per layer, softmax taken along the key axis of transposed scores
-(the faster layout for 25 keys), and tensors produced in the layout the next kernel reads.
-Chunks are independent, so :func:`chunk_grads` can run them on several threads; the caller sums
-the per-chunk gradients in a fixed order, which keeps fitting bit-for-bit deterministic whatever
-the thread count.
+projection, one fused projection per layer, and the attention core either in the fused C kernel
+of :mod:`adjcap.rerank.native` (one pass per image and head) or, where that is not available, in
+torch ops laid out for these shapes (transposed products with 25-wide rows, softmax along the key
+axis). Chunks are independent: fitting runs them on worker threads and sums their gradients in a
+fixed order, which keeps it bit-for-bit deterministic whatever the thread count.
 
 Shapes: B images, M memory + N beam = T tokens, d = d_model, H heads of e = d / H; the last layer
 computes queries (and FFN, norms) for the N beam tokens only, as ``MemAttend.forward`` does.
@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
+from adjcap.rerank import native
 from adjcap.rerank.heads import MemAttend
 
 aten = torch.ops.aten
@@ -56,37 +57,36 @@ class _Layer:
         self.d = d
         self.sc = sc
 
-    def forward(self, x: torch.Tensor, b: int, t: int, q0: int, key_bias: torch.Tensor | None):
-        """x [B*t, d] -> (y [B*tq, d], saved). Queries are tokens q0..t-1 of each image."""
+    def forward(self, x: torch.Tensor, b: int, t: int, q0: int, keep: torch.Tensor | None, fused: bool):
+        """x [B*t, d] -> (y [B*tq, d], saved). Queries are tokens q0..t-1 of each image; ``keep``
+        (bool [B, t] or None) marks the tokens that may be attended to; ``fused`` selects the C
+        kernel of :mod:`adjcap.rerank.native` for the attention core."""
         d, h, e = self.d, self.h, self.e
         tq = t - q0
         if q0 == 0:
             xq = x
             qkv = torch.addmm(self.b_qkv, x, self.w_qkv.t())  # [B*t, 3d]
-            q, k, v = qkv.view(b, t, 3, h, e).permute(2, 0, 3, 1, 4).reshape(3, b * h, t, e).unbind(0)
+            q, k, v = qkv[:, :d], qkv[:, d : 2 * d], qkv[:, 2 * d :]
         else:
             xq = x.view(b, t, d)[:, q0:].reshape(b * tq, d)
-            q = _split_heads(torch.addmm(self.b_qkv[:d], xq, self.w_qkv[:d].t()), b, tq, h, e)
+            q = torch.addmm(self.b_qkv[:d], xq, self.w_qkv[:d].t())  # [B*tq, d]
             kv = torch.addmm(self.b_qkv[d:], x, self.w_qkv[d:].t())  # [B*t, 2d]
-            k, v = kv.view(b, t, 2, h, e).permute(2, 0, 3, 1, 4).reshape(2, b * h, t, e).unbind(0)
-        st = torch.bmm(k, q.transpose(1, 2))  # [B*h, t, tq]: scores, keys along dim 1
-        if key_bias is not None:
-            st = (st.view(b, h, t, tq) + key_bias).view(b * h, t, tq)
-        pt = torch.softmax(st, dim=1)
-        # O^T = V^T P^T: [e, tq] outputs (25-wide rows) are about twice as fast as [tq, e] ones
-        ot = torch.bmm(v.transpose(1, 2), pt)  # [B*h, e, tq]
-        o = ot.view(b, h, e, tq).permute(0, 3, 1, 2).reshape(b * tq, d)
+            k, v = kv[:, :d], kv[:, d:]
+        if fused:
+            o, att = native.attention_forward(b, t, tq, h, q, k, v, keep)
+        else:
+            o, att = _attention_torch(q, k, v, keep, b, t, tq, h, e)
         r1 = torch.addmm(self.b_o, o, self.w_o.t()).add_(xq)
         y1, m1, s1 = aten.native_layer_norm(r1, [d], self.g1, self.be1, self.eps1)
         z = torch.addmm(self.b1, y1, self.w1.t())
         g = F.gelu(z)
         r2 = torch.addmm(self.b2, g, self.w2.t()).add_(y1)
         y, m2, s2 = aten.native_layer_norm(r2, [d], self.g2, self.be2, self.eps2)
-        return y, (x, xq, q, k, v, pt, o, r1, m1, s1, y1, z, g, r2, m2, s2)
+        return y, (x, xq, q, k, v, att, o, r1, m1, s1, y1, z, g, r2, m2, s2, fused)
 
     def backward(self, dy: torch.Tensor, saved, b: int, t: int, q0: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """dy [B*tq, d] -> (dx [B*t, d], grads in ``_PARAM_ORDER`` order for this layer)."""
-        x, xq, q, k, v, pt, o, r1, m1, s1, y1, z, g, r2, m2, s2 = saved
+        """dy [B*tq, d] -> (dx [B*t, d], grads in ``_LAYER_PARAMS`` order for this layer)."""
+        x, xq, q, k, v, att, o, r1, m1, s1, y1, z, g, r2, m2, s2, fused = saved
         d, h, e = self.d, self.h, self.e
         tq = t - q0
         dr2, dg2, dbe2 = aten.native_layer_norm_backward(dy, r2, [d], m2, s2, self.g2, self.be2, [True, True, True])
@@ -96,22 +96,22 @@ class _Layer:
         dy1 = torch.addmm(dr2, dz, self.w1)
         dr1, dg1, dbe1 = aten.native_layer_norm_backward(dy1, r1, [d], m1, s1, self.g1, self.be1, [True, True, True])
         dwo, dbo = dr1.t().mm(o), dr1.sum(0)
-        dot = dr1.mm(self.w_o).view(b, tq, h, e).permute(0, 2, 3, 1).reshape(b * h, e, tq)  # dO^T
-        dpt = torch.bmm(v, dot)  # [B*h, t, tq]
-        dst = aten._softmax_backward_data(dpt, pt, 1, pt.dtype)
-        # the products below are all taken transposed so that their outputs have 25-wide rows;
-        # dQ^T, dK^T, dV^T are written straight into one buffer, reordered once into [B*t, 3d]
-        gt = torch.empty(3 if q0 == 0 else 2, b * h, e, t, dtype=dst.dtype)
-        torch.bmm(q.transpose(1, 2), dst.transpose(1, 2), out=gt[-2])  # dK^T
-        torch.bmm(dot, pt.transpose(1, 2), out=gt[-1])  # dV^T
+        do = dr1.mm(self.w_o)  # [B*tq, d]
         if q0 == 0:
-            torch.bmm(k.transpose(1, 2), dst, out=gt[0])  # dQ^T
-            dqkv = gt.view(3, b, h, e, t).permute(1, 4, 0, 2, 3).reshape(b * t, 3 * d)
+            dqkv = torch.empty(b * t, 3 * d, dtype=do.dtype)
+            dq, dk, dv = dqkv[:, :d], dqkv[:, d : 2 * d], dqkv[:, 2 * d :]
+        else:
+            dq = torch.empty(b * tq, d, dtype=do.dtype)
+            dkv = torch.empty(b * t, 2 * d, dtype=do.dtype)
+            dk, dv = dkv[:, :d], dkv[:, d:]
+        if fused:
+            native.attention_backward(b, t, tq, h, q, k, v, att, do, dq, dk, dv)
+        else:
+            _attention_torch_backward(att, do, dq, dk, dv, b, t, tq, h, e)
+        if q0 == 0:
             dw_qkv, db_qkv = dqkv.t().mm(x), dqkv.sum(0)
             dx = torch.addmm(dr1, dqkv, self.w_qkv)
         else:
-            dq = torch.bmm(k.transpose(1, 2), dst).view(b, h, e, tq).permute(0, 3, 1, 2).reshape(b * tq, d)
-            dkv = gt.view(2, b, h, e, t).permute(1, 4, 0, 2, 3).reshape(b * t, 2 * d)
             dwq, dbq = dq.t().mm(xq), dq.sum(0)
             dwkv, dbkv = dkv.t().mm(x), dkv.sum(0)
             dw_qkv, db_qkv = torch.cat([dwq, dwkv]), torch.cat([dbq, dbkv])
@@ -122,6 +122,35 @@ class _Layer:
         dw_qkv = dw_qkv * self.sc[:, None]
         db_qkv = db_qkv * self.sc
         return dx, [dw_qkv, db_qkv, dwo, dbo, dw1, db1, dw2, db2, dg1, dbe1, dg2, dbe2]
+
+
+def _attention_torch(q, k, v, keep, b: int, t: int, tq: int, h: int, e: int):
+    """softmax(q k^T + mask) v with torch ops: rows [B*tq, d] / [B*t, d] -> (o [B*tq, d], saved).
+    The products are taken transposed where that gives 25-wide output rows (about twice as fast
+    as 8-wide ones), and the softmax runs along the key axis of transposed scores."""
+    qh, kh, vh = _split_heads(q, b, tq, h, e), _split_heads(k, b, t, h, e), _split_heads(v, b, t, h, e)
+    st = torch.bmm(kh, qh.transpose(1, 2))  # [B*h, t, tq]: scores, keys along dim 1
+    if keep is not None:
+        bias = torch.zeros(keep.shape, dtype=st.dtype).masked_fill_(~keep, float("-inf")).view(b, 1, t, 1)
+        st = (st.view(b, h, t, tq) + bias).view(b * h, t, tq)
+    pt = torch.softmax(st, dim=1)
+    ot = torch.bmm(vh.transpose(1, 2), pt)  # O^T [B*h, e, tq]
+    o = ot.view(b, h, e, tq).permute(0, 3, 1, 2).reshape(b * tq, h * e)
+    return o, (qh, kh, vh, pt)
+
+
+def _attention_torch_backward(att, do, dq, dk, dv, b: int, t: int, tq: int, h: int, e: int) -> None:
+    """Writes dq, dk, dv (row views) from do [B*tq, d] and the saved tensors of _attention_torch."""
+    qh, kh, vh, pt = att
+    dot = do.view(b, tq, h, e).permute(0, 2, 3, 1).reshape(b * h, e, tq)  # dO^T
+    dpt = torch.bmm(vh, dot)  # [B*h, t, tq]
+    dst = aten._softmax_backward_data(dpt, pt, 1, pt.dtype)
+    dqt = torch.bmm(kh.transpose(1, 2), dst)  # dQ^T [B*h, e, tq]
+    dkt = torch.bmm(qh.transpose(1, 2), dst.transpose(1, 2))  # dK^T [B*h, e, t]
+    dvt = torch.bmm(dot, pt.transpose(1, 2))  # dV^T [B*h, e, t]
+    dq.view(b, tq, h, e).copy_(dqt.view(b, h, e, tq).permute(0, 3, 1, 2))
+    dk.view(b, t, h, e).copy_(dkt.view(b, h, e, t).permute(0, 3, 1, 2))
+    dv.view(b, t, h, e).copy_(dvt.view(b, h, e, t).permute(0, 3, 1, 2))
 
 
 # order of a layer's gradients as returned by _Layer.backward, as parameter-name suffixes
@@ -147,13 +176,17 @@ class MemAttendStep:
 
     Gradients come back as one list aligned with ``list(head.parameters())``."""
 
-    def __init__(self, head: MemAttend):
+    def __init__(self, head: MemAttend, fused: bool | None = None):
+        """``fused``: use the C attention kernel (:mod:`adjcap.rerank.native`); None = when usable."""
         if not isinstance(head, MemAttend):
             raise TypeError(f"MemAttendStep needs a MemAttend head, got {type(head).__name__}")
         for layer in head.layers:
             if layer.norm_first or layer.activation_relu_or_gelu != 2 or layer.self_attn.dropout != 0.0:
                 raise ValueError("MemAttendStep: only post-norm GELU layers without dropout are written out")
         self.head = head
+        self.fused = fused
+        if fused and not native.usable(head.d_model // head.n_heads, 1):
+            raise RuntimeError(f"MemAttendStep(fused=True): the fused kernel is not usable: {native.why_not() or 'head width is not 8'}")
         self.names = [n for n, _ in head.named_parameters()]
         self.refresh()
 
@@ -186,16 +219,20 @@ class MemAttendStep:
         x[:, :m] += self.role[0]
         x[:, m:] += self.role[1]
         x = x.view(b * t, d)
-        keep = torch.cat([memory_mask, beam_mask], dim=1)
-        key_bias = None
-        if not bool(keep.all()):
-            key_bias = torch.zeros(keep.shape, dtype=x.dtype).masked_fill_(~keep, float("-inf"))
-            key_bias = key_bias.view(b, 1, t, 1)
+        keep: torch.Tensor | None = torch.cat([memory_mask, beam_mask], dim=1)
+        # an image with no token at all has no valid candidate either, so nothing flows back
+        # from it; letting it attend to its (padding) tokens keeps its values finite
+        keep[~keep.any(dim=1)] = True
+        if bool(keep.all()):
+            keep = None
+        fused = self.fused
+        if fused is None:
+            fused = native.usable(d // self.layers[0].h, t) if self.layers else False
         saved = []
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             q0 = m if i == last else 0
-            x, s = layer.forward(x, b, t, q0, key_bias)
+            x, s = layer.forward(x, b, t, q0, keep, fused)
             saved.append((s, q0))
         if not self.layers:
             x = x.view(b, t, d)[:, m:].reshape(b * n, d)
