@@ -47,6 +47,19 @@ class Timer:
         return _Ctx()
 
 
+def machine_gflops(seconds: float = 1.0) -> float:
+    """Single-thread fp32 GEMM rate right now: a yardstick for how fast this (shared) machine runs."""
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        torch.mm(a, b)
+        n += 1
+    torch.set_num_threads(prev)
+    return n * 2 * 256**3 / (time.perf_counter() - t0) / 1e9
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", type=int, default=5000)
@@ -64,6 +77,11 @@ def main() -> None:
         f"load average {os.getloadavg()[0]:.2f}",
         flush=True,
     )
+    from adjcap.rerank import native
+
+    print(f"fused attention kernel: {native.why_not() or 'in use'}", flush=True)
+    speed_before = machine_gflops()
+    print(f"machine yardstick: {speed_before:.1f} GFLOP/s single-thread GEMM", flush=True)
     t = Timer()
     with t("synthetic rows -> Arrow"):
         table = rows_to_table(synthetic_feature_rows(args.images, args.candidates, seed=1))
@@ -88,7 +106,8 @@ def main() -> None:
         f"(TriFuse loss {tri.losses[0]:.3f} -> {tri.losses[-1]:.3f}, "
         f"MemAttend loss {mem.losses[0]:.3f} -> {mem.losses[-1]:.3f}; "
         f"top-1 agreement of the heads {agreement(pick(feats, 'trifuse', heads), pick(feats, 'memattend', heads)):.2f}; "
-        f"{len(idx)} picks); load average now {os.getloadavg()[0]:.2f}",
+        f"{len(idx)} picks); load average now {os.getloadavg()[0]:.2f}; "
+        f"yardstick {speed_before:.1f} -> {machine_gflops():.1f} GFLOP/s",
         flush=True,
     )
     if args.json:
