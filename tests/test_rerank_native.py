@@ -147,3 +147,17 @@ def test_fit_is_identical_on_any_number_of_threads():
     assert _bytes(one.head) == _bytes(two.head) == _bytes(three.head)
     assert one.losses == two.losses == three.losses
     assert (one.threads, two.threads) == (1, 2)
+
+
+@pytest.mark.parametrize("kw", [{"layers": 1}, {"layers": 3, "d_model": 24, "heads": 4, "ffn": 40}])
+def test_step_matches_autograd_for_other_shapes(kw):
+    # one layer: no folded first projection; head width 6: the torch-op attention path
+    torch.manual_seed(3)
+    h = MemAttend(**kw)
+    batch = _batch(b=9, masked=True)
+    ref_loss, ref = _autograd(h, *batch, 1.0)
+    loss, grads = MemAttendStep(h)(*batch, 1.0)
+    assert loss == pytest.approx(ref_loss, rel=1e-6)
+    scale = max(float(g.abs().max()) for g in ref)
+    for (name, _), a, b in zip(h.named_parameters(), ref, grads):
+        assert float((a - b).abs().max()) <= 2e-6 * scale, name

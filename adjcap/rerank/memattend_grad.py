@@ -57,15 +57,20 @@ class _Layer:
         self.d = d
         self.sc = sc
 
-    def forward(self, x: torch.Tensor, b: int, t: int, q0: int, keep: torch.Tensor | None, fused: bool):
+    def forward(
+        self, x: torch.Tensor, b: int, t: int, q0: int, keep: torch.Tensor | None, fused: bool,
+        qkv: torch.Tensor | None = None,
+    ):
         """x [B*t, d] -> (y [B*tq, d], saved). Queries are tokens q0..t-1 of each image; ``keep``
         (bool [B, t] or None) marks the tokens that may be attended to; ``fused`` selects the C
-        kernel of :mod:`adjcap.rerank.native` for the attention core."""
+        kernel of :mod:`adjcap.rerank.native` for the attention core. With q0 = 0 the caller may
+        pass the (scaled) projection ``qkv`` [B*t, 3d] already computed."""
         d, h, e = self.d, self.h, self.e
         tq = t - q0
         if q0 == 0:
             xq = x
-            qkv = torch.addmm(self.b_qkv, x, self.w_qkv.t())  # [B*t, 3d]
+            if qkv is None:
+                qkv = torch.addmm(self.b_qkv, x, self.w_qkv.t())  # [B*t, 3d]
             q, k, v = qkv[:, :d], qkv[:, d : 2 * d], qkv[:, 2 * d :]
         else:
             xq = x.view(b, t, d)[:, q0:].reshape(b * tq, d)
@@ -84,8 +89,11 @@ class _Layer:
         y, m2, s2 = aten.native_layer_norm(r2, [d], self.g2, self.be2, self.eps2)
         return y, (x, xq, q, k, v, att, o, r1, m1, s1, y1, z, g, r2, m2, s2, fused)
 
-    def backward(self, dy: torch.Tensor, saved, b: int, t: int, q0: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """dy [B*tq, d] -> (dx [B*t, d], grads in ``_LAYER_PARAMS`` order for this layer)."""
+    def backward(self, dy: torch.Tensor, saved, b: int, t: int, q0: int, split: bool = False):
+        """dy [B*tq, d] -> (dx [B*t, d], grads in ``_LAYER_PARAMS`` order for this layer). With
+        ``split`` (q0 = 0 only) dx comes back as its two terms (dr1, dqkv): the residual path and
+        the projection's gradient (scaled space), for a caller that folded the input embedding
+        into the projection and never needs dqkv W_qkv itself."""
         x, xq, q, k, v, att, o, r1, m1, s1, y1, z, g, r2, m2, s2, fused = saved
         d, h, e = self.d, self.h, self.e
         tq = t - q0
@@ -110,7 +118,7 @@ class _Layer:
             _attention_torch_backward(att, do, dq, dk, dv, b, t, tq, h, e)
         if q0 == 0:
             dw_qkv, db_qkv = _wgrad(dqkv, x), dqkv.sum(0)
-            dx = torch.addmm(dr1, dqkv, self.w_qkv)
+            dx = (dr1, dqkv) if split else torch.addmm(dr1, dqkv, self.w_qkv)
         else:
             dwq, dbq = _wgrad(dq, xq), dq.sum(0)
             dwkv, dbkv = _wgrad(dkv, x), dkv.sum(0)
@@ -203,6 +211,14 @@ class MemAttendStep:
         self.role = h.role.weight.detach()
         self.layers = [_Layer(layer) for layer in h.layers]
         self.w_out, self.b_out = h.head.weight.detach(), h.head.bias.detach()
+        # the input embedding is affine, so the first layer's projection folds through it (a
+        # K=5 product instead of K=32): qkv = f (W_qkv W_in)^T + W_qkv (b_in + role) + b_qkv
+        self.tok_bias = self.b_in[None] + self.role  # [2, d]: memory, beam
+        self.fold = len(self.layers) > 1
+        if self.fold:
+            l0 = self.layers[0]
+            self.w_fold = l0.w_qkv.mm(self.w_in)  # [3d, f]
+            self.b_fold = torch.addmm(l0.b_qkv, self.tok_bias, l0.w_qkv.t())  # [2, 3d]
 
     @torch.no_grad()
     def __call__(
@@ -221,10 +237,16 @@ class MemAttendStep:
         d = self.w_in.shape[0]
         beam_mask, memory_mask = beam_mask.to(torch.bool), memory_mask.to(torch.bool)
         feats = torch.cat([memory, beam], dim=1).reshape(b * t, f)
-        x = torch.addmm(self.b_in, feats, self.w_in.t()).view(b, t, d)
-        x[:, :m] += self.role[0]
-        x[:, m:] += self.role[1]
+        x = feats.mm(self.w_in.t()).view(b, t, d)
+        x[:, :m] += self.tok_bias[0]
+        x[:, m:] += self.tok_bias[1]
         x = x.view(b * t, d)
+        qkv0 = None
+        if self.fold:
+            qkv0 = feats.mm(self.w_fold.t()).view(b, t, -1)
+            qkv0[:, :m] += self.b_fold[0]
+            qkv0[:, m:] += self.b_fold[1]
+            qkv0 = qkv0.view(b * t, -1)
         keep: torch.Tensor | None = torch.cat([memory_mask, beam_mask], dim=1)
         # an image with no token at all has no valid candidate either, so nothing flows back
         # from it; letting it attend to its (padding) tokens keeps its values finite
@@ -238,7 +260,7 @@ class MemAttendStep:
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             q0 = m if i == last else 0
-            x, s = layer.forward(x, b, t, q0, keep, fused)
+            x, s = layer.forward(x, b, t, q0, keep, fused, qkv0 if i == 0 else None)
             saved.append((s, q0))
         if not self.layers:
             x = x.view(b, t, d)[:, m:].reshape(b * n, d)
@@ -269,10 +291,20 @@ class MemAttendStep:
             dx = full.view(b * t, d)
         for i in range(len(self.layers) - 1, -1, -1):
             s, q0 = saved[i]
-            dx, layer_grads[i] = self.layers[i].backward(dx, s, b, t, q0)
-        dw_in = _wgrad(dx, feats)
-        per_token = dx.view(b, t, d).sum(0)  # [t, d]: x = f W_in^T + b_in + role[memory | beam]
-        drole = torch.stack([per_token[:m].sum(0), per_token[m:].sum(0)])
+            dx, layer_grads[i] = self.layers[i].backward(dx, s, b, t, q0, split=self.fold and i == 0)
+        # x = f W_in^T + b_in + role[memory | beam]
+        if self.fold:
+            # dx = dr1 + dqkv W_qkv is never formed: W_qkv^T is applied to the small reductions
+            dr1, dqkv = dx
+            w_qkv = self.layers[0].w_qkv
+            dw_in = torch.addmm(_wgrad(dr1, feats), w_qkv.t(), _wgrad(dqkv, feats))
+            r1_tok, qkv_tok = dr1.view(b, t, d).sum(0), dqkv.view(b, t, -1).sum(0)
+            drole = torch.stack([r1_tok[:m].sum(0), r1_tok[m:].sum(0)])
+            drole += torch.stack([qkv_tok[:m].sum(0), qkv_tok[m:].sum(0)]).mm(w_qkv)
+        else:
+            dw_in = _wgrad(dx, feats)
+            per_token = dx.view(b, t, d).sum(0)  # [t, d]
+            drole = torch.stack([per_token[:m].sum(0), per_token[m:].sum(0)])
         db_in = drole.sum(0)
 
         grads: dict[str, torch.Tensor] = {
