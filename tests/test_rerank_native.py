@@ -120,7 +120,7 @@ def test_failed_build_warns_once_and_falls_back(monkeypatch, tmp_path):
 def test_kernel_is_built_once_and_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("ADJCAP_NATIVE_DIR", str(tmp_path))
     assert native.library() is not None
-    built = list(tmp_path.glob("adjcap_attention_*.so"))
+    built = list(tmp_path.glob("adjcap_memattend_*.so"))
     assert len(built) == 1
     mtime = built[0].stat().st_mtime_ns
     native.reset()

@@ -4,7 +4,7 @@
   loss: :func:`adjcap.rerank.borda.listwise_loss`. No reference caption is involved anywhere.
 * Optimiser: Adam (TriFuse lr 1e-2 x 100 epochs, MemAttend lr 3e-3 x 200 epochs by default).
 * Batching: **full batch** by default: one Adam step per epoch, on the gradient of the mean loss
-  over all images. The images are cut into fixed chunks in table order (1024 for TriFuse, 256 for
+  over all images. The images are cut into fixed chunks in table order (2500 for TriFuse, 256 for
   MemAttend, sized so a chunk's working set stays in cache); each chunk's gradient is computed on
   its own and the chunk gradients are summed in chunk order. With ``batch_images=B`` the images
   are cut into fixed minibatches of B images, from one permutation drawn once from the seed; an
@@ -99,7 +99,7 @@ def _check(feats: BeamFeatures, what: str) -> None:
 
 
 # images per chunk (sized so the working set stays in cache); does not change the maths
-CHUNK_IMAGES = {"trifuse": 1024, "memattend": 256}
+CHUNK_IMAGES = {"trifuse": 2500, "memattend": 256}
 
 Chunk = slice | torch.Tensor
 # (chunk, weight) -> (mean loss over the chunk's images, gradients of weight * that loss)

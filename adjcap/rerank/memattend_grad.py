@@ -51,6 +51,7 @@ class _Layer:
         self.w_qkv, self.b_qkv = w * sc[:, None], wb * sc
         self.w_o, self.b_o = attn.out_proj.weight.detach(), attn.out_proj.bias.detach()
         self.w1, self.b1 = layer.linear1.weight.detach(), layer.linear1.bias.detach()
+        self.ffn = self.w1.shape[0]
         self.w2, self.b2 = layer.linear2.weight.detach(), layer.linear2.bias.detach()
         self.g1, self.be1, self.eps1 = layer.norm1.weight.detach(), layer.norm1.bias.detach(), layer.norm1.eps
         self.g2, self.be2, self.eps2 = layer.norm2.weight.detach(), layer.norm2.bias.detach(), layer.norm2.eps
@@ -83,8 +84,11 @@ class _Layer:
             o, att = _attention_torch(q, k, v, keep, b, t, tq, h, e)
         r1 = torch.addmm(self.b_o, o, self.w_o.t()).add_(xq)
         y1, m1, s1 = aten.native_layer_norm(r1, [d], self.g1, self.be1, self.eps1)
-        z = torch.addmm(self.b1, y1, self.w1.t())
-        g = F.gelu(z)
+        if fused and self.ffn % 8 == 0:
+            z, g = native.gelu_bias_forward(y1.mm(self.w1.t()), self.b1)
+        else:
+            z = torch.addmm(self.b1, y1, self.w1.t())
+            g = F.gelu(z)
         r2 = torch.addmm(self.b2, g, self.w2.t()).add_(y1)
         y, m2, s2 = aten.native_layer_norm(r2, [d], self.g2, self.be2, self.eps2)
         return y, (x, xq, q, k, v, att, o, r1, m1, s1, y1, z, g, r2, m2, s2, fused)
@@ -99,7 +103,10 @@ class _Layer:
         tq = t - q0
         dr2, dg2, dbe2 = aten.native_layer_norm_backward(dy, r2, [d], m2, s2, self.g2, self.be2, [True, True, True])
         dw2, db2 = _wgrad(dr2, g), dr2.sum(0)
-        dz = aten.gelu_backward(dr2.mm(self.w2), z)
+        if fused and self.ffn % 8 == 0:
+            dz = native.gelu_backward(dr2.mm(self.w2), z)
+        else:
+            dz = aten.gelu_backward(dr2.mm(self.w2), z)
         dw1, db1 = _wgrad(dz, y1), dz.sum(0)
         dy1 = torch.addmm(dr2, dz, self.w1)
         dr1, dg1, dbe1 = aten.native_layer_norm_backward(dy1, r1, [d], m1, s1, self.g1, self.be1, [True, True, True])

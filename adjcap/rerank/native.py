@@ -1,9 +1,10 @@
-"""The fused attention kernel of ``kernels/attention.c``: compiled on first use, cached, called
-through ctypes.
+"""The fused kernels of ``kernels/memattend.c`` (attention; bias + GELU): compiled on first use,
+cached, called through ctypes.
 
 MemAttend's attention (about 25 tokens, 4 heads of width 8) is the part of fitting that torch ops
 run worst on a CPU: six tiny batched matrix products, a softmax and four layout copies per layer,
 each a separate pass over memory. The C kernel does it in one pass per image and head (AVX2 + FMA).
+The FFN's bias + exact GELU (erf) and its derivative are one pass each as well.
 
 * Used when: x86-64 with AVX2 (``torch.backends.cpu.get_cpu_capability()``), a C compiler
   (``$CC``, else ``cc`` / ``gcc``), head width 8, at most 64 tokens, and ``ADJCAP_NATIVE`` is not
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("kernels") / "attention.c"
+SOURCE = Path(__file__).with_name("kernels") / "memattend.c"
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fno-math-errno", "-fPIC", "-shared", "-std=gnu99"]
 HEAD_WIDTH = 8
 MAX_TOKENS = 64
@@ -73,7 +74,7 @@ def _build() -> ctypes.CDLL:
     src = SOURCE.read_bytes()
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
     key = hashlib.sha256(src + " ".join(FLAGS + version + [platform.machine()]).encode()).hexdigest()[:16]
-    out = cache_dir() / f"adjcap_attention_{key}.so"
+    out = cache_dir() / f"adjcap_memattend_{key}.so"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
@@ -90,7 +91,10 @@ def _build() -> ctypes.CDLL:
     i, l, ptr = ctypes.c_int, ctypes.c_long, ctypes.c_void_p
     lib.attn_fwd.argtypes = [i, i, i, i, ptr, l, ptr, ptr, l, ptr, ptr, l, ptr]
     lib.attn_bwd.argtypes = [i, i, i, i, ptr, l, ptr, ptr, l, ptr, ptr, l, ptr, l, ptr, ptr, l]
-    lib.attn_fwd.restype = lib.attn_bwd.restype = ctypes.c_int
+    lib.gelu_bias_fwd.argtypes = [l, i, ptr, ptr, ptr]
+    lib.gelu_bwd.argtypes = [l, i, ptr, ptr, ptr]
+    for f in (lib.attn_fwd, lib.attn_bwd, lib.gelu_bias_fwd, lib.gelu_bwd):
+        f.restype = ctypes.c_int
     return lib
 
 
@@ -175,3 +179,24 @@ def attention_backward(
     )
     if rc != 0:
         raise ValueError(f"fused attention: unsupported shape (tokens {t}, queries {tq}; at most {MAX_TOKENS})")
+
+
+def gelu_bias_forward(x: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [rows, C] (contiguous, C a multiple of 8) -> (z = x + bias, written into x; gelu(z))."""
+    lib = library()
+    assert lib is not None
+    if not (x.is_contiguous() and x.dtype == torch.float32 and x.shape[1] % 8 == 0):
+        raise ValueError("fused gelu: x must be a contiguous float32 [rows, C] with C a multiple of 8")
+    g = torch.empty_like(x)
+    lib.gelu_bias_fwd(x.shape[0], x.shape[1], _ptr(x), _ptr(bias.contiguous()), _ptr(g))
+    return x, g
+
+
+def gelu_backward(dg: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """d gelu(z) / dz times dg, both [rows, C] contiguous."""
+    lib = library()
+    assert lib is not None
+    dg = dg.contiguous()
+    dz = torch.empty_like(z)
+    lib.gelu_bwd(z.shape[0], z.shape[1], _ptr(dg), _ptr(z), _ptr(dz))
+    return dz
