@@ -15,7 +15,8 @@
   tails of sharp attention otherwise hit the slow denormal path). Because the chunk gradients are
   always summed in the same order, **the result does not depend on the thread count**.
 * Gradients: TriFuse through autograd; MemAttend through the explicit backward of
-  :mod:`adjcap.rerank.memattend_grad` (same gradients, about twice as fast on CPU).
+  :mod:`adjcap.rerank.memattend_grad` with its fused C kernels (same gradients; per core about
+  1.4x faster than autograd, see BENCHMARKS.md).
 * Determinism: ``torch.manual_seed(seed)`` before the head is built, deterministic algorithms on;
   global torch settings are restored afterwards. Same input -> byte-identical weights, losses and
   picks, on any number of threads.

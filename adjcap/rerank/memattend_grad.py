@@ -31,11 +31,6 @@ def _split_heads(x: torch.Tensor, b: int, t: int, h: int, e: int) -> torch.Tenso
     return x.reshape(b, t, h, e).permute(0, 2, 1, 3).reshape(b * h, t, e)
 
 
-def _merge_heads(x: torch.Tensor, b: int, t: int, h: int, e: int) -> torch.Tensor:
-    """[B*h, t, e] -> contiguous [B*t, h*e]."""
-    return x.reshape(b, h, t, e).permute(0, 2, 1, 3).reshape(b * t, h * e)
-
-
 class _Layer:
     """Weights of one post-norm encoder layer, with the attention scale folded into W_q."""
 
