@@ -60,6 +60,17 @@ static inline void store_t(const __m256 xt[E], float *x, long ld, int n) {
         for (int e = 0; e < E; e++) x[l * ld + e] = buf[e][l];
 }
 
+/* lane l: sum_e xt[e][l] * row[e] (xt = 8 rows transposed by load_t; two FMA chains) */
+static inline __m256 lane_dot(const __m256 xt[E], const float *row) {
+    __m256 a0 = _mm256_mul_ps(xt[0], _mm256_broadcast_ss(row));
+    __m256 a1 = _mm256_mul_ps(xt[1], _mm256_broadcast_ss(row + 1));
+    for (int e = 2; e < E; e += 2) {
+        a0 = _mm256_fmadd_ps(xt[e], _mm256_broadcast_ss(row + e), a0);
+        a1 = _mm256_fmadd_ps(xt[e + 1], _mm256_broadcast_ss(row + e + 1), a1);
+    }
+    return _mm256_add_ps(a0, a1);
+}
+
 static inline __m256 lanes_below(int n) {
     return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
 }
@@ -92,16 +103,7 @@ int attn_fwd(int B, int T, int TQ, int H, const float *q, long ldq, const float 
                 /* scores s[j] (lanes = queries) and their max over the valid keys */
                 __m256 mx = _mm256_set1_ps(-INFINITY);
                 for (int j = 0; j < T; j++) {
-                    const float *kj = kh + j * ldkv;
-                    __m256 a0 = _mm256_mul_ps(qt[0], _mm256_broadcast_ss(kj));
-                    __m256 a1 = _mm256_mul_ps(qt[1], _mm256_broadcast_ss(kj + 1));
-                    a0 = _mm256_fmadd_ps(qt[2], _mm256_broadcast_ss(kj + 2), a0);
-                    a1 = _mm256_fmadd_ps(qt[3], _mm256_broadcast_ss(kj + 3), a1);
-                    a0 = _mm256_fmadd_ps(qt[4], _mm256_broadcast_ss(kj + 4), a0);
-                    a1 = _mm256_fmadd_ps(qt[5], _mm256_broadcast_ss(kj + 5), a1);
-                    a0 = _mm256_fmadd_ps(qt[6], _mm256_broadcast_ss(kj + 6), a0);
-                    a1 = _mm256_fmadd_ps(qt[7], _mm256_broadcast_ss(kj + 7), a1);
-                    s[j] = _mm256_add_ps(a0, a1);
+                    s[j] = lane_dot(qt, kh + j * ldkv);
                     if (!kb || kb[j]) mx = _mm256_max_ps(mx, s[j]);
                 }
                 /* softmax over keys, elementwise across the 8 query lanes */
@@ -147,16 +149,7 @@ int attn_bwd(int B, int T, int TQ, int H, const float *q, long ldq, const float 
                 /* dP[j] = dO V^T (lanes = queries); <P, dP> */
                 __m256 dot = _mm256_setzero_ps();
                 for (int j = 0; j < T; j++) {
-                    const float *vj = vh + j * ldkv;
-                    __m256 a0 = _mm256_mul_ps(dot_t[0], _mm256_broadcast_ss(vj));
-                    __m256 a1 = _mm256_mul_ps(dot_t[1], _mm256_broadcast_ss(vj + 1));
-                    a0 = _mm256_fmadd_ps(dot_t[2], _mm256_broadcast_ss(vj + 2), a0);
-                    a1 = _mm256_fmadd_ps(dot_t[3], _mm256_broadcast_ss(vj + 3), a1);
-                    a0 = _mm256_fmadd_ps(dot_t[4], _mm256_broadcast_ss(vj + 4), a0);
-                    a1 = _mm256_fmadd_ps(dot_t[5], _mm256_broadcast_ss(vj + 5), a1);
-                    a0 = _mm256_fmadd_ps(dot_t[6], _mm256_broadcast_ss(vj + 6), a0);
-                    a1 = _mm256_fmadd_ps(dot_t[7], _mm256_broadcast_ss(vj + 7), a1);
-                    const __m256 dp = _mm256_add_ps(a0, a1);
+                    const __m256 dp = lane_dot(dot_t, vh + j * ldkv);
                     _mm256_store_ps(ds[j], dp);
                     dot = _mm256_fmadd_ps(_mm256_loadu_ps(pg + j * 8), dp, dot);
                 }
