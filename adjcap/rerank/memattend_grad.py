@@ -54,13 +54,15 @@ class _Layer:
         self.sc = sc
 
     def forward(
-        self, x: torch.Tensor, b: int, t: int, q0: int, keep: torch.Tensor | None, fused: bool,
+        self, x: torch.Tensor, b: int, t: int, q0: int, mask: torch.Tensor | None, fused: bool,
         qkv: torch.Tensor | None = None,
     ):
-        """x [B*t, d] -> (y [B*tq, d], saved). Queries are tokens q0..t-1 of each image; ``keep``
-        (bool [B, t] or None) marks the tokens that may be attended to; ``fused`` selects the C
-        kernel of :mod:`adjcap.rerank.native` for the attention core. With q0 = 0 the caller may
-        pass the (scaled) projection ``qkv`` [B*t, 3d] already computed."""
+        """x [B*t, d] -> (y [B*tq, d], saved). Queries are tokens q0..t-1 of each image. ``mask``
+        (None: every token may be attended to) comes in the form the attention path reads, made
+        once per chunk by :meth:`MemAttendStep.__call__`: uint8 [B, t] keep flags for the fused C
+        kernel of :mod:`adjcap.rerank.native` (``fused``), an additive [B, 1, t, 1] bias (-inf on
+        tokens not to attend to) for torch ops. With q0 = 0 the caller may pass the (scaled)
+        projection ``qkv`` [B*t, 3d] already computed."""
         d, h, e = self.d, self.h, self.e
         tq = t - q0
         if q0 == 0:
@@ -74,9 +76,9 @@ class _Layer:
             kv = torch.addmm(self.b_qkv[d:], x, self.w_qkv[d:].t())  # [B*t, 2d]
             k, v = kv[:, :d], kv[:, d:]
         if fused:
-            o, att = native.attention_forward(b, t, tq, h, q, k, v, keep)
+            o, att = native.attention_forward(b, t, tq, h, q, k, v, mask)
         else:
-            o, att = _attention_torch(q, k, v, keep, b, t, tq, h, e)
+            o, att = _attention_torch(q, k, v, mask, b, t, tq, h, e)
         r1 = torch.addmm(self.b_o, o, self.w_o.t()).add_(xq)
         y1, m1, s1 = aten.native_layer_norm(r1, [d], self.g1, self.be1, self.eps1)
         if fused and self.ffn % 8 == 0:
@@ -140,14 +142,13 @@ def _wgrad(dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return x.t().mm(dy).t()
 
 
-def _attention_torch(q, k, v, keep, b: int, t: int, tq: int, h: int, e: int):
+def _attention_torch(q, k, v, bias, b: int, t: int, tq: int, h: int, e: int):
     """softmax(q k^T + mask) v with torch ops: rows [B*tq, d] / [B*t, d] -> (o [B*tq, d], saved).
     The products are taken transposed where that gives 25-wide output rows (about twice as fast
     as 8-wide ones), and the softmax runs along the key axis of transposed scores."""
     qh, kh, vh = _split_heads(q, b, tq, h, e), _split_heads(k, b, t, h, e), _split_heads(v, b, t, h, e)
     st = torch.bmm(kh, qh.transpose(1, 2))  # [B*h, t, tq]: scores, keys along dim 1
-    if keep is not None:
-        bias = torch.zeros(keep.shape, dtype=st.dtype).masked_fill_(~keep, float("-inf")).view(b, 1, t, 1)
+    if bias is not None:
         st = (st.view(b, h, t, tq) + bias).view(b * h, t, tq)
     pt = torch.softmax(st, dim=1)
     ot = torch.bmm(vh.transpose(1, 2), pt)  # O^T [B*h, e, tq]
@@ -249,20 +250,24 @@ class MemAttendStep:
             qkv0[:, :m] += self.b_fold[0]
             qkv0[:, m:] += self.b_fold[1]
             qkv0 = qkv0.view(b * t, -1)
-        keep: torch.Tensor | None = torch.cat([memory_mask, beam_mask], dim=1)
+        keep = torch.cat([memory_mask, beam_mask], dim=1)
         # an image with no token at all has no valid candidate either, so nothing flows back
         # from it; letting it attend to its (padding) tokens keeps its values finite
         keep[~keep.any(dim=1)] = True
-        if bool(keep.all()):
-            keep = None
         fused = self.fused
         if fused is None:
             fused = native.usable(d // self.layers[0].h, t) if self.layers else False
+        mask = None  # the attention mask, once per chunk in the form the attention path reads
+        if not bool(keep.all()):
+            if fused:
+                mask = keep.to(torch.uint8)
+            else:
+                mask = torch.zeros(keep.shape, dtype=x.dtype).masked_fill_(~keep, float("-inf")).view(b, 1, t, 1)
         saved = []
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             q0 = m if i == last else 0
-            x, s = layer.forward(x, b, t, q0, keep, fused, qkv0 if i == 0 else None)
+            x, s = layer.forward(x, b, t, q0, mask, fused, qkv0 if i == 0 else None)
             saved.append((s, q0))
         if not self.layers:
             x = x.view(b, t, d)[:, m:].reshape(b * n, d)

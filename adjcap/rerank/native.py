@@ -145,16 +145,18 @@ def _check(name: str, t: torch.Tensor, ld: int) -> None:
 def attention_forward(
     b: int, t: int, tq: int, h: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [B*tq, >=h*8] (scaled), k / v [B*t, >=h*8] row-major views (any row stride), keep uint8
-    [B, t] or None -> (o [B*tq, h*8], saved probabilities). Queries are each image's last tq tokens."""
+    """q [B*tq, >=h*8] (scaled), k / v [B*t, >=h*8] row-major views (any row stride), keep
+    contiguous uint8 [B, t] (nonzero: may be attended to) or None -> (o [B*tq, h*8], saved
+    probabilities). Queries are each image's last tq tokens."""
     lib = library()
     assert lib is not None
     ldq, ldkv = q.stride(0), k.stride(0)
-    _check("q", q, ldq), _check("k", k, ldkv), _check("v", v, ldkv)
+    for name, x, ld in (("q", q, ldq), ("k", k, ldkv), ("v", v, ldkv)):
+        _check(name, x, ld)
+    if keep is not None and (keep.dtype != torch.uint8 or not keep.is_contiguous() or tuple(keep.shape) != (b, t)):
+        raise ValueError(f"fused attention: keep must be a contiguous uint8 [{b}, {t}] tensor")
     o = torch.empty(b * tq, h * HEAD_WIDTH)
     p = torch.empty(b, h, (tq + 7) // 8, t, 8)
-    if keep is not None:
-        keep = keep.to(torch.uint8).contiguous()
     rc = lib.attn_fwd(b, t, tq, h, _ptr(q), ldq, _ptr(k), _ptr(v), ldkv, _ptr(keep), _ptr(o), o.stride(0), _ptr(p))
     if rc != 0:
         raise ValueError(f"fused attention: unsupported shape (tokens {t}, queries {tq}; at most {MAX_TOKENS})")
