@@ -1,4 +1,4 @@
-"""TriFuse / MemAttend: exact parameter counts, the fast MemAttend forward equals the stock
+"""TriFuse / MemAttend: exact parameter counts, MemAttend's forward equals the stock
 transformer layers, and masking (a padded beam scores like the unpadded one)."""
 
 import torch
