@@ -225,6 +225,25 @@ class Config(_Strict):
             out = os.path.expanduser(out)
         return out
 
+    def resolved(self) -> "Config":
+        """A copy with ``{cache}``, ``{data}`` and a leading ``~`` expanded in every string, once, at
+        the edge; everything below takes typed sections whose paths are ready to open. The saved
+        ``config.toml`` keeps the placeholders (write the unresolved config)."""
+        cache = os.path.expanduser(self.paths.cache_dir)
+        data = os.path.expanduser(self.paths.data_dir)
+
+        def expand(v: Any) -> Any:
+            if isinstance(v, str):
+                out = v.replace("{cache}", cache).replace("{data}", data)
+                return os.path.expanduser(out) if out.startswith("~") else out
+            if isinstance(v, dict):
+                return {k: expand(x) for k, x in v.items()}
+            if isinstance(v, list):
+                return [expand(x) for x in v]
+            return v
+
+        return Config.model_validate(expand(self.model_dump(mode="python")))
+
     def path(self, value: str) -> Path:
         resolved = self.resolve(value)
         assert resolved is not None
