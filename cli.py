@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import sys
+import traceback
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, Callable, List, Optional
 
 import typer
 
-from adjcap.config import ConfigError, list_presets, load_config
+from adjcap.config import Config, ConfigError, EvalCfg, list_presets, load_config
+from adjcap.rundir import RunDir
 
 app = typer.Typer(
     help="Adjudicated Captioning: Ray-distributed batch evaluation of zero-shot image captioning.",
@@ -16,17 +18,48 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+STATE = {"debug": False}
 
 PRESET = typer.Option("headline", "--preset", "-p", help="config preset (adjcap config --list)")
 SET = typer.Option(None, "--set", "-s", help="override a config key: --set verifier.model=ID (repeatable)")
 CONFIG_FILE = typer.Option(None, "--config", help="a saved config.toml (e.g. runs/x/config.toml) instead of a preset")
+WORKERS = typer.Option(None, "--workers", "-w", help="actors per pool (default: config ray.workers)")
+ADDRESS = typer.Option(None, help="existing Ray cluster (ray://... or auto); default: a local Ray")
 
 
-def _cfg(preset: str, sets: Optional[List[str]], config_file: Optional[Path], extra: list[str] | None = None):
+@app.callback()
+def main_options(debug: bool = typer.Option(False, "--debug", help="show tracebacks instead of one-line errors")):
+    STATE["debug"] = debug
+
+
+def _typed(**updates: Any) -> dict[str, Any]:
+    """Command-line options as typed config updates; an option the user did not give changes nothing."""
+    return {k: v for k, v in updates.items() if v is not None}
+
+
+def _cfg(preset: str | None, sets: Optional[List[str]], config_file: Optional[Path],
+         updates: dict[str, Any] | None = None) -> Config:
     try:
-        return load_config(None if config_file else preset, [*(sets or []), *(extra or [])], config_file)
+        return load_config(None if config_file else preset, list(sets or []), config_file, updates=updates)
     except ConfigError as e:
         typer.secho(f"error: {e}", fg="red", err=True)
+        raise typer.Exit(2) from None
+
+
+def _run(fn: Callable[[], Any]) -> Any:
+    """Run a job; any failure is one line naming what to do (``--debug``: the traceback)."""
+    try:
+        return fn()
+    except (typer.Exit, typer.Abort):
+        raise
+    except KeyboardInterrupt:
+        typer.secho("interrupted: completed feature parts are kept; rerun the same command to resume", err=True)
+        raise typer.Exit(130) from None
+    except Exception as e:  # noqa: BLE001 - the one place user-facing failures are turned into lines
+        if STATE["debug"]:
+            traceback.print_exc()
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        typer.secho(f"error: {msg}" + ("" if STATE["debug"] else "  (--debug for the traceback)"), fg="red", err=True)
         raise typer.Exit(2) from None
 
 
@@ -48,30 +81,24 @@ def config_cmd(
 @app.command("run-job")
 def run_job(
     benchmark: str = typer.Argument(..., help="coco | flickr30k | nocaps | demo | a configured benchmark name"),
-    workers: int = typer.Option(None, "--workers", "-w", help="actors per pool (default: config ray.workers)"),
+    workers: Optional[int] = WORKERS,
     preset: Optional[str] = typer.Option(None, "--preset", "-p",
                                          help="config preset (default: headline; demo for the demo benchmark)"),
     sets: Optional[List[str]] = SET,
     config_file: Optional[Path] = CONFIG_FILE,
     limit: Optional[int] = typer.Option(None, help="only the first N images of each split"),
-    address: Optional[str] = typer.Option(None, help="existing Ray cluster (ray://... or auto); default: local Ray"),
+    address: Optional[str] = ADDRESS,
     run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="output directory (default runs/<preset>-<benchmark>)"),
     resume: bool = typer.Option(True, "--resume/--fresh", help="skip images already written / start over"),
     evaluate: bool = typer.Option(True, "--evaluate/--no-evaluate", help="fit, predict and evaluate after the features"),
 ):
     """Stream a benchmark through the four actor pools, write features, fit, predict, evaluate."""
-    from jobs import run_benchmark
+    from jobs import demo, run
 
-    extra = [f"benchmark={benchmark}"]
-    if workers is not None:
-        extra.append(f"ray.workers={workers}")
-    if limit is not None:
-        extra.append(f"limit={limit}")
-    if address is not None:
-        extra.append(f"ray.address={address}")
-    preset = preset or ("demo" if benchmark == "demo" else "headline")
-    cfg = _cfg(preset, sets, config_file, extra)
-    _run(lambda: run_benchmark.main(cfg, run_dir=run_dir, resume=resume, evaluate=evaluate))
+    cfg = _cfg(preset or ("demo" if benchmark == "demo" else "headline"), sets, config_file,
+               _typed(**{"benchmark": benchmark, "ray.workers": workers, "limit": limit, "ray.address": address}))
+    job = demo.main if benchmark == "demo" else run.main
+    _run(lambda: job(cfg, run_dir=run_dir, resume=resume, evaluate_after=evaluate))
 
 
 @app.command("encode-corpus")
@@ -79,25 +106,18 @@ def encode_corpus(
     benchmark: str = typer.Option("coco", help="whose training-caption corpus to encode"),
     encoder: Optional[str] = typer.Option(None, help="open_clip model name (default: retrieval.encoder.model)"),
     pretrained: Optional[str] = typer.Option(None, help="open_clip tag or local checkpoint file"),
-    workers: int = typer.Option(None, "--workers", "-w"),
+    workers: Optional[int] = WORKERS,
     preset: str = PRESET,
     sets: Optional[List[str]] = SET,
     config_file: Optional[Path] = CONFIG_FILE,
-    address: Optional[str] = typer.Option(None),
+    address: Optional[str] = ADDRESS,
 ):
     """Encode a caption corpus into a content-addressed index (resumable, sharded over workers)."""
     from jobs import encode_corpus as job
 
-    extra = [f"benchmark={benchmark}"]
-    if encoder:
-        extra.append(f"retrieval.encoder.model={encoder}")
-    if pretrained:
-        extra.append(f"retrieval.encoder.pretrained={pretrained}")
-    if workers is not None:
-        extra.append(f"ray.workers={workers}")
-    if address is not None:
-        extra.append(f"ray.address={address}")
-    cfg = _cfg(preset, sets, config_file, extra)
+    cfg = _cfg(preset, sets, config_file, _typed(**{
+        "benchmark": benchmark, "retrieval.encoder.model": encoder, "retrieval.encoder.pretrained": pretrained,
+        "ray.workers": workers, "ray.address": address}))
     _run(lambda: job.main(cfg))
 
 
@@ -109,8 +129,12 @@ def fit(
     """Fit the rerankers per protocol on a run's feature tables and write predictions."""
     from jobs import fit as job
 
-    cfg = _cfg("headline", sets, run / "config.toml")
-    _run(lambda: job.main(cfg, run))
+    rd = RunDir(run)
+    if not rd.config_path.exists():
+        typer.secho(f"error: {rd.config_path} not found: is {run} a run directory?", fg="red", err=True)
+        raise typer.Exit(2)
+    cfg = _cfg(None, sets, rd.config_path)
+    _run(lambda: job.main(cfg.resolved(), rd))
 
 
 @app.command("evaluate")
@@ -129,8 +153,18 @@ def evaluate(
     """Score predictions: BLEU, METEOR, ROUGE-L, CIDEr, SPICE, CHAIR proxy (and NoCaps domains)."""
     from jobs import evaluate as job
 
-    _run(lambda: job.main(run=run, predictions=predictions, references=references, fmt=fmt, split=split,
-                          out=out, spice_jars=spice_jars, spice=not no_spice, intersection=intersection))
+    eval_updates = _typed(**{"eval.spice_jars": str(spice_jars) if spice_jars else None})
+    eval_updates["eval.spice"] = not no_spice
+    if run is not None:
+        rd = RunDir(run)
+        cfg = _cfg(None, None, rd.config_path, eval_updates)
+        _run(lambda: job.evaluate_saved_run(cfg, rd, intersection=intersection))
+        return
+    if predictions is None or references is None:
+        typer.secho("error: give --run DIR, or --predictions PRED.json with --references REFS", fg="red", err=True)
+        raise typer.Exit(2)
+    eval_cfg = EvalCfg(spice=not no_spice, spice_jars=str(spice_jars) if spice_jars else None)
+    _run(lambda: job.evaluate_file(eval_cfg, predictions, references, fmt, split, out, intersection=intersection))
 
 
 @app.command("report")
@@ -153,7 +187,7 @@ def demo(
     """The whole job on the built-in demo world with tiny models on a local Ray."""
     from jobs import demo as job
 
-    cfg = _cfg("demo", sets, None, [f"ray.workers={workers}"])
+    cfg = _cfg("demo", sets, None, {"ray.workers": workers})
     _run(lambda: job.main(cfg, run_dir))
 
 
@@ -163,14 +197,6 @@ def doctor(preset: str = PRESET, sets: Optional[List[str]] = SET):
     from adjcap.doctor import report as doctor_report
 
     typer.echo(doctor_report(_cfg(preset, sets, None)))
-
-
-def _run(fn):
-    try:
-        return fn()
-    except (ConfigError, FileNotFoundError, ValueError) as e:
-        typer.secho(f"error: {e}", fg="red", err=True)
-        raise typer.Exit(2) from None
 
 
 def main() -> None:

@@ -7,15 +7,16 @@ from typing import Any
 from actors.transport import pack, unpack
 from adjcap import stages
 from adjcap.config import Config
-from adjcap.pipeline import load_captioner_role
+from adjcap.models.roles import load_captioner
 
 
 class CaptionerActor:
-    def __init__(self, cfg: dict):
-        self.cfg = Config.model_validate(cfg)
-        self.captioner, self.clip, self.vocabulary = load_captioner_role(self.cfg)
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.role = load_captioner(cfg.captioner, cfg.device)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         states = unpack(batch)
-        stages.caption(states, self.captioner, self.clip, self.cfg, self.vocabulary)
+        r = self.role
+        stages.caption(states, r.captioner, r.clip, self.cfg.captioner, r.vocabulary)
         return pack(states)

@@ -5,23 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from actors.transport import pack
-from adjcap.data.images import decode_image
-from adjcap.stages import ImageState
+from adjcap.stages import decode_state
 
 
 def decode_batch(batch: dict[str, Any]) -> dict[str, Any]:
-    states = []
-    for i in range(len(batch["image_id"])):
-        s = ImageState(
-            image_id=str(batch["image_id"][i]),
-            benchmark=str(batch["benchmark"][i]),
-            split=str(batch["split"][i]),
-            domain=str(batch["domain"][i] or "") or None,
-        )
-        d = decode_image(batch["image_path"][i])
-        if d.error:
-            s.error = f"decode: {d.error}"
-        else:
-            s.image = d.image
-        states.append(s)
-    return pack(states)
+    return pack([
+        decode_state(str(batch["image_id"][i]), str(batch["benchmark"][i]), str(batch["split"][i]),
+                     str(batch["domain"][i] or "") or None, str(batch["image_path"][i] or "") or None)
+        for i in range(len(batch["image_id"]))
+    ])

@@ -3,27 +3,28 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
+import ray
 
-from adjcap import index as idx
 from adjcap.config import Config
-from adjcap.pipeline import encode_shard, load_retrieval_encoder
+from adjcap.index import encode_range
+from adjcap.models.roles import load_retrieval_encoder
 
 
 class CorpusEncoderActor:
-    def __init__(self, cfg: dict, out_dir: str, shared_corpus: Callable[[], tuple[list[str], np.ndarray]]):
-        self.cfg = Config.model_validate(cfg)
+    def __init__(self, cfg: Config, out_dir: str, corpus_ref: ray.ObjectRef):
+        """``cfg`` resolved; ``corpus_ref``: (texts, ids), put once by the job."""
+        self.cfg = cfg
         self.out = Path(out_dir)
-        self.encoder = load_retrieval_encoder(self.cfg, towers=("text",))
-        self.texts, self.ids = shared_corpus()
+        self.encoder = load_retrieval_encoder(cfg.retrieval.encoder, cfg.device, towers=("text",))
+        self.texts, self.ids = ray.get(corpus_ref)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         done = []
         for shard, start, end in zip(batch["shard"], batch["start"], batch["end"]):
-            shard, start, end = int(shard), int(start), int(end)
-            vecs = encode_shard(self.encoder, self.texts[start:end])
-            idx.write_shard(self.out, shard, vecs, self.ids[start:end], precision=self.cfg.retrieval.index_precision)
-            done.append(shard)
+            encode_range(self.encoder, self.texts, self.ids, int(shard), int(start), int(end), self.out,
+                         self.cfg.retrieval.index_precision)
+            done.append(int(shard))
         return {"shard": np.array(done, dtype=np.int64)}

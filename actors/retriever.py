@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
+
+import ray
 
 from actors.transport import pack, unpack
 from adjcap import stages
 from adjcap.config import Config
 from adjcap.index import CaptionIndex
-from adjcap.pipeline import load_retrieval_encoder
+from adjcap.models.roles import load_retrieval_encoder
 
 
 class RetrieverActor:
-    def __init__(self, cfg: dict, shared_index: Callable[[], tuple[Any, Any, str, list[str]]]):
-        self.cfg = Config.model_validate(cfg)
-        self.encoder = load_retrieval_encoder(self.cfg, towers=("image",))
-        vectors, ids, precision, self.texts = shared_index()
-        self.index = CaptionIndex.from_arrays(vectors, ids, device=self.cfg.device, precision=precision)
+    def __init__(self, cfg: Config, index_ref: ray.ObjectRef):
+        """``cfg`` resolved; ``index_ref``: (vectors, ids, precision, corpus texts), put once by the job."""
+        self.cfg = cfg
+        self.encoder = load_retrieval_encoder(cfg.retrieval.encoder, cfg.device, towers=("image",))
+        vectors, ids, precision, self.texts = ray.get(index_ref)
+        self.index = CaptionIndex.from_arrays(vectors, ids, device=cfg.device, precision=precision)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         states = unpack(batch)

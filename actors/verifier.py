@@ -7,13 +7,13 @@ from typing import Any
 from actors.transport import pack, unpack
 from adjcap import stages
 from adjcap.config import Config
-from adjcap.pipeline import load_verifier_role
+from adjcap.models.roles import load_verifier
 
 
 class VerifierActor:
-    def __init__(self, cfg: dict):
-        self.cfg = Config.model_validate(cfg)
-        self.verifier = load_verifier_role(self.cfg)
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.verifier = load_verifier(cfg.verifier, cfg.device)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         states = unpack(batch)

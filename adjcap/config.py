@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 import tomllib
+
+import tomli_w
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -263,48 +265,13 @@ class Config(_Strict):
         return self.benchmarks[name]
 
     def to_toml(self) -> str:
-        return dumps_toml(self.model_dump(mode="json", exclude_none=True))
+        return tomli_w.dumps(self.model_dump(mode="json", exclude_none=True))
 
 
 def default_benchmarks() -> dict[str, BenchmarkCfg]:
-    return {
-        "coco": BenchmarkCfg(
-            format="ifcap",
-            annotations="{data}/ifcap/annotations/coco/test_captions.json",
-            annotations_by_split={
-                "test": "{data}/ifcap/annotations/coco/test_captions.json",
-                "val": "{data}/ifcap/annotations/coco/val_captions.json",
-            },
-            images="{data}/coco/val2014",
-            corpus="{data}/ifcap/annotations/coco/train_captions.json",
-        ),
-        "flickr30k": BenchmarkCfg(
-            format="ifcap",
-            annotations="{data}/ifcap/annotations/flickr30k/test_captions.json",
-            annotations_by_split={
-                "test": "{data}/ifcap/annotations/flickr30k/test_captions.json",
-                "val": "{data}/ifcap/annotations/flickr30k/val_captions.json",
-            },
-            images="{data}/flickr30k/images",
-            corpus="{data}/ifcap/annotations/flickr30k/train_captions.json",
-        ),
-        "nocaps": BenchmarkCfg(
-            format="nocaps",
-            annotations="{data}/ifcap/annotations/nocaps/nocaps_corpus.json",
-            images="{data}/nocaps/val",
-            corpus="{data}/ifcap/annotations/coco/train_captions.json",
-        ),
-        "demo": BenchmarkCfg(
-            format="ifcap",
-            annotations="{cache}/demo/annotations/test_captions.json",
-            annotations_by_split={
-                "test": "{cache}/demo/annotations/test_captions.json",
-                "val": "{cache}/demo/annotations/val_captions.json",
-            },
-            images="{cache}/demo/images",
-            corpus="{cache}/demo/annotations/train_captions.json",
-        ),
-    }
+    """The built-in benchmark table (``adjcap/benchmarks.toml``)."""
+    data = tomllib.loads((resources.files("adjcap") / "benchmarks.toml").read_text(encoding="utf-8"))
+    return {name: BenchmarkCfg.model_validate(b) for name, b in data.items()}
 
 
 # --------------------------------------------------------------------------------------------
@@ -369,15 +336,20 @@ def parse_value(text: str) -> Any:
 
 
 def apply_override(data: dict[str, Any], assignment: str) -> None:
+    """Apply one ``key.path=value`` override (the value parsed as TOML, else a bare string)."""
     if "=" not in assignment:
         raise ConfigError(f"override '{assignment}' must look like key.path=value")
     key, raw = assignment.split("=", 1)
-    key = key.strip()
+    value = parse_value(raw)
+    set_key(data, key.strip(), None if value in ("none", "null") else value)
+
+
+def set_key(data: dict[str, Any], key: str, value: Any) -> None:
+    """Set a dotted key to an already typed value; an unknown key is an error naming it."""
     parts = key.split(".")
     cur: Any = data
     model: Any = Config
     for i, part in enumerate(parts):
-        last = i == len(parts) - 1
         # walk the schema to reject unknown keys with the full dotted name
         if model is not None and isinstance(model, type) and issubclass(model, BaseModel):
             fields = model.model_fields
@@ -386,14 +358,10 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
                     f"unknown config key '{'.'.join(parts[: i + 1])}'; "
                     f"valid keys here: {', '.join(sorted(fields))}"
                 )
-            ann = fields[part].annotation
-            model = _model_of(ann)
+            model = _model_of(fields[part].annotation)
         elif model == "dict":
             model = _dict_value_model(parts[i - 1]) if i > 0 else None
-        if last:
-            value = parse_value(raw)
-            if value == "none" or value == "null":
-                value = None
+        if i == len(parts) - 1:
             cur[part] = value
         else:
             nxt = cur.get(part)
@@ -425,8 +393,10 @@ def load_config(
     preset: str | None = "headline",
     overrides: list[str] | tuple[str, ...] = (),
     config_file: str | Path | None = None,
+    updates: dict[str, Any] | None = None,
 ) -> Config:
-    """Preset (or a saved config.toml) + overrides -> validated Config."""
+    """Preset (or a saved config.toml) + ``key=value`` overrides + typed ``updates`` ({dotted key:
+    value}, e.g. from command-line options; applied last) -> validated Config."""
     if config_file is not None:
         p = Path(config_file)
         if not p.exists():
@@ -447,6 +417,8 @@ def load_config(
     data = full
     for ov in overrides:
         apply_override(data, ov)
+    for key, value in (updates or {}).items():
+        set_key(data, key, value)
     try:
         cfg = Config.model_validate(data)
     except ValidationError as e:
@@ -463,39 +435,3 @@ def _explain(e: ValidationError) -> str:
         else:
             lines.append(f"bad value for '{key}': {err['msg']} (got {err.get('input')!r})")
     return "invalid configuration:\n  " + "\n  ".join(lines)
-
-
-# --------------------------------------------------------------------------------------------
-# A small TOML writer (tomllib reads only); enough for the config's types.
-# --------------------------------------------------------------------------------------------
-
-
-def _toml_scalar(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(v, list):
-        return "[" + ", ".join(_toml_scalar(x) for x in v) + "]"
-    raise TypeError(f"cannot write {type(v).__name__} to TOML")
-
-
-def dumps_toml(data: dict[str, Any], _prefix: str = "") -> str:
-    scalars = [(k, v) for k, v in data.items() if not isinstance(v, dict)]
-    tables = [(k, v) for k, v in data.items() if isinstance(v, dict)]
-    out = []
-    if _prefix and (scalars or not tables):
-        out.append(f"[{_prefix}]")
-    for k, v in scalars:
-        out.append(f"{_key(k)} = {_toml_scalar(v)}")
-    if out:
-        out.append("")
-    for k, v in tables:
-        out.append(dumps_toml(v, f"{_prefix}.{_key(k)}" if _prefix else _key(k)))
-    return "\n".join(out)
-
-
-def _key(k: str) -> str:
-    return k if k.replace("_", "").replace("-", "").isalnum() else _toml_scalar(k)

@@ -37,9 +37,10 @@ def _hf_cached(repo: str) -> bool:
 
 
 def _model_status(cfg: Config, value: str | None, kind: str) -> str:
+    """``cfg`` resolved: ``value`` is a path, hub id or tag as the loaders will see it."""
     if value is None:
         return "random weights"
-    resolved = cfg.resolve(value)
+    resolved = value
     if resolved and (Path(resolved).exists() or "/" in resolved and Path(resolved).is_absolute()):
         return f"{resolved}: {'found' if Path(resolved).exists() else 'MISSING'}"
     if kind == "hf":
@@ -50,6 +51,7 @@ def _model_status(cfg: Config, value: str | None, kind: str) -> str:
 def report(cfg: Config) -> str:
     import torch
 
+    cfg = cfg.resolved()
     lines = [f"python      {platform.python_version()} ({platform.machine()})",
              f"torch       {torch.__version__}"]
     if torch.cuda.is_available():

@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from adjcap import entities as ent
-from adjcap.config import Config
+from adjcap.config import CaptionerCfg
+from adjcap.data.images import decode_image
 from adjcap.features import empty_row
 
 
@@ -60,6 +61,21 @@ class ImageState:
                 candidates=self.candidates,
             )
         return row
+
+
+def decode_state(image_id: str, benchmark: str, split: str, domain: str | None,
+                 image_path: str | None) -> ImageState:
+    """A fresh state with its image decoded (or its ``error`` set: missing file, truncated JPEG, ...)."""
+    s = ImageState(image_id=image_id, benchmark=benchmark, split=split, domain=domain or None)
+    if not image_path:
+        s.error = "decode: the record has no image path"
+        return s
+    d = decode_image(image_path)
+    if d.error:
+        s.error = f"decode: {d.error}"
+    else:
+        s.image = d.image
+    return s
 
 
 # --------------------------------------------------------------------------------------------
@@ -174,11 +190,11 @@ def caption(
     states: list[ImageState],
     captioner,
     clip,
-    cfg: Config,
+    ccfg: CaptionerCfg,
     vocabulary: tuple[list[str], torch.Tensor] | None = None,
 ) -> list[ImageState]:
-    """Run the unchanged IFCap captioner on the verified pool; emit a beam of N candidates."""
-    ccfg = cfg.captioner
+    """Run the unchanged IFCap captioner on the verified pool; emit a beam of N candidates.
+    ``ccfg`` is the resolved captioner section."""
     ecfg = ccfg.entities
 
     def run(batch: list[ImageState]) -> None:
@@ -196,7 +212,7 @@ def caption(
                 start += len(ts)
             entity_lists = []
             if ecfg.mode == "frequency":
-                tagger, lemmatize = _tagger(cfg.resolve(ecfg.tagger))
+                tagger, lemmatize = _tagger(ecfg.tagger)
                 for s in batch:
                     counts = ent.count_nouns(entity_pool(s, ecfg.pool), tagger=tagger, lemmatize=lemmatize)
                     entity_lists.append(ent.filter_entities(counts, ecfg.threshold))

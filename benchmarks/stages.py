@@ -24,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from adjcap import stages  # noqa: E402
 from adjcap.config import load_config  # noqa: E402
-from adjcap.pipeline import Models, decode_into, encode_shard, load_models, new_states  # noqa: E402
+from adjcap.models.roles import CaptionerRole  # noqa: E402
+from adjcap.pipeline import Models, load_models  # noqa: E402
 
 
 def _sync() -> None:
@@ -45,7 +46,8 @@ def bench_stages(label: str, models: Models, cfg, states_factory, n_images: int,
     warm = states_factory(min(batch, n_images))
     stages.retrieve(warm, models.retrieval, models.index, models.corpus_texts, cfg.retrieval.top_l)
     stages.verify(warm, models.verifier, cfg.verifier.keep)
-    stages.caption(warm, models.captioner, models.captioner_clip, cfg, models.vocabulary)
+    c = models.captioner
+    stages.caption(warm, c.captioner, c.clip, cfg.captioner, c.vocabulary)
     stages.score(warm, models.retrieval, models.verifier)
     totals = {"retrieve": 0.0, "verify": 0.0, "caption": 0.0, "score": 0.0}
     for start in range(0, n_images, batch):
@@ -53,8 +55,7 @@ def bench_stages(label: str, models: Models, cfg, states_factory, n_images: int,
         totals["retrieve"] += _time(lambda: stages.retrieve(st, models.retrieval, models.index, models.corpus_texts,
                                                              cfg.retrieval.top_l))
         totals["verify"] += _time(lambda: stages.verify(st, models.verifier, cfg.verifier.keep))
-        totals["caption"] += _time(lambda: stages.caption(st, models.captioner, models.captioner_clip, cfg,
-                                                          models.vocabulary))
+        totals["caption"] += _time(lambda: stages.caption(st, c.captioner, c.clip, cfg.captioner, c.vocabulary))
         totals["score"] += _time(lambda: stages.score(st, models.retrieval, models.verifier))
         errors = [s.error for s in st if s.error]
         if errors:
@@ -74,18 +75,17 @@ def tiny(args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load_config("demo", [f"paths.cache_dir={tmp}", "device=cpu"])
         prepare(cfg)
+        cfg = cfg.resolved()
         models = load_models(cfg)
         recs = read_records(cfg)["test"]
 
         def factory(n: int):
             chosen = [recs[i % len(recs)] for i in range(n)]
-            st = new_states(chosen, cfg.benchmark)
-            decode_into(st, chosen)
-            return st
+            return [stages.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path) for r in chosen]
 
         bench_stages("tiny models, cpu (demo world)", models, cfg, factory, args.images, args.batch)
         texts = list(models.corpus_texts)
-        dt = _time(lambda: encode_shard(models.retrieval, texts))
+        dt = _time(lambda: models.retrieval.encode_texts(texts, normalize=True))
         print(f"  corpus encode: {len(texts)} captions in {dt:.2f}s = {len(texts) / dt:.0f} captions/s")
 
 
@@ -98,7 +98,7 @@ def real(args) -> None:
     from benchmarks.encoders import captions, real_verifier
 
     dev = torch.device("cuda")
-    cfg = load_config("headline", ["device=cuda", "captioner.entities.mode=none"])
+    cfg = load_config("headline", ["device=cuda", "captioner.entities.mode=none"]).resolved()
     retrieval = load_dual_encoder("ViT-bigG-14", None, device="cuda", precision="bf16")
     clip = load_dual_encoder("ViT-B-32", None, device="cuda", precision="fp16")
     verifier = real_verifier(dev)
@@ -109,7 +109,7 @@ def real(args) -> None:
     index = CaptionIndex.from_arrays(vecs, device="cuda", precision="fp16")
     corpus = captions(4096)
     corpus_texts = [corpus[i % len(corpus)] for i in range(n)]
-    models = Models(retrieval, index, corpus_texts, verifier, captioner, clip)
+    models = Models(retrieval, index, corpus_texts, verifier, CaptionerRole(captioner, clip))
     images = [Image.fromarray(rng.integers(0, 255, (480, 640, 3), dtype=np.uint8)) for _ in range(16)]
 
     def factory(k: int):
@@ -121,7 +121,7 @@ def real(args) -> None:
     bench_stages(f"real-size random weights, {torch.cuda.get_device_name()}", models, cfg, factory,
                  args.images, args.batch)
     sample = corpus_texts[:65536]
-    dt = _time(lambda: encode_shard(retrieval, sample))
+    dt = _time(lambda: retrieval.encode_texts(sample, normalize=True))
     print(f"  corpus encode (bigG text, bf16): {len(sample) / dt:.0f} captions/s "
           f"-> {n / (len(sample) / dt):.0f}s for the 566,747-caption corpus")
 

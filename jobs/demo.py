@@ -1,5 +1,5 @@
-"""`make demo`: build the demo world and the tiny models, then the main job end to end on a local Ray:
-encode-corpus -> run-job -> fit -> evaluate -> report."""
+"""`make demo`: build the demo world and its tiny models (cached), then the main job end to end on a
+local Ray: encode-corpus -> run-job -> fit -> evaluate -> report."""
 
 from __future__ import annotations
 
@@ -8,18 +8,20 @@ from pathlib import Path
 from adjcap.config import Config
 from adjcap.data.demo import build_demo_world, demo_corpus_texts
 from adjcap.models.tiny import build_tiny_world
-from jobs import run_benchmark
+from adjcap.rundir import RunDir
+from jobs import run
 
 
 def prepare(cfg: Config) -> None:
-    demo_root = cfg.cache_dir / "demo"
-    build_demo_world(demo_root, seed=cfg.seed)
-    build_tiny_world(cfg.cache_dir, demo_corpus_texts(demo_root), seed=cfg.seed)
+    """The demo world and tiny models under ``{cache}`` (built once, then reused)."""
+    cache = Path(cfg.resolved().paths.cache_dir)
+    build_demo_world(cache / "demo", seed=cfg.seed)
+    build_tiny_world(cache, demo_corpus_texts(cache / "demo"), seed=cfg.seed)
 
 
-def main(cfg: Config, run_dir: Path) -> Path:
+def main(cfg: Config, run_dir: str | Path | None = None, resume: bool = True, evaluate_after: bool = True) -> RunDir:
     prepare(cfg)
-    out = run_benchmark.main(cfg, run_dir=run_dir, resume=True, evaluate=True)
-    print(f"report: {Path(out) / 'report.md'} and {Path(out) / 'report.html'}")
-    print(out)
+    out = run.main(cfg, run_dir=run_dir, resume=resume, evaluate_after=evaluate_after)
+    print(f"report: {out.report_md} and {out.report_html}")
+    print(out.path)
     return out

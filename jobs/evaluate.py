@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from adjcap.config import Config
+from adjcap.config import Config, EvalCfg
+from adjcap.metrics.evaluate import evaluate_predictions, evaluate_run, format_table
+from adjcap.report import write_report
+from adjcap.rundir import RunDir
 
 
-def evaluate_run_dir(cfg: Config, run_dir: Path) -> dict:
-    from adjcap.metrics.evaluate import evaluate_run, format_table
-
-    out = evaluate_run(run_dir, eval_cfg=cfg.eval, cache_dir=cfg.cache_dir)
+def evaluate_run_dir(eval_cfg: EvalCfg, cache_dir: str | Path, run: RunDir, intersection: bool = False) -> dict:
+    """Score every predictions file of a run (``eval_cfg`` resolved); print one table per picker."""
+    out = evaluate_run(run, eval_cfg=eval_cfg, cache_dir=cache_dir,
+                       on_missing="intersection" if intersection else "error")
     for proto, doc in out.items():
         for picker, res in doc["pickers"].items():
             print(f"[{proto} / {picker}]")
@@ -18,22 +21,15 @@ def evaluate_run_dir(cfg: Config, run_dir: Path) -> dict:
     return out
 
 
-def main(*, run: Path | None, predictions: Path | None, references: Path | None, fmt: str, split: str | None,
-         out: Path | None, spice_jars: Path | None, spice: bool, intersection: bool = False) -> dict:
-    from adjcap.config import EvalCfg
-    from adjcap.metrics.evaluate import evaluate_predictions, format_table
+def evaluate_saved_run(cfg: Config, run: RunDir, intersection: bool = False) -> dict:
+    """``adjcap evaluate --run DIR``: the run's own config, with the caller's eval settings."""
+    cfg = cfg.resolved()
+    return evaluate_run_dir(cfg.eval, cfg.paths.cache_dir, run, intersection=intersection)
 
-    eval_cfg = EvalCfg(spice=spice, spice_jars=str(spice_jars) if spice_jars else None)
-    if run is not None:
-        from adjcap.config import load_config
 
-        cfg = load_config(config_file=run / "config.toml")
-        cfg.eval.spice = spice
-        if spice_jars:
-            cfg.eval.spice_jars = str(spice_jars)
-        return evaluate_run_dir(cfg, run)
-    if predictions is None or references is None:
-        raise ValueError("give --run DIR, or --predictions PRED.json with --references REFS")
+def evaluate_file(eval_cfg: EvalCfg, predictions: Path, references: Path, fmt: str, split: str | None,
+                  out: Path | None, intersection: bool = False) -> dict:
+    """``adjcap evaluate --predictions P --references R``."""
     result = evaluate_predictions(predictions, references, fmt=fmt, split=split, spice_cfg=eval_cfg, out=out,
                                   on_missing="intersection" if intersection else "error")
     print(format_table(result))
@@ -43,8 +39,6 @@ def main(*, run: Path | None, predictions: Path | None, references: Path | None,
 
 
 def report(runs: list[Path], out: Path | None) -> dict:
-    from adjcap.report import write_report
-
     written = write_report([Path(r) for r in runs], out)
     print(f"report: {written['markdown']}")
     print(f"gallery: {written['html']}")

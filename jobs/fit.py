@@ -1,44 +1,72 @@
-"""On the driver: read a run's feature tables, run the configured protocol (fit the heads when it
-learns), and write one COCO-results predictions file per picker into predictions/<protocol>/.
+"""The fit step: read a run's feature tables, run the configured protocol (fitting the heads when it
+learns), and write one COCO-results predictions file per applicable picker into
+``predictions/<protocol>/``.
 
 Besides the configured picker, the same beam dump is also picked by the LM alone (IFCap's own pick),
 each frozen scorer alone and the fixed fusion, and - when heads were fit - TriFuse and MemAttend
-alone, so the report can show the paper's ablation rows side by side."""
+alone, so the report can show the paper's ablation rows side by side. A picker whose inputs the run
+lacks (e.g. ``verifier`` in a preset without a verifier) is skipped and reported as not applicable.
+
+Where the fit runs: ``rerank.device`` (auto) picks CUDA when a GPU is there - inside a Ray session, a
+Ray task holding one GPU of the cluster; otherwise on this process's CPU."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+from typing import Any
+
+import ray
+import torch
 
 from adjcap.config import Config
-from adjcap.io import atomic_write_json
 from adjcap.rerank import LEARNED_PICKERS, TRAINING_FREE_PICKERS, load_features, pick, run_protocol, save_heads
-from jobs.run_benchmark import features_dir, read_features
+from adjcap.rundir import RunDir
+from jobs.ray_session import has_gpus
 
 
-def _coco_ids(run_dir: Path, cfg: Config, split: str) -> dict[str, int]:
-    p = run_dir / "references" / f"{cfg.benchmark}-{split}.coco_ids.json"
-    return json.loads(p.read_text()) if p.exists() else {}
-
-
-def main(cfg: Config, run_dir: Path) -> dict:
-    run_dir = Path(run_dir)
+def needed_splits(cfg: Config) -> list[str]:
     r = cfg.rerank
     needed = {r.apply_split}
     if r.protocol == "inductive" or r.select:
         needed.add(r.fit_split)
+    return sorted(needed)
+
+
+def read_tables(cfg: Config, run: RunDir) -> dict[str, Any]:
+    r = cfg.rerank
     tables = {}
-    for split in sorted(needed):
-        if not features_dir(run_dir, cfg.benchmark, split).exists():
+    for split in needed_splits(cfg):
+        if not run.has_features(cfg.benchmark, split):
             raise FileNotFoundError(
-                f"{features_dir(run_dir, cfg.benchmark, split)} is missing: protocol '{r.protocol}' needs the "
+                f"{run.features_dir(cfg.benchmark, split)} has no features: protocol '{r.protocol}' needs the "
                 f"'{split}' split; add it to `splits` (e.g. --set 'splits=[\"val\",\"test\"]') and rerun run-job"
             )
-        tables[split] = read_features(run_dir, cfg.benchmark, split)
-    result = run_protocol(cfg, tables)
+        tables[split] = run.read_features(cfg.benchmark, split)
+    return tables
+
+
+def fit_protocol(cfg: Config, tables: dict[str, Any]):
+    """Run the protocol where ``rerank.device`` says: a one-GPU Ray task when the Ray cluster this
+    process is connected to has a GPU, the local GPU when not connected, else this CPU."""
+    requested = cfg.rerank.device
+    if ray.is_initialized():
+        gpu = has_gpus()
+    else:
+        gpu = torch.cuda.is_available()
+    device = "cuda" if (requested == "cuda" or (requested == "auto" and gpu)) else "cpu"
+    if device == "cuda" and ray.is_initialized():
+        task = ray.remote(num_gpus=1, num_cpus=1)(run_protocol)
+        print("fit: in a Ray task holding one GPU")
+        return ray.get(task.remote(cfg.model_copy(update={"device": "cuda"}), tables))
+    return run_protocol(cfg.model_copy(update={"device": device}), tables)
+
+
+def main(cfg: Config, run: RunDir) -> dict[str, str]:
+    r = cfg.rerank
+    tables = read_tables(cfg, run)
+    result = fit_protocol(cfg, tables)
     if result.heads is not None:
-        save_heads(run_dir / "heads", result.heads, meta=result.summary())
-    atomic_write_json(run_dir / "fit" / f"{r.protocol}.json", result.summary())
+        save_heads(run.heads_dir, result.heads, meta=result.summary())
+    run.write_fit_summary(r.protocol, result.summary())
 
     apply = load_features(tables[r.apply_split], lm_feature=cfg.scorer.lm_feature,
                           memory_tokens=r.memattend.memory_tokens)
@@ -47,8 +75,7 @@ def main(cfg: Config, run_dir: Path) -> dict:
         pickers += [p for p in LEARNED_PICKERS if p not in pickers]
     if r.picker not in pickers:
         pickers.append(r.picker)
-    coco_ids = _coco_ids(run_dir, cfg, r.apply_split)
-    out_dir = run_dir / "predictions" / r.protocol
+    coco_ids = run.coco_ids(cfg.benchmark, r.apply_split)
     written = {}
     for name in pickers:
         if name == r.picker:
@@ -63,10 +90,8 @@ def main(cfg: Config, run_dir: Path) -> dict:
             if iid in coco_ids:
                 e["coco_id"] = coco_ids[iid]
             entries.append(e)
-        path = out_dir / f"{name}.json"
-        atomic_write_json(path, entries)
-        written[name] = str(path)
+        written[name] = str(run.write_predictions(r.protocol, name, entries))
     print(f"fit: protocol {r.protocol}, picker {r.picker}"
           + (f", heads fit on {result.n_fit_images} images of '{result.fit_split}'" if result.heads is not None else "")
-          + f"; predictions for {len(written)} pickers in {out_dir}")
+          + f"; predictions for {len(written)} pickers in {run.predictions_dir(r.protocol)}")
     return written

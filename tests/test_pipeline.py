@@ -110,14 +110,15 @@ def test_contrastive_decoding_option_changes_the_beam_scores(demo_cfg, models, t
 
 def test_clip_classifier_entities_path(demo_cfg, models, test_records):
     """NoCaps' entity path: top-3 vocabulary entries by CLIP with the 7-template ensemble, p >= threshold."""
-    from adjcap.pipeline import load_entity_vocabulary
+    from adjcap.models.roles import CaptionerRole, entity_vocabulary
 
     cfg = demo_cfg.model_copy(deep=True)
     cfg.captioner.entities.mode = "clip_classifier"
     cfg.captioner.entities.classifier_threshold = 0.0
-    names, emb = load_entity_vocabulary(cfg, models.captioner_clip)
+    names, emb = entity_vocabulary(cfg.resolved().captioner, models.captioner.clip)
     assert names == sorted(names) and emb.shape[0] == len(names)
-    m = type(models)(**{**models.__dict__, "vocabulary": (names, emb)})
+    role = CaptionerRole(models.captioner.captioner, models.captioner.clip, (names, emb))
+    m = type(models)(**{**models.__dict__, "captioner": role})
     rows = run_pipeline(test_records[:2], cfg, m)
     for row in rows:
         assert row["error"] is None

@@ -7,8 +7,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from adjcap.pipeline import run_pipeline
-from jobs import run_benchmark
-from jobs.run_benchmark import done_ids, features_dir, read_features, read_records
+from adjcap.rundir import RunDir
+from jobs import run
+from jobs.run_benchmark import read_records
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +34,7 @@ def job(demo_cfg, tmp_path_factory):
 
 
 def _ids(run_dir, cfg, split):
-    t = read_features(run_dir, cfg.benchmark, split)
+    t = RunDir(run_dir).read_features(cfg.benchmark, split)
     return t.column("image_id").to_pylist()
 
 
@@ -63,17 +64,17 @@ def test_one_row_per_image_no_duplicates(job):
 
 def test_rerun_does_no_work_and_deleting_a_part_restores_exactly_it(job):
     cfg, run_dir, _ = job
-    run_benchmark.main(cfg, run_dir=run_dir, evaluate=False)
-    summary = json.loads((run_dir / "features" / "summary.json").read_text())["splits"]
+    rd = RunDir(run_dir)
+    run.main(cfg, run_dir=run_dir, evaluate_after=False)
+    summary = rd.summary()["splits"]
     assert all(s["done"] == 0 and s["failed"] == 0 and s["skipped"] == s["images"] for s in summary.values())
 
-    d = features_dir(run_dir, cfg.benchmark, "test")
-    victim = sorted(d.glob("part-*.parquet"))[0]
+    victim = rd.parts(cfg.benchmark, "test")[0]
     lost = set(pq.read_table(victim).column("image_id").to_pylist())
-    before = done_ids(run_dir, cfg.benchmark, "test")
+    before = rd.done_ids(cfg.benchmark, "test")
     victim.unlink()
-    run_benchmark.main(cfg, run_dir=run_dir, evaluate=False)
-    summary = json.loads((run_dir / "features" / "summary.json").read_text())["splits"]
+    run.main(cfg, run_dir=run_dir, evaluate_after=False)
+    summary = rd.summary()["splits"]
     assert summary["test"]["done"] + summary["test"]["failed"] == len(lost)
     assert summary["val"]["done"] == 0
     after = _ids(run_dir, cfg, "test")
@@ -84,7 +85,7 @@ def test_ray_output_equals_single_process_pipeline(job):
     cfg, run_dir, _ = job
     recs = read_records(cfg)["test"]
     expected = {r["image_id"]: r for r in run_pipeline(recs, cfg)}
-    got = {r["image_id"]: r for r in read_features(run_dir, cfg.benchmark, "test").to_pylist()}
+    got = {r["image_id"]: r for r in RunDir(run_dir).read_features(cfg.benchmark, "test").to_pylist()}
     assert set(got) == set(expected)
     for image_id, e in expected.items():
         g = got[image_id]

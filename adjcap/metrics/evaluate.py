@@ -36,6 +36,7 @@ from adjcap.metrics.meteor import MeteorScorer, shared_meteor
 from adjcap.metrics.ranks import pick_disagreement, retrieval_verifier_spearman, top1_agreement
 from adjcap.metrics.spice import SpiceConfig
 from adjcap.metrics.tokenizer import ptb_tokenize
+from adjcap.rundir import RunDir
 
 DOMAIN_ORDER = ("in-domain", "near-domain", "out-domain")
 LM_PICKER = "lm"
@@ -319,52 +320,34 @@ def evaluate_predictions(
 # ---------------------------------------------------------------------------------------------
 
 
-def _read_features_dir(d: Path) -> Any:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from adjcap.io import is_temp_name
-
-    parts = sorted(p for p in d.glob("*.parquet") if not is_temp_name(p.name))
-    if not parts:
-        return None
-    return pa.concat_tables([pq.read_table(p) for p in parts])
-
-
-def _run_defaults(run_dir: Path) -> tuple[str | None, str]:
+def _run_defaults(run: RunDir) -> tuple[str | None, str]:
     """(benchmark, apply split) from the run's config.toml (fallback: None, 'test')."""
-    cfg_file = run_dir / "config.toml"
-    if cfg_file.exists():
+    if run.config_path.exists():
         try:
             from adjcap.config import load_config
 
-            cfg = load_config(config_file=cfg_file)
+            cfg = load_config(config_file=run.config_path)
             return cfg.benchmark, cfg.rerank.apply_split
         except Exception:  # noqa: BLE001 - a damaged config only loses the defaults
             pass
     return None, "test"
 
 
-def load_run_references(run_dir: str | Path) -> tuple[dict[str, list[str]], dict[str, str] | None, Any]:
-    """The references, domains and apply-split feature table a run directory holds:
-    ``references/<benchmark>-<split>.json`` (+ ``.domains.json``) and ``features/<benchmark>-<split>/``."""
-    run_dir = Path(run_dir)
-    bench, split = _run_defaults(run_dir)
-    ref_dir = run_dir / "references"
-    cands = sorted(ref_dir.glob(f"{bench}-{split}.json")) if bench else []
-    if not cands:
-        cands = [p for p in sorted(ref_dir.glob(f"*-{split}.json"))]
+def load_run_references(run_dir: str | Path | RunDir) -> tuple[dict[str, list[str]], dict[str, str] | None, Any]:
+    """The references, domains and apply-split feature table a run directory holds (see RunDir)."""
+    run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
+    bench, split = _run_defaults(run)
+    cands = [(b, s) for b, s in run.reference_splits() if s == split and (bench is None or b == bench)]
+    if len(cands) != 1 and bench is not None:
+        cands = [(b, s) for b, s in run.reference_splits() if s == split]
     if len(cands) != 1:
         raise FileNotFoundError(
-            f"{ref_dir}: cannot tell which references to score against (found {[p.name for p in cands]}); "
-            "pass references= explicitly"
+            f"{run.path / 'references'}: cannot tell which references to score against "
+            f"(found {[f'{b}-{s}' for b, s in cands]}); pass references= explicitly"
         )
-    ref_file = cands[0]
-    refs = json.loads(ref_file.read_text(encoding="utf-8"))
-    dom_file = ref_file.with_name(ref_file.stem + ".domains.json")
-    domains = json.loads(dom_file.read_text(encoding="utf-8")) if dom_file.exists() else None
-    feats = _read_features_dir(run_dir / "features" / ref_file.stem)
-    return refs, domains, feats
+    b, s = cands[0]
+    feats = run.read_features(b, s) if run.has_features(b, s) else None
+    return run.references(b, s), run.domains(b, s), feats
 
 
 def _pick_key(entry: Mapping[str, Any]) -> Any:
@@ -395,17 +378,18 @@ def evaluate_run(
     (no SPICE); ``cache_dir`` (``Config.cache_dir``) is where downloaded CoreNLP jars are kept
     (default: the run's spice/ folder). Returns {protocol: metrics dict} (what is written).
     """
-    run_dir = Path(run_dir)
+    run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
+    run_dir = run.path
     if references is None:
-        references, dom2, feats2 = load_run_references(run_dir)
+        references, dom2, feats2 = load_run_references(run)
         domains = domains if domains is not None else dom2
         features = features if features is not None else feats2
-    pred_root = run_dir / "predictions"
-    proto_dirs = sorted(p for p in pred_root.iterdir() if p.is_dir()) if pred_root.is_dir() else []
+    proto_names = run.prediction_protocols()
     if protocols is not None:
-        proto_dirs = [p for p in proto_dirs if p.name in set(protocols)]
-    if not proto_dirs:
-        raise FileNotFoundError(f"{pred_root}: no predictions/<protocol>/ folders to evaluate; run `adjcap fit` first")
+        proto_names = [p for p in proto_names if p in set(protocols)]
+    if not proto_names:
+        raise FileNotFoundError(f"{run_dir / 'predictions'}: no predictions/<protocol>/ folders to evaluate; "
+                                "run `adjcap fit` first")
     java = getattr(eval_cfg, "java", "java") if eval_cfg is not None else "java"
     w = float(getattr(eval_cfg, "clipscore_w", CLIPSCORE_W)) if eval_cfg is not None else CLIPSCORE_W
     spice = _spice_from(eval_cfg, run_dir, cache_dir) if eval_cfg is not None else None
@@ -413,8 +397,8 @@ def evaluate_run(
 
     from adjcap.data.benchmarks import References
 
-    (run_dir / "metrics").mkdir(parents=True, exist_ok=True)
-    tmp = tempfile.TemporaryDirectory(prefix=".eval-", dir=run_dir / "metrics")
+    run.metrics_dir.mkdir(parents=True, exist_ok=True)
+    tmp = tempfile.TemporaryDirectory(prefix=".eval-", dir=run.metrics_dir)
     tmp_dir = Path(tmp.name)
 
     refs_obj = References(captions={str(k): list(v) for k, v in references.items()})
@@ -423,8 +407,8 @@ def evaluate_run(
     with tmp, Evaluator(
         refs_obj.captions, domains, spice=spice, java=java, tmp_dir=tmp_dir, on_missing=on_missing
     ) as ev:
-        for pdir in proto_dirs:
-            files = sorted(p for p in pdir.glob("*.json") if not p.name.startswith("."))
+        for proto in proto_names:
+            files = list(run.prediction_files(proto).values())
             if not files:
                 continue
             pickers: dict[str, Any] = {}
@@ -451,15 +435,15 @@ def evaluate_run(
             if all(h in picks for h in HEAD_PICKERS):
                 stats["top1_agreement_heads"] = top1_agreement(*(picks[h] for h in HEAD_PICKERS))
             doc = {
-                "protocol": pdir.name,
+                "protocol": proto,
                 "run": str(run_dir),
                 "n_references": len(refs_obj.captions),
                 "pickers": pickers,
                 "rank_stats": stats,
                 "per_image": per_image,
             }
-            atomic_write_json(run_dir / "metrics" / f"{pdir.name}.json", _clean_json(doc))
-            written[pdir.name] = doc
+            run.write_metrics(proto, _clean_json(doc))
+            written[proto] = doc
     return written
 
 

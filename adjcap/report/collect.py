@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from adjcap.rundir import RunDir
+
 LM_PICKER = "lm"
 # when the configured picker has no predictions in a protocol, the adjudicated caption is the
 # first of these that has
@@ -61,22 +63,17 @@ class RunData:
         return self.metrics.get(protocol, {}).get("per_image", {}).get(picker, {})
 
     def predictions(self, protocol: str, picker: str) -> dict[str, str]:
-        p = self.path / "predictions" / protocol / f"{picker}.json"
-        if not p.exists():
-            return {}
-        data = json.loads(p.read_text(encoding="utf-8"))
+        data = RunDir(self.path).predictions(protocol, picker)
         if isinstance(data, dict):
             data = data.get("annotations", [{"image_id": k, "caption": v} for k, v in data.items()])
         return {str(e["image_id"]): e["caption"] for e in data if isinstance(e, dict) and "caption" in e}
 
     def references(self) -> dict[str, list[str]]:
-        ref_dir = self.path / "references"
-        cands = sorted(ref_dir.glob(f"{self.benchmark}-{self.apply_split}.json")) if self.benchmark else []
-        if not cands:
-            cands = sorted(ref_dir.glob(f"*-{self.apply_split}.json"))
-        if not cands:
-            return {}
-        return json.loads(cands[0].read_text(encoding="utf-8"))
+        run = RunDir(self.path)
+        cands = [(b, s) for b, s in run.reference_splits() if s == self.apply_split]
+        mine = [(b, s) for b, s in cands if b == self.benchmark]
+        chosen = (mine or cands)[:1]
+        return run.references(*chosen[0]) if chosen else {}
 
 
 def load_run(path: str | Path) -> RunData:
@@ -84,8 +81,9 @@ def load_run(path: str | Path) -> RunData:
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: not a run directory")
+    rd = RunDir(path)
     run = RunData(path=path, name=path.name)
-    cfg_file = path / "config.toml"
+    cfg_file = rd.config_path
     if cfg_file.exists():
         try:
             from adjcap.config import load_config
@@ -98,21 +96,17 @@ def load_run(path: str | Path) -> RunData:
             run.protocol = cfg.rerank.protocol
             run.apply_split = cfg.rerank.apply_split
             if cfg.benchmark in cfg.benchmarks:
-                run.image_root = cfg.path(cfg.benchmarks[cfg.benchmark].images)
+                run.image_root = Path(cfg.resolved().benchmarks[cfg.benchmark].images)
         except Exception as e:  # noqa: BLE001 - the report still renders what it can
             run.description = f"(config.toml could not be read: {e})"
-    mdir = path / "metrics"
-    if mdir.is_dir():
-        for f in sorted(mdir.glob("*.json")):
-            if f.name.startswith("."):
-                continue
-            try:
-                doc = json.loads(f.read_text(encoding="utf-8"))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{f}: not valid JSON ({e}); re-run `adjcap evaluate --run {path}`") from None
-            if isinstance(doc, dict) and "pickers" in doc:
-                run.metrics[doc.get("protocol", f.stem)] = doc
-    hfile = path / "heads" / "heads.json"
+    for f in rd.metrics_files():
+        try:
+            doc = json.loads(f.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{f}: not valid JSON ({e}); re-run `adjcap evaluate --run {path}`") from None
+        if isinstance(doc, dict) and "pickers" in doc:
+            run.metrics[doc.get("protocol", f.stem)] = doc
+    hfile = rd.heads_json_path
     if hfile.exists():
         try:
             run.heads = json.loads(hfile.read_text(encoding="utf-8"))

@@ -21,6 +21,7 @@ from adjcap.report.gallery import GALLERY_CSS, GALLERY_JS, gallery_html, gallery
 from adjcap.report.plots import cider_by_configuration, hallucination_per_class
 from adjcap.report.published import PAPER_COLUMNS, PAPER_HEADERS, comparison_table, context_table
 from adjcap.report.tables import Table, bold_best
+from adjcap.rundir import RunDir
 
 DOMAINS = ("in-domain", "near-domain", "out-domain", "overall")
 
@@ -218,9 +219,9 @@ def write_report(
         raise ValueError("write_report: give at least one run directory")
     runs = [load_run(p) for p in run_dirs]
     labels = _labels(runs)
-    out = Path(out_dir) if out_dir is not None else runs[0].path
-    out.mkdir(parents=True, exist_ok=True)
-    tables_dir, plots_dir = out / "tables", out / "plots"
+    dest = RunDir(Path(out_dir) if out_dir is not None else runs[0].path)
+    dest.path.mkdir(parents=True, exist_ok=True)
+    tables_dir, plots_dir = dest.tables_dir, dest.plots_dir
     written_tables: list[Path] = []
     written_plots: list[Path] = []
     md: list[str] = []
@@ -337,9 +338,9 @@ def write_report(
         md.append("## Plots\n")
         md.append("![CIDEr by configuration](plots/cider_by_configuration.png)\n")
 
-    md_path = atomic_write_text(out / "report.md", "\n".join(md))
+    md_path = atomic_write_text(dest.report_md, "\n".join(md))
     plots_html = "".join(
-        f"<figure><img src='{html.escape(str(p.relative_to(out)))}' style='max-width:900px'></figure>"
+        f"<figure><img src='{html.escape(str(p.relative_to(dest.path)))}' style='max-width:900px'></figure>"
         for p in written_plots
     )
     page = (
@@ -352,5 +353,5 @@ def write_report(
            + "\n".join(galleries) if galleries else "")
         + f"<script>{GALLERY_JS}</script></body></html>"
     )
-    html_path = atomic_write_text(out / "report.html", page)
+    html_path = atomic_write_text(dest.report_html, page)
     return {"markdown": md_path, "html": html_path, "tables": written_tables, "plots": written_plots}

@@ -1,0 +1,38 @@
+"""The caption-embedding index: sharded storage with exact top-k search (:mod:`adjcap.index.store`)
+and its one lifecycle owner, corpus to finished index (:mod:`adjcap.index.lifecycle`)."""
+
+from adjcap.index.lifecycle import (
+    IndexPlan,
+    benchmark_corpus,
+    encode_range,
+    encode_shards_in_process,
+    encoder_identity,
+    ensure_index,
+    index_arrays,
+    index_location,
+    index_ready,
+    shard_ranges,
+)
+from adjcap.index.store import (
+    FORMAT_VERSION,
+    MANIFEST,
+    CaptionIndex,
+    CaptionIndexError,
+    IndexManifest,
+    ShardInfo,
+    brute_force_topk,
+    build_index,
+    check_shard,
+    finalize_index,
+    shard_files,
+    unit_rows,
+    verify_shard,
+    write_shard,
+)
+
+__all__ = [
+    "FORMAT_VERSION", "MANIFEST", "CaptionIndex", "CaptionIndexError", "IndexManifest", "IndexPlan", "ShardInfo",
+    "benchmark_corpus", "brute_force_topk", "build_index", "check_shard", "encode_range", "encode_shards_in_process",
+    "encoder_identity", "ensure_index", "finalize_index", "index_arrays", "index_location", "index_ready",
+    "shard_files", "shard_ranges", "unit_rows", "verify_shard", "write_shard",
+]

@@ -1,0 +1,137 @@
+"""The caption index's lifecycle, owned here once: corpus -> encoder identity -> content address ->
+readiness -> missing shard ranges -> encode (in this process, or by the Ray encoder pool) -> finalize
+-> arrays for the retrievers.
+
+:func:`ensure_index` is the only entry point that builds an index; how the missing shards are encoded
+is the caller's ``encode_missing(plan)``: :func:`encode_shards_in_process` (notebooks, tests, the
+single-process pipeline) or the Ray job's actor pool, which calls :func:`encode_range` per shard.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from adjcap.config import BenchmarkCfg, ConfigError, EncoderCfg, RetrievalCfg
+from adjcap.data.corpus import Corpus, load_corpus
+from adjcap.index.store import CaptionIndex, CaptionIndexError, IndexManifest, finalize_index, verify_shard, write_shard
+
+
+def benchmark_corpus(bench: BenchmarkCfg, name: str) -> Corpus:
+    """The retrieval corpus a (resolved) benchmark section names."""
+    if not bench.corpus:
+        raise ConfigError(f"benchmarks.{name}.corpus is not set: retrieval needs a caption corpus")
+    return load_corpus(Path(bench.corpus), bench.corpus_format)
+
+
+def encoder_identity(enc: EncoderCfg) -> str:
+    """A stable id of a (resolved) encoder section without loading it: name + tag, or name + the local
+    checkpoint's size and the sha256 of its first and last MiB (content, not path)."""
+    pretrained = enc.pretrained
+    if pretrained and Path(pretrained).is_file():
+        p = Path(pretrained)
+        h = hashlib.sha256()
+        size = p.stat().st_size
+        with open(p, "rb") as f:
+            h.update(f.read(1 << 20))
+            if size > (2 << 20):
+                f.seek(-(1 << 20), 2)
+                h.update(f.read())
+        return f"{enc.model}:file-{size}-{h.hexdigest()[:16]}"
+    return f"{enc.model}:{pretrained or 'random'}"
+
+
+def index_location(retrieval: RetrievalCfg, cache_dir: str | Path, encoder_id: str, corpus_fingerprint: str) -> Path:
+    """Content address of an index: encoder id + corpus fingerprint + precision (or the explicit
+    ``retrieval.index_dir``)."""
+    if retrieval.index_dir:
+        return Path(retrieval.index_dir)
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", encoder_id)[:60]
+    key = f"{encoder_id}|{corpus_fingerprint}|{retrieval.index_precision}"
+    return Path(cache_dir) / "index" / f"{slug}-{corpus_fingerprint[:12]}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
+def index_ready(out: Path, encoder_id: str, corpus_fingerprint: str) -> bool:
+    """A finished index (manifest written last) for this encoder and corpus."""
+    try:
+        m = IndexManifest.read(out)
+    except CaptionIndexError:
+        return False
+    return m.encoder_id == encoder_id and m.corpus_fingerprint == corpus_fingerprint
+
+
+def shard_ranges(n: int, shard_size: int) -> list[tuple[int, int, int]]:
+    """(shard number, start, end) covering ``n`` captions."""
+    return [(i, s, min(s + shard_size, n)) for i, s in enumerate(range(0, n, shard_size))]
+
+
+@dataclass(frozen=True)
+class IndexPlan:
+    """What :func:`ensure_index` asks ``encode_missing`` to do: write ``todo`` shards into ``out``."""
+
+    out: Path
+    encoder_id: str
+    corpus: Corpus
+    precision: str
+    num_shards: int
+    todo: list[tuple[int, int, int]] = field(default_factory=list)
+
+
+EncodeMissing = Callable[[IndexPlan], None]
+
+
+def ensure_index(retrieval: RetrievalCfg, cache_dir: str | Path, corpus: Corpus, encode_missing: EncodeMissing,
+                 log: Callable[[str], Any] | None = None) -> Path:
+    """The finished index for the (resolved) retrieval section and corpus, encoding only what is
+    missing (a finished shard is verified and kept; a partial one is redone)."""
+    enc_id = encoder_identity(retrieval.encoder)
+    out = index_location(retrieval, cache_dir, enc_id, corpus.fingerprint)
+    if index_ready(out, enc_id, corpus.fingerprint):
+        return out
+    ranges = shard_ranges(len(corpus.texts), retrieval.shard_size)
+    todo = [r for r in ranges if verify_shard(out, r[0]) is None]
+    if log:
+        log(f"index: encoding {len(todo)}/{len(ranges)} shards of {len(corpus.texts)} captions with {enc_id} -> {out}")
+    if todo:
+        encode_missing(IndexPlan(out, enc_id, corpus, retrieval.index_precision, len(ranges), todo))
+    still = [s for s, _, _ in todo if verify_shard(out, s) is None]
+    if still:
+        raise CaptionIndexError(f"{out}: shards {still[:5]} were not written by the encoder; rerun encode-corpus")
+    finalize_index(out, encoder_id=enc_id, corpus_fingerprint=corpus.fingerprint, num_shards=len(ranges),
+                   expected_count=len(corpus.texts), extra={"corpus_source": str(corpus.source)})
+    return out
+
+
+def encode_range(encoder, texts: Sequence[str], ids: np.ndarray, shard: int, start: int, end: int, out: Path,
+                 precision: str) -> None:
+    """Encode corpus captions [start, end) and write them as shard ``shard`` (atomic)."""
+    with torch.inference_mode():
+        vecs = encoder.encode_texts(list(texts[start:end]), normalize=True)
+    vecs = vecs.float().cpu().numpy() if isinstance(vecs, torch.Tensor) else np.asarray(vecs, dtype=np.float32)
+    write_shard(out, shard, vecs.astype(np.float32), ids[start:end], precision=precision)
+
+
+def encode_shards_in_process(encoder) -> EncodeMissing:
+    """``encode_missing`` that encodes every missing shard in this process with ``encoder``."""
+
+    def run(plan: IndexPlan) -> None:
+        for shard, start, end in plan.todo:
+            encode_range(encoder, plan.corpus.texts, plan.corpus.ids, shard, start, end, plan.out, plan.precision)
+
+    return run
+
+
+def index_arrays(out: Path) -> tuple[np.ndarray, np.ndarray, str]:
+    """(vectors as stored, ids, precision) of a finished index, checked against its manifest; what
+    the Ray job puts in the object store once for every retriever actor."""
+    index = CaptionIndex.load(out, device="cpu")
+    vectors = index.vectors.numpy()
+    if index.manifest.precision == "fp16":
+        vectors = vectors.astype(np.float16)
+    return vectors, index.ids.numpy(), index.manifest.precision

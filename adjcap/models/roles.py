@@ -1,0 +1,67 @@
+"""The models each pool holds, loaded from a resolved :class:`~adjcap.config.Config` (its sections'
+paths already expanded by ``Config.resolved()``). The Ray actors and the single-process pipeline
+load their roles through these functions, so both hold exactly the same models.
+
+| role                 | models                                                        |
+|----------------------|---------------------------------------------------------------|
+| retriever            | retrieval encoder, image tower (+ the caption index)          |
+| corpus encoder       | retrieval encoder, text tower                                 |
+| verifier             | BLIP ITM (None when ``verifier.enabled`` is false)            |
+| captioner            | IFCap + its CLIP (+ the CLIP-classifier entity vocabulary)    |
+| scorer               | retrieval encoder text tower + BLIP ITM                       |
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from adjcap.config import CaptionerCfg, ConfigError, EncoderCfg, VerifierCfg
+from adjcap.entities import ensemble_embeddings
+from adjcap.models.blip import load_verifier_from_config
+from adjcap.models.clip import load_encoder_from_config
+from adjcap.models.ifcap import load_ifcap
+
+
+def load_retrieval_encoder(encoder: EncoderCfg, device: str, towers: tuple[str, ...] = ("image", "text")):
+    return load_encoder_from_config(encoder, towers=towers, device=device)
+
+
+def load_verifier(verifier: VerifierCfg, device: str):
+    """BLIP ITM, or None when the verifier is disabled (presets without stage 2)."""
+    return load_verifier_from_config(verifier, device=device) if verifier.enabled else None
+
+
+@dataclass
+class CaptionerRole:
+    captioner: Any
+    clip: Any
+    vocabulary: tuple[list[str], torch.Tensor] | None = None
+
+
+def load_captioner(c: CaptionerCfg, device: str) -> CaptionerRole:
+    """IFCap, its CLIP, and the vocabulary for the CLIP-classifier entities (or None)."""
+    captioner = load_ifcap(c.checkpoint, lm_config=c.lm_config, tokenizer=c.tokenizer, device=device,
+                           mapping_heads=c.mapping_heads, precision=c.precision)
+    clip = load_encoder_from_config(c.clip, device=device)
+    vocabulary = entity_vocabulary(c, clip) if c.entities.mode == "clip_classifier" else None
+    return CaptionerRole(captioner, clip, vocabulary)
+
+
+def entity_vocabulary(c: CaptionerCfg, clip) -> tuple[list[str], torch.Tensor]:
+    """Vocabulary names (lower-cased, stripped, sorted, as ViECap) and their 7-template ensemble
+    embeddings computed with the captioner's CLIP (spec/ifcap.md 4.3)."""
+    e = c.entities
+    if not e.vocabulary:
+        raise ConfigError("captioner.entities.mode=clip_classifier needs captioner.entities.vocabulary (a JSON list)")
+    path = Path(e.vocabulary)
+    if not path.exists():
+        raise ConfigError(f"entity vocabulary {path} does not exist (captioner.entities.vocabulary)")
+    data = json.loads(path.read_text())
+    names = sorted({str(x).lower().strip() for x in (data.keys() if isinstance(data, dict) else data)})
+    with torch.inference_mode():
+        return names, ensemble_embeddings(names, lambda texts: clip.encode_texts(texts, normalize=True))

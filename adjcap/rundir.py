@@ -1,0 +1,240 @@
+"""The one owner of a run directory's layout. Every path inside a run is joined here.
+
+::
+
+    runs/<name>/
+      config.toml                                   the config that produced the run (placeholders kept;
+                                                    re-runs as is with --config)
+      references/<benchmark>-<split>.json           {image_id: [reference captions]}
+      references/<benchmark>-<split>.domains.json   {image_id: domain} (NoCaps)
+      references/<benchmark>-<split>.coco_ids.json  {image_id: COCO id} (when the layout has one)
+      features/<benchmark>-<split>/part-*.parquet   one row per image (schema: adjcap/features.py); a part
+                                                    is written to a temp name and renamed: complete or absent
+      features/summary.json                         per split: images, done, failed, skipped; seconds
+      fit/<protocol>.json                           what the protocol chose: alpha, beta, losses, fit images
+      heads/                                        trifuse.safetensors, memattend.safetensors, heads.json
+      predictions/<protocol>/<picker>.json          COCO results [{image_id, caption, candidate_index, coco_id?}]
+      metrics/<protocol>.json                       every picker's metrics, rank statistics, per-image scores
+      report.md, report.html, tables/*.tex, plots/*.png
+
+A :class:`RunDir` only names and reads/writes files; it never decides what goes into them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Mapping
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from adjcap.io import atomic_write_json, atomic_write_parquet, atomic_write_text, is_temp_name
+
+PART_GLOB = "part-*.parquet"
+
+
+class RunDir:
+    """A run directory (see the module docstring for its layout)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    @classmethod
+    def default_for(cls, runs_dir: str | Path, config_name: str, benchmark: str) -> "RunDir":
+        """``<runs_dir>/<preset>-<benchmark>``: where a run goes when no --run-dir is given."""
+        return cls(Path(runs_dir) / f"{config_name}-{benchmark}")
+
+    def check_usable(self) -> None:
+        """A clear error when the path exists but is not a directory."""
+        if self.path.exists() and not self.path.is_dir():
+            raise NotADirectoryError(f"{self.path}: run directory path exists and is not a directory; "
+                                     "choose another --run-dir")
+
+    # ---- config ------------------------------------------------------------------------------
+    @property
+    def config_path(self) -> Path:
+        return self.path / "config.toml"
+
+    def write_config(self, toml_text: str) -> Path:
+        return atomic_write_text(self.config_path, toml_text)
+
+    # ---- references --------------------------------------------------------------------------
+    def references_path(self, benchmark: str, split: str) -> Path:
+        return self.path / "references" / f"{benchmark}-{split}.json"
+
+    def domains_path(self, benchmark: str, split: str) -> Path:
+        return self.path / "references" / f"{benchmark}-{split}.domains.json"
+
+    def coco_ids_path(self, benchmark: str, split: str) -> Path:
+        return self.path / "references" / f"{benchmark}-{split}.coco_ids.json"
+
+    def write_references(self, benchmark: str, split: str, references: Mapping[str, list[str]],
+                         domains: Mapping[str, str] | None = None,
+                         coco_ids: Mapping[str, int] | None = None) -> None:
+        atomic_write_json(self.references_path(benchmark, split), dict(references))
+        for path, data in ((self.domains_path(benchmark, split), domains),
+                           (self.coco_ids_path(benchmark, split), coco_ids)):
+            if data:
+                atomic_write_json(path, dict(data))
+            elif path.exists():
+                path.unlink()
+
+    def references(self, benchmark: str, split: str) -> dict[str, list[str]]:
+        return _read_json(self.references_path(benchmark, split), {})
+
+    def domains(self, benchmark: str, split: str) -> dict[str, str] | None:
+        return _read_json(self.domains_path(benchmark, split), None)
+
+    def coco_ids(self, benchmark: str, split: str) -> dict[str, int]:
+        return _read_json(self.coco_ids_path(benchmark, split), {})
+
+    def reference_splits(self) -> list[tuple[str, str]]:
+        """(benchmark, split) of every references file written."""
+        out = []
+        for p in sorted((self.path / "references").glob("*.json")):
+            if p.name.endswith((".domains.json", ".coco_ids.json")) or p.name.startswith("."):
+                continue
+            bench, _, split = p.stem.rpartition("-")
+            if bench:
+                out.append((bench, split))
+        return out
+
+    # ---- features ----------------------------------------------------------------------------
+    def features_dir(self, benchmark: str, split: str) -> Path:
+        return self.path / "features" / f"{benchmark}-{split}"
+
+    def parts(self, benchmark: str, split: str) -> list[Path]:
+        """Complete feature parts, in the order they were written."""
+        d = self.features_dir(benchmark, split)
+        return sorted(p for p in d.glob(PART_GLOB) if not is_temp_name(p.name))
+
+    def has_features(self, benchmark: str, split: str) -> bool:
+        return bool(self.parts(benchmark, split))
+
+    def done_ids(self, benchmark: str, split: str) -> set[str]:
+        out: set[str] = set()
+        for p in self.parts(benchmark, split):
+            out.update(pq.read_table(p, columns=["image_id"]).column("image_id").to_pylist())
+        return out
+
+    def new_part_path(self, benchmark: str, split: str) -> Path:
+        """A part name no other writer can take: time-ordered, then host, pid and a random suffix."""
+        host = "".join(c if c.isalnum() else "_" for c in socket.gethostname())[:24]
+        name = f"part-{time.time_ns():020d}-{host}-{os.getpid()}-{uuid.uuid4().hex[:8]}.parquet"
+        return self.features_dir(benchmark, split) / name
+
+    def write_part(self, benchmark: str, split: str, table: pa.Table) -> Path:
+        return atomic_write_parquet(self.new_part_path(benchmark, split), table)
+
+    def clear_features(self, benchmark: str, split: str) -> None:
+        for p in self.features_dir(benchmark, split).glob(PART_GLOB):
+            p.unlink()
+
+    def read_features(self, benchmark: str, split: str, columns: list[str] | None = None) -> pa.Table:
+        parts = self.parts(benchmark, split)
+        if not parts:
+            raise FileNotFoundError(
+                f"no feature parts in {self.features_dir(benchmark, split)}; run `adjcap run-job {benchmark}` first"
+            )
+        tables = [pq.read_table(p, columns=columns) for p in parts]
+        return pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
+
+    @property
+    def summary_path(self) -> Path:
+        return self.path / "features" / "summary.json"
+
+    def write_summary(self, summary: Mapping[str, Any]) -> Path:
+        return atomic_write_json(self.summary_path, dict(summary))
+
+    def summary(self) -> dict[str, Any]:
+        return _read_json(self.summary_path, {})
+
+    # ---- fit, heads, predictions -------------------------------------------------------------
+    def fit_summary_path(self, protocol: str) -> Path:
+        return self.path / "fit" / f"{protocol}.json"
+
+    def write_fit_summary(self, protocol: str, summary: Mapping[str, Any]) -> Path:
+        return atomic_write_json(self.fit_summary_path(protocol), dict(summary))
+
+    def fit_summary(self, protocol: str) -> dict[str, Any]:
+        return _read_json(self.fit_summary_path(protocol), {})
+
+    @property
+    def heads_dir(self) -> Path:
+        return self.path / "heads"
+
+    @property
+    def heads_json_path(self) -> Path:
+        return self.heads_dir / "heads.json"
+
+    def predictions_dir(self, protocol: str) -> Path:
+        return self.path / "predictions" / protocol
+
+    def predictions_path(self, protocol: str, picker: str) -> Path:
+        return self.predictions_dir(protocol) / f"{picker}.json"
+
+    def write_predictions(self, protocol: str, picker: str, entries: list[dict[str, Any]]) -> Path:
+        return atomic_write_json(self.predictions_path(protocol, picker), entries)
+
+    def prediction_protocols(self) -> list[str]:
+        root = self.path / "predictions"
+        return sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+
+    def prediction_files(self, protocol: str) -> dict[str, Path]:
+        """picker -> predictions file of one protocol."""
+        d = self.predictions_dir(protocol)
+        return {p.stem: p for p in sorted(d.glob("*.json")) if not p.name.startswith(".")}
+
+    def predictions(self, protocol: str, picker: str) -> list[dict[str, Any]]:
+        return _read_json(self.predictions_path(protocol, picker), [])
+
+    # ---- metrics and report ------------------------------------------------------------------
+    @property
+    def metrics_dir(self) -> Path:
+        return self.path / "metrics"
+
+    def metrics_path(self, protocol: str) -> Path:
+        return self.metrics_dir / f"{protocol}.json"
+
+    def write_metrics(self, protocol: str, doc: Mapping[str, Any]) -> Path:
+        return atomic_write_json(self.metrics_path(protocol), dict(doc))
+
+    def metrics_files(self) -> list[Path]:
+        d = self.metrics_dir
+        return sorted(p for p in d.glob("*.json") if not p.name.startswith(".")) if d.is_dir() else []
+
+    @property
+    def report_md(self) -> Path:
+        return self.path / "report.md"
+
+    @property
+    def report_html(self) -> Path:
+        return self.path / "report.html"
+
+    @property
+    def tables_dir(self) -> Path:
+        return self.path / "tables"
+
+    @property
+    def plots_dir(self) -> Path:
+        return self.path / "plots"
+
+
+def _read_json(path: Path, default: Any) -> Any:
+    if not path.exists():
+        return default
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e}); delete it and rerun the step that writes it") from None
