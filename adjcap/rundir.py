@@ -5,6 +5,9 @@
     runs/<name>/
       config.toml                                   the config that produced the run (placeholders kept;
                                                     re-runs as is with --config)
+      run.lock                                      held (flock) by the one job writing the run; names its pid/host
+      features/identity.json                        the settings that produced the features; a rerun with
+                                                    other feature settings is refused (--fresh starts over)
       references/<benchmark>-<split>.json           {image_id: [reference captions]}
       references/<benchmark>-<split>.domains.json   {image_id: domain} (NoCaps)
       references/<benchmark>-<split>.coco_ids.json  {image_id: COCO id} (when the layout has one)
@@ -22,13 +25,15 @@ A :class:`RunDir` only names and reads/writes files; it never decides what goes 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import socket
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -36,6 +41,10 @@ import pyarrow.parquet as pq
 from adjcap.io import atomic_write_json, atomic_write_parquet, atomic_write_text, is_temp_name
 
 PART_GLOB = "part-*.parquet"
+
+
+class RunDirError(RuntimeError):
+    """A run directory cannot be used as asked; the message says why and what to do."""
 
 
 class RunDir:
@@ -60,6 +69,32 @@ class RunDir:
         if self.path.exists() and not self.path.is_dir():
             raise NotADirectoryError(f"{self.path}: run directory path exists and is not a directory; "
                                      "choose another --run-dir")
+
+    # ---- lock ---------------------------------------------------------------------------------
+    @property
+    def lock_path(self) -> Path:
+        return self.path / "run.lock"
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold the run directory for one job. A second job on it fails at once with a message
+        naming the holder's pid and host (the OS releases the lock when the holder dies)."""
+        self.check_usable()
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "another process"
+                raise RunDirError(f"{self.path} is in use by {holder}; wait for that job to finish or use "
+                                  "another --run-dir") from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on host {socket.gethostname()} since "
+                          f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
+            yield
+        finally:
+            os.close(fd)
 
     # ---- config ------------------------------------------------------------------------------
     @property
@@ -141,14 +176,46 @@ class RunDir:
         for p in self.features_dir(benchmark, split).glob(PART_GLOB):
             p.unlink()
 
-    def read_features(self, benchmark: str, split: str, columns: list[str] | None = None) -> pa.Table:
+    def read_features(self, benchmark: str, split: str, columns: list[str] | None = None,
+                      image_ids: set[str] | None = None) -> pa.Table:
+        """The split's feature rows (only ``image_ids`` when given: a run's current image set)."""
         parts = self.parts(benchmark, split)
         if not parts:
             raise FileNotFoundError(
                 f"no feature parts in {self.features_dir(benchmark, split)}; run `adjcap run-job {benchmark}` first"
             )
         tables = [pq.read_table(p, columns=columns) for p in parts]
-        return pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
+        table = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
+        if image_ids is not None:
+            keep = [i in image_ids for i in table.column("image_id").to_pylist()]
+            table = table.filter(pa.array(keep, type=pa.bool_()))
+        return table
+
+    def current_ids(self, benchmark: str, split: str) -> set[str] | None:
+        """The image ids of the split as the last run-job read them (its references file), or None."""
+        p = self.references_path(benchmark, split)
+        return set(self.references(benchmark, split)) if p.exists() else None
+
+    @property
+    def identity_path(self) -> Path:
+        return self.path / "features" / "identity.json"
+
+    def check_identity(self, identity: Mapping[str, Any], fresh: bool) -> None:
+        """Record the feature settings; refuse (naming the keys) to add features made with other
+        settings to features already there, unless ``fresh`` (then the old features are deleted)."""
+        old = _read_json(self.identity_path, None)
+        have = any((self.path / "features").glob(f"*/{PART_GLOB}"))
+        if old is not None and have and dict(old) != dict(identity):
+            if not fresh:
+                keys = sorted(k for k in set(old) | set(identity) if old.get(k) != identity.get(k))
+                shown = ", ".join(f"{k} ({old.get(k)!r} -> {identity.get(k)!r})" for k in keys[:4])
+                raise RunDirError(f"{self.path} holds features made with other settings: {shown}"
+                                  f"{' ...' if len(keys) > 4 else ''}; rerun with --fresh to start over, "
+                                  "or use another --run-dir")
+        if fresh or (old is not None and dict(old) != dict(identity)):
+            for p in (self.path / "features").glob(f"*/{PART_GLOB}"):
+                p.unlink()
+        atomic_write_json(self.identity_path, dict(identity))
 
     @property
     def summary_path(self) -> Path:

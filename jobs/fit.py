@@ -40,7 +40,7 @@ def read_tables(cfg: Config, run: RunDir) -> dict[str, Any]:
                 f"{run.features_dir(cfg.benchmark, split)} has no features: protocol '{r.protocol}' needs the "
                 f"'{split}' split; add it to `splits` (e.g. --set 'splits=[\"val\",\"test\"]') and rerun run-job"
             )
-        tables[split] = run.read_features(cfg.benchmark, split)
+        tables[split] = run.read_features(cfg.benchmark, split, image_ids=run.current_ids(cfg.benchmark, split))
     return tables
 
 

@@ -18,22 +18,27 @@ def run_dir_for(cfg: Config, run_dir: str | Path | None) -> RunDir:
 def main(cfg: Config, run_dir: str | Path | None = None, resume: bool = True, evaluate_after: bool = True) -> RunDir:
     """``cfg`` as the user gave it (placeholders kept: it is what config.toml records)."""
     run = run_dir_for(cfg, run_dir)
-    run.check_usable()
-    run.path.mkdir(parents=True, exist_ok=True)
-    run.write_config(cfg.to_toml())
     rcfg = cfg.resolved()
-    records = run_benchmark.read_records(rcfg)
-    run_benchmark.write_references(run, rcfg.benchmark, records)
-    with ray_session(rcfg):
-        run_benchmark.main(rcfg, run, records, resume=resume)
+    records = run_benchmark.read_records(rcfg)  # bad annotations fail before anything is written
+    with run.lock():
+        run.check_identity(cfg.feature_identity(), fresh=not resume)
+        run.write_config(cfg.to_toml())
+        run_benchmark.write_references(run, rcfg.benchmark, records)
+        with ray_session(rcfg):
+            run_benchmark.main(rcfg, run, records, resume=resume)
+            if evaluate_after:
+                fit.main(rcfg, run)
         if evaluate_after:
-            fit.main(rcfg, run)
-    if evaluate_after:
-        if any(r.references for recs in records.values() for r in recs):
-            evaluate.evaluate_run_dir(rcfg.eval, rcfg.paths.cache_dir, run)
-            evaluate.report([run.path], None)
-        else:  # the user's own images: captions, but nothing to score them against
-            print(f"no reference captions for {cfg.benchmark}: predictions written, metrics and report skipped")
+            finish(cfg, rcfg, run, records)
     print("outputs: features/, predictions/, metrics/, report.md, report.html in")
     print(run.path)
     return run
+
+
+def finish(cfg: Config, rcfg: Config, run: RunDir, records: dict) -> None:
+    """Evaluate and report (when the benchmark has references)."""
+    if any(r.references for recs in records.values() for r in recs):
+        evaluate.evaluate_run_dir(rcfg.eval, rcfg.paths.cache_dir, run)
+        evaluate.report([run.path], None)
+    else:  # the user's own images: captions, but nothing to score them against
+        print(f"no reference captions for {cfg.benchmark}: predictions written, metrics and report skipped")

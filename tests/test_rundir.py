@@ -1,0 +1,126 @@
+"""RunDir, the one owner of a run directory: round trips, part naming under concurrent writers,
+the run lock, and the feature-settings identity."""
+
+import multiprocessing as mp
+import subprocess
+import sys
+import textwrap
+
+import pyarrow as pa
+import pytest
+
+from adjcap.config import load_config
+from adjcap.features import empty_row, rows_to_table
+from adjcap.rundir import RunDir, RunDirError
+
+
+def _table(ids):
+    return rows_to_table([empty_row(i, "demo", "test", None, "decode: test row") for i in ids])
+
+
+def test_round_trips(tmp_path):
+    run = RunDir(tmp_path / "r")
+    run.write_config('name = "x"\n')
+    assert run.config_path.read_text() == 'name = "x"\n'
+    run.write_references("coco", "test", {"a": ["one"], "b": ["two"]}, domains={"a": "in-domain"}, coco_ids={"a": 7})
+    assert run.references("coco", "test") == {"a": ["one"], "b": ["two"]}
+    assert run.domains("coco", "test") == {"a": "in-domain"} and run.coco_ids("coco", "test") == {"a": 7}
+    assert run.reference_splits() == [("coco", "test")]
+    run.write_references("coco", "test", {"a": ["one"]})  # no domains any more: the stale file goes
+    assert run.domains("coco", "test") is None and run.coco_ids("coco", "test") == {}
+    run.write_part("coco", "test", _table(["a", "b"]))
+    run.write_part("coco", "test", _table(["c"]))
+    assert run.done_ids("coco", "test") == {"a", "b", "c"}
+    assert run.read_features("coco", "test").num_rows == 3
+    assert run.read_features("coco", "test", image_ids={"a", "c"}).column("image_id").to_pylist() == ["a", "c"]
+    assert run.current_ids("coco", "test") == {"a"}
+    run.write_predictions("inductive", "lm", [{"image_id": "a", "caption": "x"}])
+    assert run.prediction_protocols() == ["inductive"]
+    assert list(run.prediction_files("inductive")) == ["lm"]
+    assert run.predictions("inductive", "lm") == [{"image_id": "a", "caption": "x"}]
+    run.write_metrics("inductive", {"pickers": {}})
+    assert run.metrics_files() == [run.metrics_path("inductive")]
+    run.write_fit_summary("inductive", {"alpha": 0.5})
+    assert run.fit_summary("inductive") == {"alpha": 0.5}
+    run.write_summary({"splits": {}})
+    assert run.summary() == {"splits": {}}
+    assert RunDir.default_for("runs", "headline", "coco").path.as_posix() == "runs/headline-coco"
+
+
+def test_missing_features_name_the_command(tmp_path):
+    with pytest.raises(FileNotFoundError, match="adjcap run-job coco"):
+        RunDir(tmp_path).read_features("coco", "test")
+
+
+def test_a_corrupt_json_names_the_file(tmp_path):
+    run = RunDir(tmp_path)
+    run.summary_path.parent.mkdir(parents=True)
+    run.summary_path.write_text("{")
+    with pytest.raises(ValueError, match="summary.json"):
+        run.summary()
+
+
+def _writer(path, tag, n):
+    run = RunDir(path)
+    for k in range(n):
+        run.write_part("demo", "test", _table([f"{tag}-{k}"]))
+
+
+def test_two_processes_writing_parts_never_collide(tmp_path):
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(tmp_path, t, 150)) for t in ("a", "b")]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    run = RunDir(tmp_path)
+    assert len(run.parts("demo", "test")) == 300
+    assert run.done_ids("demo", "test") == {f"{t}-{k}" for t in "ab" for k in range(150)}
+
+
+def test_the_lock_refuses_a_second_job_and_names_the_holder(tmp_path):
+    run = RunDir(tmp_path / "r")
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time
+        from adjcap.rundir import RunDir
+        with RunDir({str(tmp_path / 'r')!r}).lock():
+            print("locked", flush=True)
+            time.sleep(60)
+    """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(RunDirError, match=f"pid {holder.pid} on host"):
+            with run.lock():
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with run.lock():  # the OS released the dead holder's lock
+        pass
+
+
+def test_the_lock_on_a_path_that_is_a_file(tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(NotADirectoryError, match="not a directory"):
+        with RunDir(tmp_path / "f").lock():
+            pass
+
+
+def test_other_feature_settings_are_refused_and_fresh_starts_over(tmp_path):
+    run = RunDir(tmp_path)
+    a = load_config("demo").feature_identity()
+    run.check_identity(a, fresh=False)
+    run.write_part("demo", "test", _table(["x"]))
+    run.check_identity(a, fresh=False)  # same settings: resume keeps the features
+    assert run.done_ids("demo", "test") == {"x"}
+    b = load_config("demo", ["captioner.beam_width=3"]).feature_identity()
+    with pytest.raises(RunDirError, match=r"captioner.beam_width \(20 -> 3\).*--fresh"):
+        run.check_identity(b, fresh=False)
+    assert run.done_ids("demo", "test") == {"x"}  # nothing lost by the refusal
+    run.check_identity(b, fresh=True)
+    assert run.done_ids("demo", "test") == set()
+    # batch sizes, workers and reranking never change what a feature row holds
+    c = load_config("demo", ["captioner.beam_width=3", "captioner.batch_size=7", "ray.workers=3",
+                             "rerank.picker=lm", "limit=5"]).feature_identity()
+    assert c == b
