@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -46,8 +47,14 @@ def _cfg(preset: str | None, sets: Optional[List[str]], config_file: Optional[Pa
         raise typer.Exit(2) from None
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def _run(fn: Callable[[], Any]) -> Any:
-    """Run a job; any failure is one line naming what to do (``--debug``: the traceback)."""
+    """Run a job; any failure is one line naming what to do (``--debug``: the traceback). SIGTERM
+    stops it like Ctrl-C: the run lock and Ray are released, completed parts are kept."""
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         return fn()
     except (typer.Exit, typer.Abort):

@@ -19,15 +19,35 @@ def _tmp_beside(path: Path) -> Path:
     return Path(name)
 
 
+def fsync_dir(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (best effort where directories cannot be opened)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _commit(tmp: Path, path: Path) -> None:
+    """fsync the finished temp file, rename it into place, fsync the directory."""
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     path = Path(path)
     tmp = _tmp_beside(path)
     try:
         with open(tmp, "wb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        _commit(tmp, path)
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -47,7 +67,7 @@ def atomic_write_parquet(path: str | Path, table: pa.Table) -> Path:
     tmp = _tmp_beside(path)
     try:
         pq.write_table(table, tmp)
-        os.replace(tmp, path)
+        _commit(tmp, path)
     finally:
         if tmp.exists():
             tmp.unlink()

@@ -30,6 +30,7 @@ import fcntl
 import json
 import os
 import socket
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -158,10 +159,28 @@ class RunDir:
         return bool(self.parts(benchmark, split))
 
     def done_ids(self, benchmark: str, split: str) -> set[str]:
+        """Image ids in readable parts; an unreadable part is moved aside first (see
+        :meth:`quarantine_corrupt`), so its images count as not done and are recomputed."""
+        self.quarantine_corrupt(benchmark, split)
         out: set[str] = set()
         for p in self.parts(benchmark, split):
             out.update(pq.read_table(p, columns=["image_id"]).column("image_id").to_pylist())
         return out
+
+    def quarantine_corrupt(self, benchmark: str, split: str) -> list[Path]:
+        """Rename every part that cannot be read to ``<name>.corrupt`` (kept for inspection, never
+        read again) and say so on stderr."""
+        moved = []
+        for p in self.parts(benchmark, split):
+            try:
+                pq.read_table(p, columns=["image_id"])
+            except Exception as e:  # noqa: BLE001 - any unreadable file is set aside the same way
+                dest = p.with_name(p.name + ".corrupt")
+                os.replace(p, dest)
+                moved.append(dest)
+                print(f"warning: {p} is unreadable ({type(e).__name__}); moved to {dest.name}, "
+                      "its images will be recomputed", file=sys.stderr)
+        return moved
 
     def new_part_path(self, benchmark: str, split: str) -> Path:
         """A part name no other writer can take: time-ordered, then host, pid and a random suffix."""

@@ -124,3 +124,14 @@ def test_other_feature_settings_are_refused_and_fresh_starts_over(tmp_path):
     c = load_config("demo", ["captioner.beam_width=3", "captioner.batch_size=7", "ray.workers=3",
                              "rerank.picker=lm", "limit=5"]).feature_identity()
     assert c == b
+
+
+def test_a_corrupt_part_is_moved_aside_and_its_images_count_as_not_done(tmp_path, capsys):
+    run = RunDir(tmp_path)
+    good = run.write_part("demo", "test", _table(["a"]))
+    bad = run.write_part("demo", "test", _table(["b", "c"]))
+    bad.write_bytes(bad.read_bytes()[:40])  # truncated on disk
+    assert run.done_ids("demo", "test") == {"a"}
+    assert not bad.exists() and bad.with_name(bad.name + ".corrupt").exists() and good.exists()
+    assert "unreadable" in capsys.readouterr().err
+    assert run.read_features("demo", "test").num_rows == 1

@@ -350,6 +350,14 @@ def load_run_references(run_dir: str | Path | RunDir) -> tuple[dict[str, list[st
     return run.references(b, s), run.domains(b, s), feats
 
 
+def failed_image_ids(features: Any, references: Mapping[str, Any]) -> set[str]:
+    """Ids of the referenced images whose feature row carries an error (decode, a stage failure)."""
+    if features is None:
+        return set()
+    rows = features.select(["image_id", "error"]).to_pylist() if hasattr(features, "select") else features
+    return {str(r["image_id"]) for r in rows if r.get("error") and str(r["image_id"]) in references}
+
+
 def _pick_key(entry: Mapping[str, Any]) -> Any:
     ci = entry.get("candidate_index")
     if isinstance(ci, int) and not isinstance(ci, bool) and ci >= 0:
@@ -384,6 +392,9 @@ def evaluate_run(
         references, dom2, feats2 = load_run_references(run)
         domains = domains if domains is not None else dom2
         features = features if features is not None else feats2
+    failed = failed_image_ids(features, references)
+    if failed:  # their rows say why; every other image is scored
+        references = {k: v for k, v in references.items() if str(k) not in failed}
     proto_names = run.prediction_protocols()
     if protocols is not None:
         proto_names = [p for p in proto_names if p in set(protocols)]
@@ -440,6 +451,8 @@ def evaluate_run(
                 "n_references": len(refs_obj.captions),
                 "pickers": pickers,
                 "rank_stats": stats,
+                "failed_images": {"count": len(failed), "ids": sorted(failed)[:50],
+                                  "note": "images whose feature row has an error: not scored, counted here"},
                 "per_image": per_image,
             }
             run.write_metrics(proto, _clean_json(doc))

@@ -244,10 +244,12 @@ def write_report(
     body.append("<h1>adjcap report</h1>")
     body.append(f"<p>Generated {html.escape(stamp)}. Caption metrics x100; CLIPScore w=2.5; CHAIR proxy in %; "
                 "n/a = not computed.</p>")
-    run_list = Table(title="Runs", columns=["run", "config", "benchmark", "protocols", "description"])
+    run_list = Table(title="Runs", columns=["run", "config", "benchmark", "protocols", "failed images",
+                                            "description"])
     for run, lab in zip(runs, labels):
+        failed = max((int((m.get("failed_images") or {}).get("count", 0)) for m in run.metrics.values()), default=0)
         run_list.rows.append([lab, run.config_name or "", run.benchmark or "", ", ".join(run.protocols) or "none",
-                              run.description])
+                              f"{failed} (not scored)" if failed else "0", run.description])
     add(run_list)
     if not any(r.metrics for r in runs):
         md.append("No metrics found: run `adjcap evaluate --run DIR` first.\n")
