@@ -157,6 +157,9 @@ class RerankCfg(_Strict):
     memattend: MemAttendCfg = Field(default_factory=MemAttendCfg)
     select: bool = Field(False, description="choose alpha/beta by Borda pseudo-label loss on held-out")
     holdout_fraction: float = Field(0.2, gt=0.0, lt=1.0)
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="where the heads are fit: auto = a GPU when the Ray cluster (or this machine) has one"
+    )
     threads: int | None = Field(
         None, ge=1, description="CPU threads for fitting the heads; None = every available CPU (results do not depend on it)"
     )
