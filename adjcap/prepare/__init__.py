@@ -78,6 +78,17 @@ def _verify(ctx: Context, names: list[str] | None) -> int:
     return 0
 
 
+def _tidy(work: Path) -> None:
+    """Remove the empty folders of the work area (downloads/staging of finished steps)."""
+    if not work.is_dir():
+        return
+    for d in sorted((p for p in work.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        if not any(d.iterdir()):
+            d.rmdir()
+    if not any(work.iterdir()):
+        work.rmdir()
+
+
 def run(what: Iterable[str], opts: Options, *, verify: bool = False, say: Callable[[str], None] | None = None,
         stream: TextIO | None = None, open_file=None) -> int:
     """Run the steps named in ``what`` (or, with ``verify``, check them; no names: everything the lock
@@ -110,5 +121,6 @@ def run(what: Iterable[str], opts: Options, *, verify: bool = False, say: Callab
         say(f"{n}: done - {summary}")
     if "all" in [w.lower() for w in what] and "flickr30k" not in names:
         say(f"flickr30k: skipped ({ctx.sources['flickr30k']['where']}; then `adjcap prepare flickr30k --from DIR`)")
+    _tidy(opts.data / ".prepare")
     say(f"lock: {ctx.lock.path}; `adjcap doctor` shows what the presets find")
     return 0

@@ -26,6 +26,7 @@ class Lock:
         self.path = Path(data) / LOCK_NAME
         self.data_dir = Path(data)
         self.doc: dict[str, Any] = {"version": 1, "downloads": {}, "files": {}, "models": {}}
+        self.dirty = False
         if self.path.exists():
             try:
                 loaded = json.loads(self.path.read_text())
@@ -51,23 +52,29 @@ class Lock:
 
     # ---- writing --------------------------------------------------------------------------
     def record_download(self, url: str, sha256: str, size: int, step: str) -> None:
+        self.dirty = True
         self.doc["downloads"][url] = {"sha256": sha256, "size": size, "step": step,
                                       "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
     def record_file(self, rel: str, sha256: str, size: int, step: str, source: str) -> None:
+        self.dirty = True
         self.doc["files"][rel] = {"sha256": sha256, "size": size, "step": step, "source": source}
 
     def forget_files(self, prefix: str) -> None:
         """Drop the records of files under ``prefix`` (a directory replaced as a whole)."""
         p = prefix.rstrip("/") + "/"
+        self.dirty = True
         for k in [k for k in self.doc["files"] if k.startswith(p)]:
             del self.doc["files"][k]
 
     def record_model(self, key: str, info: dict[str, Any]) -> None:
+        self.dirty = True
         self.doc["models"][key] = info
 
     def save(self) -> None:
-        """Write atomically (temp file + rename)."""
+        """Write atomically (temp file + rename), when anything was recorded."""
+        if not self.dirty:
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".prepare.lock-", suffix=".json", dir=self.path.parent)
         try:
@@ -75,6 +82,7 @@ class Lock:
                 json.dump(self.doc, f, indent=1, sort_keys=True)
                 f.write("\n")
             os.replace(tmp, self.path)
+            self.dirty = False
         except BaseException:
             if os.path.exists(tmp):
                 os.unlink(tmp)

@@ -21,13 +21,13 @@ def archive_plan(ctx: Context, what: str, url: str, final: Path, approx: int | N
 
 def install_archive(ctx: Context, step: str, url: str, final: Path, *, anchor: str,
                     problems: Callable[[Path], list[str]], approx: int | None = None,
-                    size: int | None = None, take: str | None = None) -> str:
+                    size: int | None = None, sha256: str | None = None, take: str | None = None) -> str:
     """Fetch the zip at ``url`` and lay out its content (the folder holding ``anchor``) as ``final``;
     ``problems(root)`` lists what is wrong with an extracted tree (empty: accept); ``take``: lay out
     that folder of the archive (found at its top or one level down) instead of its root."""
     name = url.rsplit("/", 1)[-1]
     archive = ctx.downloads / name
-    item = ctx.item(url, archive, size=size, approx=approx)
+    item = ctx.item(url, archive, size=size, sha256=sha256, approx=approx)
     ctx.fetch([item], [url], step, f"{step} {name}")
     bad = zip_problem(archive)
     if bad:

@@ -74,7 +74,7 @@ class IFCapStep:
                 done.append(f"{part} present")
                 continue
             install_archive(ctx, self.name, src["url"], final, anchor=anchor, problems=problems,
-                            approx=src.get("approx_bytes"), size=src.get("size"))
+                            approx=src.get("approx_bytes"), size=src.get("size"), sha256=src.get("sha256"))
             done.append(f"{part} laid out in {final}")
             missing = [r for r in src.get("optional", []) if not (final / r).is_file()]
             if missing:

@@ -88,7 +88,8 @@ class CocoStep:
             return f"all {len(names)} images present in {final}"
         url = src["zip_url"]
         archive = ctx.downloads / url.rsplit("/", 1)[-1]
-        item = ctx.item(url, archive, approx=src.get("zip_approx_bytes"))
+        item = ctx.item(url, archive, size=src.get("zip_size"), sha256=src.get("zip_sha256"),
+                        approx=src.get("zip_approx_bytes"))
         ctx.fetch([item], [url], self.name, "coco val2014.zip")
         bad = zip_problem(archive)
         if bad:
@@ -213,7 +214,8 @@ class NocapsStep:
         src = ctx.sources["nocaps"]
         ann, url = self._annotations(ctx)
         if not ann.is_file():
-            item = ctx.item(url, ann, approx=src.get("annotations_approx_bytes"))
+            item = ctx.item(url, ann, size=src.get("annotations_size"), sha256=src.get("annotations_sha256"),
+                            approx=src.get("annotations_approx_bytes"))
             got = ctx.fetch([item], [url], self.name, "nocaps annotations")
             ctx.lock.record_file(ctx.rel(ann), got[0].sha256, got[0].size, self.name, ctx.source_of(item))
         wanted, orig = self._wanted(ctx, ann)

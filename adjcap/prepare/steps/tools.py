@@ -42,7 +42,9 @@ class NltkStep:
             if not self._ok(final):
                 done.append(f"{name} present")
                 continue
+            spec = ctx.sources["nltk"]["packages"][name]
             install_archive(ctx, self.name, url, final, anchor=name, take=name, approx=approx,
+                            size=spec.get("size"), sha256=spec.get("sha256"),
                             problems=lambda root: [] if any(root.iterdir()) else [f"{name}/ is empty"])
             done.append(f"{name} laid out")
         return "; ".join(done) + f" (in {ctx.data / ctx.sources['nltk']['dest']})"
@@ -80,7 +82,7 @@ class SpiceStep:
         src = ctx.sources["spice"]
         url = src["url"]
         archive = ctx.downloads / url.rsplit("/", 1)[-1]
-        item = ctx.item(url, archive, approx=src.get("approx_bytes"))
+        item = ctx.item(url, archive, size=src.get("size"), sha256=src.get("sha256"), approx=src.get("approx_bytes"))
         ctx.fetch([item], [url], self.name, "spice CoreNLP zip")
         bad = zip_problem(archive)
         if bad:
