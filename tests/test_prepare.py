@@ -14,6 +14,7 @@ import socket
 import stat
 import tarfile
 import threading
+import time
 import zipfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -37,6 +38,9 @@ class State:
         self.statuses: dict[str, list[int]] = {}  # answered (in order) before the file is served
         self.log: list[tuple[str, str, str | None]] = []  # (method, path, Range header)
         self.lock = threading.Lock()
+        self.delay = 0.0  # seconds each GET takes (to see concurrency)
+        self.in_flight = 0
+        self.max_in_flight = 0
 
     def gets(self, path: str) -> list[str | None]:
         return [r for m, p, r in self.log if m == "GET" and p == path]
@@ -86,6 +90,13 @@ def _handler(state: State):
             self.end_headers()
             if head:
                 return
+            if not head and state.delay:
+                with state.lock:
+                    state.in_flight += 1
+                    state.max_in_flight = max(state.max_in_flight, state.in_flight)
+                time.sleep(state.delay)
+                with state.lock:
+                    state.in_flight -= 1
             if drop:
                 self.wfile.write(body[: len(body) // 2])
                 self.wfile.flush()
@@ -453,6 +464,23 @@ def test_from_dir_lays_out_local_copies_with_the_same_checks(tmp_path, world, so
 def test_flickr30k_without_from_says_where_the_images_come_from(tmp_path, sources):
     with pytest.raises(PrepareError, match="no public download.*--from DIR"):
         run(["flickr30k"], opts(tmp_path / "d", sources), say=quiet())
+
+
+def test_parallel_downloads_respect_the_per_host_cap_and_report_progress(tmp_path, server):
+    from adjcap.prepare.download import Downloader, Item
+
+    server.state.delay = 0.15
+    items = [Item(url=f"{server.url}{COCO_IMG}/{n}", dest=tmp_path / n) for n in COCO_TEST + COCO_VAL]
+    out = io.StringIO()
+    host = server.url.split("://", 1)[1]
+    Downloader(workers=4, host_limits={host: 2}, stream=out).fetch_all(items, "imgs")
+    assert server.state.max_in_flight == 2
+    assert all((tmp_path / n).read_bytes() == server.state.files[f"{COCO_IMG}/{n}"] for n in COCO_TEST + COCO_VAL)
+    assert "imgs: 5/5 files" in out.getvalue() and "/s" in out.getvalue()
+    server.state.max_in_flight = 0
+    Downloader(workers=4, stream=io.StringIO()).fetch_all(
+        [Item(url=f"{server.url}{COCO_IMG}/{n}", dest=tmp_path / "b" / n) for n in COCO_TEST + COCO_VAL], "imgs")
+    assert server.state.max_in_flight == 4
 
 
 def test_dry_run_lists_sources_and_total_and_writes_nothing(tmp_path, server, sources):
