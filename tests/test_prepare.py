@@ -9,7 +9,6 @@ import errno
 import hashlib
 import io
 import json
-import os
 import socket
 import stat
 import tarfile

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import IO, Callable, Sequence, TextIO
 
 from adjcap.prepare.errors import ChecksumError, DiskFullError, NetworkError, PrepareError
-from adjcap.prepare.progress import Progress, human_bytes
+from adjcap.prepare.progress import Progress
 from adjcap.prepare.sources import host_of
 from adjcap.prepare.verify import sha256_file
 
@@ -296,7 +296,3 @@ def _reason(e: BaseException) -> str:
         return e.strerror
     return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
 
-
-def describe(items: Sequence[Item]) -> str:
-    known = sum((it.size or it.approx or 0) for it in items)
-    return f"{len(items)} files, about {human_bytes(known)}"

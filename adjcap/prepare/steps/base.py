@@ -166,10 +166,10 @@ def lay_out_images(ctx: Context, step: str, wanted: dict[str, str], final: Path,
     if bad:
         for n in bad:
             (staging / n).unlink(missing_ok=True)
+        first = ctx.source_of(items[todo.index(bad[0])])
         raise PrepareError(
-            f"{len(bad)} {step} images do not decode ({offenders(bad)}; "
-            f"{image_problem_text(ctx, bad[0], items, todo)}); they were removed, nothing was moved into "
-            f"{final} - run again"
+            f"{len(bad)} {step} images do not decode ({offenders(bad)}; the first from {first}); they were "
+            f"removed, nothing was moved into {final} - run again"
         )
     by_dest = {str(f.item.dest): f for f in got}
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -187,11 +187,6 @@ def lay_out_images(ctx: Context, step: str, wanted: dict[str, str], final: Path,
         if f is not None:
             ctx.lock.record_file(ctx.rel(final / n), f.sha256, f.size, step, ctx.source_of(it))
     return f"{len(todo)} images fetched, {len(present)} already present, in {final}"
-
-
-def image_problem_text(ctx: Context, name: str, items: list[Item], todo: list[str]) -> str:
-    i = todo.index(name)
-    return f"from {ctx.source_of(items[i])}"
 
 
 def check_images(final: Path, names: list[str], step: str) -> list[str]:

@@ -26,7 +26,7 @@ class Need:
     role: str
     kind: str  # "open_clip" | "hf" | "file"
     name: str  # hub id, open_clip model name or path
-    tag: str | None = None  # open_clip pretrained tag
+    tag: str | None = None  # open_clip: the pretrained tag; hf: which files ("verifier" | "tokenizer")
 
     @property
     def key(self) -> str:
