@@ -10,7 +10,7 @@ from typing import Any, Callable, List, Optional
 
 import typer
 
-from adjcap.config import Config, ConfigError, EvalCfg, list_presets, load_config
+from adjcap.config import Config, ConfigError, list_presets, load_config
 from adjcap.rundir import RunDir
 
 app = typer.Typer(
@@ -170,7 +170,7 @@ def evaluate(
     if predictions is None or references is None:
         typer.secho("error: give --run DIR, or --predictions PRED.json with --references REFS", fg="red", err=True)
         raise typer.Exit(2)
-    eval_cfg = EvalCfg(spice=not no_spice, spice_jars=str(spice_jars) if spice_jars else None)
+    eval_cfg = _cfg("headline", None, None, eval_updates).resolved().eval
     _run(lambda: job.evaluate_file(eval_cfg, predictions, references, fmt, split, out, intersection=intersection))
 
 
@@ -204,6 +204,39 @@ def doctor(preset: str = PRESET, sets: Optional[List[str]] = SET):
     from adjcap.doctor import report as doctor_report
 
     typer.echo(doctor_report(_cfg(preset, sets, None)))
+
+
+@app.command("prepare")
+def prepare(
+    what: Optional[List[str]] = typer.Argument(None, help="coco | flickr30k | nocaps | ifcap | models | nltk | spice | all"),
+    data: Optional[Path] = typer.Option(None, "--data", help="data root (default: $ADJCAP_DATA or ~/adjcap-data)"),
+    from_dir: Optional[Path] = typer.Option(None, "--from", help="lay out from local copies in DIR instead of downloading"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="list what would be fetched, from where, and the total size"),
+    verify: bool = typer.Option(False, "--verify", help="re-check laid-out files against {data}/prepare.lock.json"),
+    workers: int = typer.Option(8, "--workers", "-w", help="parallel downloads"),
+    preset: str = typer.Option("headline", "--preset", "-p", help="whose models the models step fetches"),
+    sets: Optional[List[str]] = SET,
+    coco_zip: bool = typer.Option(False, "--coco-zip", help="fetch the whole val2014 zip (6.6 GB) instead of the 10,000 Karpathy images"),
+    mirror: Optional[str] = typer.Option(None, "--mirror", help="fetch every URL as MIRROR/<host>/<path> (an HTTP mirror)"),
+    sources: Optional[Path] = typer.Option(None, "--sources", help="a TOML file laid over adjcap/prepare/sources.toml"),
+):
+    """Fetch, verify and lay out benchmarks, the IFCap release, model weights, NLTK data and SPICE jars."""
+    from adjcap.prepare import Options, PrepareError, run
+
+    if data is None:
+        data = Path(_cfg(preset, sets, None).resolved().paths.data_dir)
+    opts = Options(data=data, from_dir=from_dir, dry_run=dry_run, workers=workers, preset=preset,
+                   coco_zip=coco_zip, mirror=mirror, sources=sources, sets=list(sets or []))
+    try:
+        run(what or [], opts, verify=verify)
+    except (PrepareError, OSError) as e:
+        if STATE["debug"]:
+            raise
+        typer.secho(f"error: {e}", fg="red", err=True)
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        typer.secho("interrupted; run the same command again to resume", fg="red", err=True)
+        raise typer.Exit(130) from None
 
 
 def main() -> None:

@@ -192,7 +192,9 @@ class RayCfg(_Strict):
 
 class EvalCfg(_Strict):
     spice: bool = True
-    spice_jars: str | None = Field(None, description="directory with Stanford CoreNLP 3.6.0 jars")
+    spice_jars: str | None = Field(
+        "{data}/spice/lib", description="directory with Stanford CoreNLP 3.6.0 jars (`adjcap prepare spice` puts them here)"
+    )
     spice_download: bool = False
     java: str = "java"
     java_mem: str = "8G"

@@ -66,7 +66,7 @@ def report(cfg: Config) -> str:
     try:
         from adjcap.metrics.spice import spice_status
 
-        lines.append(f"spice       {spice_status(cfg.eval)}")
+        lines.append(f"spice       {spice_status(cfg.resolved().eval)}")
     except Exception as e:  # noqa: BLE001
         lines.append(f"spice       unknown ({e})")
     lines.append(f"HF offline  {os.environ.get('HF_HUB_OFFLINE', '0')}")

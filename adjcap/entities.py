@@ -16,7 +16,7 @@ NLTK data: the tagger path needs the NLTK resources ``punkt_tab``, ``averaged_pe
 and ``wordnet``. They are not shipped by any package this project installs; install them once with
 ``python -m nltk.downloader punkt_tab averaged_perceptron_tagger_eng wordnet`` (or point the
 environment variable ``ADJCAP_NLTK_DATA`` or ``NLTK_DATA`` at an ``nltk_data`` directory that holds
-them). A missing resource raises :class:`NLTKResourceError` naming it and that command.
+them; ``adjcap prepare nltk`` puts them in ``$ADJCAP_DATA/nltk_data``, which is searched too). A missing resource raises :class:`NLTKResourceError` naming it and that command.
 """
 
 from __future__ import annotations
@@ -125,6 +125,9 @@ def _extend_nltk_path() -> None:
         for d in os.environ.get(var, "").split(os.pathsep):
             if d and d not in nltk.data.path:
                 nltk.data.path.insert(0, d)
+    prepared = os.path.join(os.path.expanduser(os.environ.get("ADJCAP_DATA", "~/adjcap-data")), "nltk_data")
+    if os.path.isdir(prepared) and prepared not in nltk.data.path:  # where `adjcap prepare nltk` puts it
+        nltk.data.path.append(prepared)
 
 
 def missing_nltk_resources(names: Sequence[str] = tuple(NLTK_RESOURCES)) -> list[str]:

@@ -376,7 +376,7 @@ def _looks_like_path(text: str) -> bool:
     )
 
 
-def _tag_files(pcfg: dict[str, Any]) -> tuple[str | None, list[str], str | None]:
+def tag_files(pcfg: dict[str, Any]) -> tuple[str | None, list[str], str | None]:
     """(hub repo, candidate filenames, url) of a pretrained tag, as open_clip resolves them."""
     repo, files = None, []
     hub = pcfg.get("hf_hub") or ""
@@ -391,8 +391,9 @@ def _tag_files(pcfg: dict[str, Any]) -> tuple[str | None, list[str], str | None]
     return repo, files, pcfg.get("url") or None
 
 
-def _tag_cached(pcfg: dict[str, Any], cache_dir: str | None) -> bool:
-    repo, files, url = _tag_files(pcfg)
+def tag_cached(pcfg: dict[str, Any], cache_dir: str | None) -> bool:
+    """Whether the weights of an open_clip pretrained config are in the HF cache or open_clip's URL cache."""
+    repo, files, url = tag_files(pcfg)
     if repo:
         from huggingface_hub import try_to_load_from_cache
 
@@ -407,8 +408,11 @@ def _tag_cached(pcfg: dict[str, Any], cache_dir: str | None) -> bool:
     return False
 
 
+_tag_files = tag_files  # the old private name (tests import it)
+
+
 def _unavailable_message(model: str, tag: str, pcfg: dict[str, Any], cause: str) -> str:
-    repo, files, url = _tag_files(pcfg)
+    repo, files, url = tag_files(pcfg)
     where = []
     if repo:
         where.append(f"Hugging Face repo '{repo}' (file {' or '.join(files)})")
@@ -483,7 +487,7 @@ def _resolve_source(
         pcfg = open_clip.get_pretrained_cfg(model, text) if not _looks_like_path(text) else {}
         if pcfg:
             # a registered tag: check the cache first when offline
-            if hf_offline() and not _tag_cached(pcfg, cache_dir):
+            if hf_offline() and not tag_cached(pcfg, cache_dir):
                 raise ModelUnavailableError(
                     _unavailable_message(model, text, pcfg, "HF_HUB_OFFLINE is set and they are not cached")
                 )

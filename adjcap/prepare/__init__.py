@@ -1,0 +1,126 @@
+"""`adjcap prepare`: fetch, verify and lay out the benchmarks, the IFCap release, model weights, NLTK
+data and the SPICE jars exactly where the presets look (``{data}/...``).
+
+Support code, not the method: standard library networking (urllib), zip/tar extraction and hashing.
+Sources live in ``sources.toml``; every laid-out file's sha256 goes into ``{data}/prepare.lock.json``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Callable, Iterable, TextIO
+
+from adjcap.prepare.download import Downloader
+from adjcap.prepare.errors import PrepareError
+from adjcap.prepare.lock import LOCK_NAME, Lock
+from adjcap.prepare.progress import human_bytes
+from adjcap.prepare.sources import load_sources
+from adjcap.prepare.steps import ALL, STEPS, Context, Options, Planned
+
+__all__ = ["ALL", "STEPS", "Options", "PrepareError", "run", "steps_of"]
+
+
+def steps_of(what: Iterable[str]) -> list[str]:
+    """Step names in run order; ``all`` expands; unknown names are a PrepareError."""
+    names: set[str] = set()
+    for w in what:
+        w = w.strip().lower()
+        if w == "all":
+            names.update(ALL)
+        elif w in STEPS:
+            names.add(w)
+        else:
+            raise PrepareError(f"unknown thing to prepare '{w}'; choose from {', '.join([*STEPS, 'all'])}")
+    return [n for n in STEPS if n in names]
+
+
+def _context(opts: Options, say: Callable[[str], None], stream: TextIO | None, open_file=None) -> Context:
+    sources = load_sources(opts.sources)
+    kw = {"open_file": open_file} if open_file is not None else {}
+    dl = Downloader(workers=opts.workers, host_limits=sources.get("hosts", {}), retries=opts.retries,
+                    backoff=opts.backoff, timeout=opts.timeout, stream=stream, **kw)
+    return Context(opts=opts, sources=sources, lock=Lock(opts.data), downloader=dl, say=say)
+
+
+def _dry_run(ctx: Context, names: list[str]) -> int:
+    rows: list[Planned] = []
+    for n in names:
+        rows += STEPS[n].plan(ctx)
+    total = sum(r.size or 0 for r in rows)
+    unknown = [r for r in rows if r.size is None and r.note != "skipped"]
+    estimate = any(not r.exact and r.size for r in rows)
+    for r in rows:
+        size = "-" if r.size == 0 else human_bytes(r.size) if r.size is not None else "size unknown"
+        approx = "~" if (r.size and not r.exact) else ""
+        ctx.say(f"{r.what:52s} {approx}{size:>12s}  {r.source} -> {r.dest}")
+    tail = f" (+{len(unknown)} of unknown size)" if unknown else ""
+    ctx.say(f"total to fetch: {'about ' if estimate else ''}{human_bytes(total)}{tail}; nothing was written (--dry-run)")
+    return 0
+
+
+def _verify(ctx: Context, names: list[str] | None) -> int:
+    if not ctx.lock.path.exists():
+        raise PrepareError(f"{ctx.lock.path}: no lock file; run `adjcap prepare ...` first (it writes one)")
+    if names is None:  # everything the lock knows about
+        names = [n for n in STEPS if ctx.lock.files_of([n]) or (n == "models" and ctx.lock.doc["models"])]
+    problems = ctx.lock.verify(names)
+    for n in names:
+        problems += [f"{n}: {p}" for p in STEPS[n].check(ctx)]
+    for p in problems:
+        ctx.say(f"verify: {p}")
+    if problems:
+        raise PrepareError(
+            f"{len(problems)} problem(s) in {ctx.data} against {LOCK_NAME} (first: {problems[0]}); "
+            "run `adjcap prepare` for the steps named to fetch them again"
+        )
+    ctx.say(f"verify: {len(ctx.lock.files_of(names))} files match {ctx.lock.path}; "
+            f"{', '.join(names) or 'no step'} complete")
+    return 0
+
+
+def _tidy(work: Path) -> None:
+    """Remove the empty folders of the work area (downloads/staging of finished steps)."""
+    if not work.is_dir():
+        return
+    for d in sorted((p for p in work.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        if not any(d.iterdir()):
+            d.rmdir()
+    if not any(work.iterdir()):
+        work.rmdir()
+
+
+def run(what: Iterable[str], opts: Options, *, verify: bool = False, say: Callable[[str], None] | None = None,
+        stream: TextIO | None = None, open_file=None) -> int:
+    """Run the steps named in ``what`` (or, with ``verify``, check them; no names: everything the lock
+    knows). Returns 0; failures raise PrepareError (one line)."""
+    say = say or (lambda s: print(s, flush=True))
+    what = list(what)
+    if not what and not verify:
+        raise PrepareError(f"name what to prepare: {', '.join([*STEPS, 'all'])} (e.g. `adjcap prepare coco ifcap models nltk`)")
+    names = steps_of(what) if what else None
+    if names is not None and opts.from_dir is not None and "all" in [w.lower() for w in what]:
+        names = steps_of([*names, "flickr30k"])
+    opts.data = Path(opts.data).expanduser()
+    if opts.from_dir is not None:
+        opts.from_dir = Path(opts.from_dir).expanduser()
+        if not opts.from_dir.is_dir():
+            raise PrepareError(f"{opts.from_dir}: --from directory not found")
+    ctx = _context(opts, say, stream if stream is not None else sys.stderr, open_file)
+    if verify:
+        return _verify(ctx, names)
+    assert names is not None
+    if opts.dry_run:
+        return _dry_run(ctx, names)
+    opts.data.mkdir(parents=True, exist_ok=True)
+    for n in names:
+        say(f"{n}: {STEPS[n].summary}")
+        try:
+            summary = STEPS[n].run(ctx)
+        finally:
+            ctx.lock.save()  # what finished before a failure stays recorded
+        say(f"{n}: done - {summary}")
+    if "all" in [w.lower() for w in what] and "flickr30k" not in names:
+        say(f"flickr30k: skipped ({ctx.sources['flickr30k']['where']}; then `adjcap prepare flickr30k --from DIR`)")
+    _tidy(opts.data / ".prepare")
+    say(f"lock: {ctx.lock.path}; `adjcap doctor` shows what the presets find")
+    return 0
