@@ -262,10 +262,8 @@ def _spice_from(spice_cfg: Any, work_dir: Path | None, cache_dir: str | Path | N
         return spice_cfg
     if not getattr(spice_cfg, "spice", True):
         return None
-    import tempfile
-
-    wd = work_dir if work_dir is not None else Path(tempfile.gettempdir()) / "adjcap-spice"
-    return SpiceConfig.from_eval_cfg(spice_cfg, wd, cache_dir=cache_dir)
+    # no run directory: SPICE keeps its parse cache in the private $ADJCAP_CACHE/spice (never a shared path)
+    return SpiceConfig.from_eval_cfg(spice_cfg, work_dir, cache_dir=cache_dir)
 
 
 def evaluate_predictions(
@@ -294,7 +292,7 @@ def evaluate_predictions(
     preds, _, unresolved = resolve_predictions(entries, refs.resolve, on_missing=on_missing, source=src)
     if not preds:
         raise MetricError(f"{src}: no predicted image id matches the references in {refs_path}")
-    # SPICE's parse cache and temp files: tmp_dir if given, else <system temp>/adjcap-spice
+    # SPICE's parse cache: tmp_dir if given, else the private $ADJCAP_CACHE/spice
     spice = _spice_from(spice_cfg, Path(tmp_dir) if tmp_dir is not None else None)
     with Evaluator(refs.captions, refs.domains, spice=spice, java=java, tmp_dir=tmp_dir, on_missing=on_missing) as ev:
         result = ev.score(preds)
