@@ -32,7 +32,7 @@ from adjcap.metrics.coco import (
     score_tokenized,
 )
 from adjcap.metrics.java import MetricError
-from adjcap.metrics.meteor import MeteorScorer, shared_meteor
+from adjcap.metrics.meteor import MeteorScorer, try_shared_meteor
 from adjcap.metrics.ranks import pick_disagreement, retrieval_verifier_spearman, top1_agreement
 from adjcap.metrics.spice import SpiceConfig
 from adjcap.metrics.tokenizer import ptb_tokenize
@@ -109,8 +109,10 @@ class Evaluator:
                 self._spice_scores[(i, todo[i])] = v
         return {i: self._spice_scores[(i, c)] for i, c in preds.items()}, None
 
-    def _meteor_proc(self) -> MeteorScorer:
-        return shared_meteor(self.java)
+    def _meteor_proc(self) -> MeteorScorer | None:
+        """The shared METEOR process, or None when it cannot start (METEOR is then reported
+        missing with the reason; the other metrics are not lost)."""
+        return try_shared_meteor(self.java)
 
     def close(self) -> None:
         """Drop the caches (the METEOR process is shared and stays up for later evaluations)."""
