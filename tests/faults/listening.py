@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import socket
 import struct
 from pathlib import Path
 
@@ -79,7 +78,14 @@ def listening(pids: set[int]) -> list[tuple[int, str, int]]:
 
 
 def is_loopback(addr: str) -> bool:
-    return ipaddress.ip_address(addr).is_loopback
+    """127.0.0.0/8, ::1, and IPv4-mapped loopback (::ffff:127.0.0.1)."""
+    ip = ipaddress.ip_address(addr)
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return bool(ip.is_loopback or (mapped is not None and mapped.is_loopback))
 
 
-__all__ = ["descendants", "listening", "is_loopback", "socket"]
+def comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "?"
