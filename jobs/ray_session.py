@@ -1,5 +1,9 @@
-"""Connecting to Ray: an embedded local Ray (started and stopped here, dashboard on 127.0.0.1) or an
-existing cluster (``--address``, or the one ``ray job submit`` runs us in)."""
+"""Connecting to Ray: an embedded local Ray (started and stopped here) or an existing cluster
+(``--address``, or the one ``ray job submit`` runs us in).
+
+The embedded local Ray listens on 127.0.0.1 only (GCS, raylet, object manager, workers, agents and,
+unless ``ray.dashboard_host`` says otherwise, the dashboard), and its auth token file is made
+readable by its owner only (``~/.ray`` 0700, the token 0600)."""
 
 from __future__ import annotations
 
@@ -14,6 +18,57 @@ import ray
 from adjcap.config import Config
 
 ROOT = Path(__file__).resolve().parents[1]
+LOOPBACK = "127.0.0.1"
+# Ray picks a loopback node IP (instead of the machine's address) when this is off; it is read
+# from the environment at `import ray`, so the module constant is set as well while a local Ray starts.
+_LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+@contextlib.contextmanager
+def _loopback_only() -> Iterator[None]:
+    """While the embedded Ray runs: its node IP is 127.0.0.1, so every server it starts binds there."""
+    from ray._private import ray_constants
+
+    old_env = os.environ.get(_LOCAL_ONLY_ENV)
+    old_const = getattr(ray_constants, "ENABLE_RAY_CLUSTER", True)
+    os.environ[_LOCAL_ONLY_ENV] = "0"  # for Ray's own processes (they inherit it)
+    ray_constants.ENABLE_RAY_CLUSTER = False  # for this driver, which imported ray already
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = old_const
+        if old_env is None:
+            os.environ.pop(_LOCAL_ONLY_ENV, None)
+        else:
+            os.environ[_LOCAL_ONLY_ENV] = old_env
+
+
+def auth_token_path() -> Path:
+    """Where Ray keeps the token of token authentication: $RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token."""
+    custom = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    return Path(custom).expanduser() if custom else Path.home() / ".ray" / "auth_token"
+
+
+def _private_token_dir() -> None:
+    """~/.ray as 0700 before Ray writes its token there (Ray writes it 0644)."""
+    if os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        return
+    d = auth_token_path().parent
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = d.lstat()
+    if st.st_uid == os.geteuid() and not d.is_symlink():
+        d.chmod(0o700)
+
+
+def _private_token_file() -> None:
+    """The token file 0600 (Ray creates it with the process umask, usually 0644)."""
+    p = auth_token_path()
+    try:
+        st = p.lstat()
+    except FileNotFoundError:
+        return
+    if st.st_uid == os.geteuid() and not p.is_symlink() and st.st_mode & 0o077:
+        p.chmod(0o600)
 
 
 @contextlib.contextmanager
@@ -27,22 +82,31 @@ def ray_session(cfg: Config) -> Iterator[None]:
                                 "TOKENIZERS_PARALLELISM": "false"}}
     if address:
         ray.init(address=address, runtime_env=runtime_env, logging_level=logging.WARNING)
-    else:
-        include = cfg.ray.include_dashboard
-        ctx = ray.init(
-            include_dashboard=include,
-            dashboard_host=cfg.ray.dashboard_host,
-            runtime_env=runtime_env,
-            logging_level=logging.WARNING,
-            configure_logging=True,
-        )
+        try:
+            yield
+        finally:
+            ray.shutdown()
+        return
+    with _loopback_only():
+        _private_token_dir()
+        try:
+            ctx = ray.init(
+                include_dashboard=cfg.ray.include_dashboard,
+                dashboard_host=cfg.ray.dashboard_host,
+                _node_ip_address=LOOPBACK,
+                runtime_env=runtime_env,
+                logging_level=logging.WARNING,
+                configure_logging=True,
+            )
+        finally:
+            _private_token_file()
         url = getattr(ctx, "dashboard_url", None)
         if url:
             print(f"Ray dashboard: http://{url}")
-    try:
-        yield
-    finally:
-        ray.shutdown()
+        try:
+            yield
+        finally:
+            ray.shutdown()
 
 
 def has_gpus() -> bool:

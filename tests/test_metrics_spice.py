@@ -1,5 +1,8 @@
-"""SPICE: missing CoreNLP jars, failed download, the launcher and its Java 17 flags."""
+"""SPICE: missing CoreNLP jars, failed download, digest checks, the launcher and its Java 17 flags."""
 
+import hashlib
+import os
+import stat
 import zipfile
 from types import SimpleNamespace
 
@@ -46,37 +49,106 @@ def test_download_failure_is_clean(tmp_path):
 def _fake_corenlp_zip(path):
     with zipfile.ZipFile(path, "w") as z:
         for jar in CORENLP_JARS:
-            z.writestr(f"{CORENLP_ZIP_DIR}/{jar}", b"")  # not real jars: enough to test extraction
+            z.writestr(f"{CORENLP_ZIP_DIR}/{jar}", f"not a real {jar}")  # enough to test extraction
+    return path
 
 
-def test_download_extracts_the_two_jars(tmp_path):
-    zpath = tmp_path / "corenlp.zip"
-    _fake_corenlp_zip(zpath)
+def _pin(monkeypatch, **digests):
+    """Pin extra digests ({file name: {algo: [hex]}}) as if they were in the packaged digests file."""
+    import adjcap.metrics.spice as spice_mod
+    import adjcap.metrics.trust as trust
+
+    table = {k: dict(v) for k, v in trust.expected_digests().items()}
+    for name, algos in digests.items():
+        table[name] = {a: frozenset(d) for a, d in algos.items()}
+    monkeypatch.setattr(trust, "expected_digests", lambda: table)
+    monkeypatch.setattr(spice_mod, "expected_digests", lambda: table)
+
+
+def _sha(path, algo="sha256"):
+    return hashlib.new(algo, path.read_bytes()).hexdigest()
+
+
+def test_a_zip_that_does_not_match_its_digest_is_not_extracted(tmp_path):
+    zpath = _fake_corenlp_zip(tmp_path / "corenlp.zip")
+    cfg = SpiceConfig(work_dir=tmp_path / "run", download=True, download_url=zpath.as_uri(),
+                      download_dir=tmp_path / "cache")
+    with pytest.raises(SpiceUnavailable, match="sha1 differs"):
+        locate_corenlp(cfg)
+    assert not list((tmp_path / "cache").glob("*.jar"))
+
+
+def test_download_extracts_the_two_jars_of_a_verified_zip(tmp_path, monkeypatch):
+    zpath = _fake_corenlp_zip(tmp_path / "corenlp.zip")
+    _pin(monkeypatch, **{f"{CORENLP_ZIP_DIR}.zip": {"sha1": [_sha(zpath, "sha1")]}})
     cfg = SpiceConfig(work_dir=tmp_path / "run", download=True, download_url=zpath.as_uri(),
                       download_dir=tmp_path / "cache")
     core, models = locate_corenlp(cfg)
     assert core == tmp_path / "cache" / CORENLP_JARS[0] and models.exists()
+    assert stat.S_IMODE(os.stat(tmp_path / "cache").st_mode) == 0o700
+    # found again without downloading: the jars match the manifest written when they were extracted
+    cfg.download = False
+    assert locate_corenlp(cfg) == (core, models)
+    core.write_bytes(b"changed after extraction")
+    with pytest.raises(SpiceUnavailable, match="not a verified copy"):
+        locate_corenlp(cfg)
 
 
-def test_launcher_command_and_failure_path(tmp_path):
+def test_user_jars_are_verified_and_a_zip_in_spice_jars_is_used(tmp_path, monkeypatch):
+    jars = tmp_path / "jars"
+    jars.mkdir()
+    for jar in CORENLP_JARS:
+        (jars / jar).write_bytes(b"PK planted")
+    cfg = SpiceConfig(work_dir=tmp_path / "run", corenlp_dir=jars)
+    with pytest.raises(SpiceUnavailable, match="not a verified copy of stanford-corenlp-3.6.0"):
+        locate_corenlp(cfg)
+    for jar in CORENLP_JARS:
+        (jars / jar).unlink()
+    zpath = _fake_corenlp_zip(jars / f"{CORENLP_ZIP_DIR}.zip")
+    _pin(monkeypatch, **{f"{CORENLP_ZIP_DIR}.zip": {"sha1": [_sha(zpath, "sha1")]}})
+    core, _ = locate_corenlp(cfg)
+    assert core == tmp_path / "run" / "spice" / "lib" / CORENLP_JARS[0]
+
+
+def test_a_shared_spice_dir_is_refused(tmp_path):
+    run = tmp_path / "run"
+    (run / "spice").mkdir(parents=True)
+    os.chmod(run / "spice", 0o777)
+    jars = tmp_path / "jars"
+    jars.mkdir()
+    cfg = SpiceConfig(work_dir=run, corenlp_dir=jars)
+    with pytest.raises(SpiceUnavailable, match="writable by other users"):
+        locate_corenlp(SpiceConfig(work_dir=run, corenlp_dir=jars, download=True,
+                                   download_url="http://127.0.0.1:9/x.zip"))
+    assert cfg.spice_dir == run / "spice"
+
+
+def test_launcher_command_and_failure_path(tmp_path, monkeypatch):
     jars = tmp_path / "jars"
     jars.mkdir()
     for jar in CORENLP_JARS:  # empty (valid) jars: SPICE starts, then misses CoreNLP's classes
         with zipfile.ZipFile(jars / jar, "w"):
             pass
+    _pin(monkeypatch, **{j: {"sha256": [_sha(jars / j)]} for j in CORENLP_JARS})
     cfg = SpiceConfig(work_dir=tmp_path / "run", corenlp_dir=jars, mem="1G", threads=1)
-    cmd = spice_command(cfg, tmp_path / "in.json", tmp_path / "out.json")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir(mode=0o700)
+    cmd = spice_command(cfg, tmp_path / "in.json", tmp_path / "out.json", scratch)
     assert "-Xmx1G" in cmd and "-subset" in cmd and "-silent" in cmd
     assert str(tmp_path / "run" / "spice" / "cache") in cmd  # cache in the run dir, not site-packages
+    assert stat.S_IMODE(os.stat(tmp_path / "run" / "spice" / "cache").st_mode) == 0o700
+    cp = cmd[cmd.index("-cp") + 1].split(os.pathsep)
+    assert not any(p.endswith("*") for p in cp)  # every classpath entry is named, no wildcard
     if java_major_version() >= 9:
         assert "--add-opens" in cmd and "java.base/java.lang=ALL-UNNAMED" in cmd
     if find_javac() is not None:
         assert cmd[cmd.index("-cp") + 2] == "edu.anu.spice.AdjcapSpiceRunner"
-        assert (tmp_path / "run" / "spice" / "runner" / "edu" / "anu" / "spice" / "AdjcapSpiceRunner.class").exists()
+        assert cp[0] == str(scratch / "runner")  # compiled for this run, in its private scratch dir
+        assert (scratch / "runner" / "edu" / "anu" / "spice" / "AdjcapSpiceRunner.class").exists()
     with pytest.raises(SpiceUnavailable, match="SPICE failed") as e:
         compute_spice(PREDS, REFS, cfg)
     assert "edu/stanford/nlp" in str(e.value) or "edu.stanford.nlp" in str(e.value)
-    assert not list((tmp_path / "run" / "spice").glob("spice-*.json"))  # temp files removed
+    assert not list((tmp_path / "run" / "spice").glob("spice-*.json"))  # temp files not left in the run
 
 
 def test_from_eval_cfg():

@@ -21,7 +21,7 @@ from typing import Any, Literal
 import numpy as np
 
 from adjcap.metrics.java import MetricError
-from adjcap.metrics.meteor import MeteorScorer, shared_meteor
+from adjcap.metrics.meteor import MeteorScorer, meteor_scores, try_shared_meteor
 from adjcap.metrics.tokenizer import ptb_tokenize
 
 # paper column names, in table order
@@ -172,11 +172,14 @@ def score_tokenized(
     for i, s in zip(ids, bleu_per[3]):
         per[i]["B-4"] = 100.0 * float(s)
 
-    met = meteor if meteor is not None else shared_meteor(java)
-    m, m_per = met.compute_score(gts, res)
-    scores["METEOR"] = 100.0 * float(m)
-    for i, s in zip(ids, m_per):
-        per[i]["METEOR"] = 100.0 * float(s)
+    notes: dict[str, str] = {}
+    met = meteor_scores(gts, res, meteor=meteor, java=java)  # a METEOR failure loses METEOR only
+    if met.note:
+        notes["METEOR"] = met.note
+    if met.score is not None and met.per_image is not None:
+        scores["METEOR"] = 100.0 * float(met.score)
+        for i, s in zip(ids, met.per_image):
+            per[i]["METEOR"] = 100.0 * float(s)
 
     r, r_per = Rouge().compute_score(gts, res)
     scores["ROUGE-L"] = 100.0 * float(r)
@@ -187,7 +190,7 @@ def score_tokenized(
     scores["CIDEr"] = 100.0 * float(c)
     for i, s in zip(ids, c_per):
         per[i]["CIDEr"] = 100.0 * float(s)
-    return MetricResult(scores=scores, per_image=per, n_images=len(ids))
+    return MetricResult(scores=scores, per_image=per, n_images=len(ids), notes=notes)
 
 
 def _tokenize_pair(
@@ -250,7 +253,7 @@ def coco_metrics(
     """
     preds, refs, notes = align(predictions, references, on_missing)
     if meteor is None:
-        shared_meteor(java)  # the JVM loads its paraphrase table while the captions are tokenised
+        try_shared_meteor(java)  # the JVM loads its paraphrase table while the captions are tokenised
     gts, res = _tokenize_pair(preds, refs, java, tmp_dir)
     result = score_tokenized(gts, res, meteor=meteor, java=java)
     result.notes.update(notes)
@@ -281,14 +284,14 @@ def coco_metrics_by_domain(
             f"{len(missing_domain)} images have no domain label: {_preview(missing_domain)} "
             "(NoCaps references must carry in/near/out-domain labels)"
         )
-    shared_meteor(java)  # starts loading while the captions are tokenised
+    try_shared_meteor(java)  # starts loading while the captions are tokenised
     gts, res = _tokenize_pair(preds, refs, java, tmp_dir)
     by_domain: dict[str, list[Hashable]] = {}
     for i in preds:
         by_domain.setdefault(normalize_domain(domains[i]), []).append(i)
     names = [d for d in order if d in by_domain] + sorted(d for d in by_domain if d not in order)
     out: dict[str, MetricResult] = {}
-    met = shared_meteor(java)
+    met = try_shared_meteor(java)
     for d in names:
         ids = by_domain[d]
         out[d] = score_tokenized({i: gts[i] for i in ids}, {i: res[i] for i in ids}, meteor=met)

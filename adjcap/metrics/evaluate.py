@@ -32,7 +32,7 @@ from adjcap.metrics.coco import (
     score_tokenized,
 )
 from adjcap.metrics.java import MetricError
-from adjcap.metrics.meteor import MeteorScorer, shared_meteor
+from adjcap.metrics.meteor import MeteorScorer, try_shared_meteor
 from adjcap.metrics.ranks import pick_disagreement, retrieval_verifier_spearman, top1_agreement
 from adjcap.metrics.spice import SpiceConfig
 from adjcap.metrics.tokenizer import ptb_tokenize
@@ -110,8 +110,10 @@ class Evaluator:
                 self._spice_scores[(i, todo[i])] = v
         return {i: self._spice_scores[(i, c)] for i, c in preds.items()}, None
 
-    def _meteor_proc(self) -> MeteorScorer:
-        return shared_meteor(self.java)
+    def _meteor_proc(self) -> MeteorScorer | None:
+        """The shared METEOR process, or None when it cannot start (METEOR is then reported
+        missing with the reason; the other metrics are not lost)."""
+        return try_shared_meteor(self.java)
 
     def close(self) -> None:
         """Drop the caches (the METEOR process is shared and stays up for later evaluations)."""
@@ -263,10 +265,8 @@ def _spice_from(spice_cfg: Any, work_dir: Path | None, cache_dir: str | Path | N
         return spice_cfg
     if not getattr(spice_cfg, "spice", True):
         return None
-    import tempfile
-
-    wd = work_dir if work_dir is not None else Path(tempfile.gettempdir()) / "adjcap-spice"
-    return SpiceConfig.from_eval_cfg(spice_cfg, wd, cache_dir=cache_dir)
+    # no run directory: SPICE keeps its parse cache in the private $ADJCAP_CACHE/spice (never a shared path)
+    return SpiceConfig.from_eval_cfg(spice_cfg, work_dir, cache_dir=cache_dir)
 
 
 def evaluate_predictions(
@@ -295,7 +295,7 @@ def evaluate_predictions(
     preds, _, unresolved = resolve_predictions(entries, refs.resolve, on_missing=on_missing, source=src)
     if not preds:
         raise MetricError(f"{src}: no predicted image id matches the references in {refs_path}")
-    # SPICE's parse cache and temp files: tmp_dir if given, else <system temp>/adjcap-spice
+    # SPICE's parse cache: tmp_dir if given, else the private $ADJCAP_CACHE/spice
     spice = _spice_from(spice_cfg, Path(tmp_dir) if tmp_dir is not None else None)
     with Evaluator(refs.captions, refs.domains, spice=spice, java=java, tmp_dir=tmp_dir, on_missing=on_missing) as ev:
         result = ev.score(preds)

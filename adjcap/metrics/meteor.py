@@ -4,18 +4,31 @@ the numbers are identical. Differences: the requests are pipelined (a writer thr
 one round trip per image, Java's stderr goes to a file (a full pipe cannot stall it), a dead or
 failing jar raises a :class:`MetricError` with its stderr instead of hanging on a held lock, and
 the heap size is configurable.
+
+:func:`meteor_scores` is what evaluations call: it cuts captions longer than
+:data:`MAX_METEOR_CHARS` (a 100,000-character caption makes METEOR's aligner exhaust a 2 GB heap and
+the JVM die) and says how many it cut, and it turns a METEOR failure into "METEOR missing, because
+..." instead of losing the other metrics.
 """
 
 from __future__ import annotations
 
 import atexit
+import logging
 import subprocess
 import tempfile
 import threading
 from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from adjcap.metrics.java import MetricError, find_java, pycocoevalcap_dir, tail
+
+log = logging.getLogger(__name__)
+
+# Real captions are well under 300 characters; 1,000 keeps METEOR's alignment search small (a
+# 100,000-character caption exhausts a 2 GB heap) while never touching an ordinary caption.
+MAX_METEOR_CHARS = 1000
 
 
 def meteor_jar() -> Path:
@@ -148,6 +161,59 @@ class MeteorScorer:
             pass
 
 
+def clip_caption(text: str, limit: int = MAX_METEOR_CHARS) -> str:
+    """``text`` cut to at most ``limit`` characters, at a word boundary when there is one."""
+    if len(text) <= limit:
+        return text
+    cut = text[:limit]
+    space = cut.rfind(" ")
+    return cut[:space] if space > limit // 2 else cut
+
+
+@dataclass
+class MeteorOutcome:
+    """METEOR of one corpus: corpus score and per-image scores (raw, 0-1), or None with the reason
+    in ``note``; ``note`` also says when over-long captions were cut."""
+
+    score: float | None
+    per_image: list[float] | None
+    note: str | None = None
+
+
+def meteor_scores(
+    gts: Mapping[Hashable, Sequence[str]],
+    res: Mapping[Hashable, Sequence[str]],
+    *,
+    meteor: MeteorScorer | None = None,
+    java: str = "java",
+    limit: int = MAX_METEOR_CHARS,
+) -> MeteorOutcome:
+    """METEOR for an evaluation: captions (predictions and references) over ``limit`` characters
+    are cut (with a warning that says how many), and a :class:`MetricError` (no Java, the JVM died,
+    ...) gives ``score=None`` with the reason instead of an exception."""
+    n_cut = 0
+
+    def clip(t: str) -> str:
+        nonlocal n_cut
+        c = clip_caption(t, limit)
+        n_cut += c is not t
+        return c
+
+    g = {i: [clip(r) for r in refs] for i, refs in gts.items()}
+    r = {i: [clip(c) for c in caps] for i, caps in res.items()}
+    cut_note = None
+    if n_cut:
+        cut_note = f"{n_cut} captions longer than {limit} characters were cut to {limit} for METEOR only"
+        log.warning("METEOR: %s", cut_note)
+    try:
+        met = meteor if meteor is not None else shared_meteor(java)
+        score, per = met.compute_score(g, r)
+    except MetricError as e:
+        reason = " ".join(str(e).split())  # one line
+        return MeteorOutcome(None, None, f"n/a: {reason[:500]}" + (f"; {cut_note}" if cut_note else ""))
+    return MeteorOutcome(score, per, cut_note)
+
+
 # METEOR takes seconds to start (it loads its paraphrase table), so one process per
 # (java, heap) is kept for the life of the Python process and shared by every evaluation.
 _SHARED: dict[tuple[str, str], MeteorScorer] = {}
@@ -165,6 +231,15 @@ def shared_meteor(java: str = "java", mem: str = "2G") -> MeteorScorer:
             m = MeteorScorer(java=java, mem=mem)
             _SHARED[key] = m
         return m
+
+
+def try_shared_meteor(java: str = "java", mem: str = "2G") -> MeteorScorer | None:
+    """:func:`shared_meteor`, or None when METEOR cannot start (the evaluation then reports METEOR
+    missing with the reason, from :func:`meteor_scores`)."""
+    try:
+        return shared_meteor(java, mem)
+    except MetricError:
+        return None
 
 
 @atexit.register

@@ -3,17 +3,21 @@
 What differs from pycocoevalcap's ``Spice`` wrapper, and why:
 
 * CoreNLP 3.6.0 (``stanford-corenlp-3.6.0.jar`` + ``stanford-corenlp-3.6.0-models.jar``) is
-  looked up in a directory the user gives (``eval.spice_jars``), in pycocoevalcap's ``spice/lib``,
-  or in adjcap's download directory; it is downloaded only when ``eval.spice_download`` is true.
-  Missing jars raise :class:`SpiceUnavailable` with instructions; callers report SPICE as missing.
-* Temp files, the parse cache (LMDB) and the JVM temp dir live under ``work_dir/spice`` (the run
-  directory), never in site-packages.
+  looked up in a directory the user gives (``eval.spice_jars``, which may instead hold the CoreNLP
+  zip), in pycocoevalcap's ``spice/lib``, or in adjcap's private download directory; it is
+  downloaded only when ``eval.spice_download`` is true. Every jar is verified against pinned
+  digests first (:mod:`adjcap.metrics.trust`). Missing or unverified jars raise
+  :class:`SpiceUnavailable` with instructions; callers report SPICE as missing.
+* The parse cache (LMDB) lives in ``work_dir/spice`` (the run directory) or, without one, in
+  ``$ADJCAP_CACHE/spice``; both are private (owned by you, 0700, checked). Scratch files, the JVM
+  temp dir and the launcher live in a fresh private temp directory per run, never in a fixed
+  shared path and never in site-packages.
 * Java 9+ blocks the reflective access the cache's FST serialiser needs: the ``--add-opens``
   flags below open exactly the packages it touches (checked on Java 17).
 * Java 15+ has no JavaScript engine, which SPICE's ``SpiceScorer`` uses to pretty-print its
   ``-out`` file. When a JDK compiler is present adjcap compiles a 40-line launcher
-  (``resources/AdjcapSpiceRunner.java``) that runs the same scorer and writes the same JSON;
-  otherwise the jar's own main is used (fine on Java 11-14).
+  (``resources/AdjcapSpiceRunner.java``) for each run that runs the same scorer and writes the same
+  JSON; otherwise the jar's own main is used (fine on Java 8-14).
 * Memory is configurable (``eval.java_mem``, -Xmx).
 """
 
@@ -43,10 +47,22 @@ from adjcap.metrics.java import (
     pycocoevalcap_dir,
     tail,
 )
+from adjcap.metrics.trust import (
+    UntrustedFile,
+    check_not_writable_by_others,
+    default_cache_root,
+    digest_matches,
+    expected_digests,
+    private_dir,
+    read_manifest,
+    verify_file,
+    write_manifest,
+)
 
 CORENLP_VERSION = "3.6.0"
 CORENLP_JARS = (f"stanford-corenlp-{CORENLP_VERSION}.jar", f"stanford-corenlp-{CORENLP_VERSION}-models.jar")
 CORENLP_ZIP_DIR = "stanford-corenlp-full-2015-12-09"
+CORENLP_ZIP = f"{CORENLP_ZIP_DIR}.zip"
 CORENLP_URL = f"http://nlp.stanford.edu/software/{CORENLP_ZIP_DIR}.zip"
 
 # packages the FST serialiser of SPICE's LMDB parse cache reflects into (found on Java 17)
@@ -70,10 +86,10 @@ class SpiceUnavailable(MetricError):
 
 @dataclass
 class SpiceConfig:
-    """How to run SPICE. ``work_dir`` is the run directory (temp files and cache go in
-    ``work_dir/spice``)."""
+    """How to run SPICE. ``work_dir`` is the run directory (the parse cache goes in
+    ``work_dir/spice``); None: adjcap's cache directory ($ADJCAP_CACHE/spice)."""
 
-    work_dir: Path
+    work_dir: Path | None
     corenlp_dir: str | Path | None = None  # eval.spice_jars
     download: bool = False  # eval.spice_download
     download_dir: str | Path | None = None  # where downloaded jars go; default work_dir/spice/lib
@@ -88,10 +104,12 @@ class SpiceConfig:
     spice_jar: str | Path | None = None  # default: pycocoevalcap/spice/spice-1.0.jar
 
     @classmethod
-    def from_eval_cfg(cls, eval_cfg: Any, work_dir: str | Path, cache_dir: str | Path | None = None) -> SpiceConfig:
+    def from_eval_cfg(
+        cls, eval_cfg: Any, work_dir: str | Path | None, cache_dir: str | Path | None = None
+    ) -> SpiceConfig:
         """From ``Config.eval`` (fields spice_jars, spice_download, java, java_mem)."""
         return cls(
-            work_dir=Path(work_dir),
+            work_dir=Path(work_dir) if work_dir is not None else None,
             corenlp_dir=getattr(eval_cfg, "spice_jars", None),
             download=bool(getattr(eval_cfg, "spice_download", False)),
             download_dir=(Path(cache_dir) / "spice" / "lib") if cache_dir is not None else None,
@@ -101,7 +119,13 @@ class SpiceConfig:
 
     @property
     def spice_dir(self) -> Path:
-        return Path(self.work_dir) / "spice"
+        """Where SPICE keeps state between runs (parse cache, downloaded jars); made private on use."""
+        root = Path(self.work_dir) if self.work_dir is not None else default_cache_root()
+        return root / "spice"
+
+    @property
+    def lib_dir(self) -> Path:
+        return Path(self.download_dir) if self.download_dir else self.spice_dir / "lib"
 
 
 def spice_jar_path(cfg: SpiceConfig) -> Path:
@@ -109,6 +133,19 @@ def spice_jar_path(cfg: SpiceConfig) -> Path:
     if not jar.exists():
         raise SpiceUnavailable(f"spice-1.0.jar not found at {jar}; reinstall pycocoevalcap==1.2")
     return jar
+
+
+def spice_lib_jars(spice_jar: Path) -> list[Path]:
+    """The jars SPICE itself needs (shipped beside spice-1.0.jar in ``lib/``), by name: never a
+    wildcard, and never a CoreNLP jar found there (those are verified separately)."""
+    lib = spice_jar.parent / "lib"
+    jars = sorted(p for p in lib.glob("*.jar") if p.is_file() and not p.name.startswith("stanford-corenlp-"))
+    for p in [spice_jar, *jars]:
+        try:
+            check_not_writable_by_others(p)
+        except UntrustedFile as e:
+            raise SpiceUnavailable(str(e)) from None
+    return jars
 
 
 def _has_jars(d: Path) -> bool:
@@ -120,7 +157,7 @@ def _missing_message(looked: list[Path], extra: str = "") -> str:
     return (
         f"SPICE needs Stanford CoreNLP {CORENLP_VERSION} ({CORENLP_JARS[0]} and {CORENLP_JARS[1]}), "
         f"which were not found (looked in: {where}).{extra} To get SPICE: download "
-        f"{CORENLP_ZIP_DIR}.zip ({CORENLP_URL}), put those two jars in a directory and set "
+        f"{CORENLP_ZIP} ({CORENLP_URL}), put it (or the two jars in it) in a directory of your own and set "
         "eval.spice_jars=DIR (CLI: `adjcap evaluate --spice-jars DIR`, or --set eval.spice_jars=DIR), or set "
         "eval.spice_download=true to "
         "download them on first use (about 400 MB; needs internet). Set eval.spice=false to skip SPICE. "
@@ -128,35 +165,89 @@ def _missing_message(looked: list[Path], extra: str = "") -> str:
     )
 
 
+def _verified(d: Path, manifest: dict[str, Any] | None = None) -> tuple[Path, Path]:
+    """The two jars in ``d`` if each matches a pinned digest (or ``manifest``); else SpiceUnavailable."""
+    try:
+        for j in CORENLP_JARS:
+            verify_file(d / j, j, manifest)
+    except UntrustedFile as e:
+        raise SpiceUnavailable(str(e)) from None
+    return d / CORENLP_JARS[0], d / CORENLP_JARS[1]
+
+
 def locate_corenlp(cfg: SpiceConfig) -> tuple[Path, Path]:
-    """Find (or, if allowed, download) the two CoreNLP 3.6.0 jars; raise SpiceUnavailable."""
+    """Find (or, if allowed, download) the two CoreNLP 3.6.0 jars and verify them; raise
+    SpiceUnavailable (missing, or present but not matching the pinned digests)."""
     looked: list[Path] = []
+    lib = cfg.lib_dir
     if cfg.corenlp_dir:
         d = Path(os.path.expanduser(str(cfg.corenlp_dir)))
         if _has_jars(d):
-            return d / CORENLP_JARS[0], d / CORENLP_JARS[1]
+            return _verified(d, _private_manifest(lib))
+        if (d / CORENLP_ZIP).is_file():
+            return _from_zip(d / CORENLP_ZIP, lib)
         looked.append(d)
-    lib = pycocoevalcap_dir() / "spice" / "lib"
+    pkg_lib = pycocoevalcap_dir() / "spice" / "lib"
+    if _has_jars(pkg_lib):
+        return _verified(pkg_lib, _private_manifest(lib))
+    looked.append(pkg_lib)
     if _has_jars(lib):
-        return lib / CORENLP_JARS[0], lib / CORENLP_JARS[1]
+        return _verified(_checked_private(lib), read_manifest(lib))
     looked.append(lib)
-    dl = Path(cfg.download_dir) if cfg.download_dir else cfg.spice_dir / "lib"
-    if _has_jars(dl):
-        return dl / CORENLP_JARS[0], dl / CORENLP_JARS[1]
-    looked.append(dl)
     if not cfg.download:
         raise SpiceUnavailable(_missing_message(looked))
     try:
-        download_corenlp(dl, url=cfg.download_url, timeout=cfg.download_timeout)
+        download_corenlp(lib, url=cfg.download_url, timeout=cfg.download_timeout)
     except SpiceUnavailable as e:
         raise SpiceUnavailable(_missing_message(looked, f" Downloading them failed: {e}.")) from None
-    return dl / CORENLP_JARS[0], dl / CORENLP_JARS[1]
+    return _verified(lib, read_manifest(lib))
+
+
+def _checked_private(d: Path) -> Path:
+    """``d`` and its parent (adjcap's spice/ folder) made private, or SpiceUnavailable."""
+    try:
+        private_dir(d.parent)
+        return private_dir(d)
+    except UntrustedFile as e:
+        raise SpiceUnavailable(str(e)) from None
+
+
+def _private_manifest(lib: Path) -> dict[str, Any]:
+    return read_manifest(lib) if lib.is_dir() else {}
+
+
+def _from_zip(zpath: Path, lib: Path) -> tuple[Path, Path]:
+    """Verify a CoreNLP zip the user supplied and extract its two jars into the private ``lib``."""
+    try:
+        check_not_writable_by_others(zpath)
+    except UntrustedFile as e:
+        raise SpiceUnavailable(str(e)) from None
+    extract_corenlp(zpath, _checked_private(lib), source=str(zpath))
+    return _verified(lib, read_manifest(lib))
+
+
+def extract_corenlp(zpath: Path, dest: Path, *, source: str) -> None:
+    """Check the zip's digest, then extract the two jars into the private ``dest`` (atomically: a
+    jar is either complete or absent) and record their sha256 in dest's manifest."""
+    if not digest_matches(zpath, expected_digests().get(CORENLP_ZIP, {})):
+        raise SpiceUnavailable(f"{source} is not the published {CORENLP_ZIP} (its sha1 differs); not extracted")
+    try:
+        with zipfile.ZipFile(zpath) as z:
+            for jar in CORENLP_JARS:
+                member = f"{CORENLP_ZIP_DIR}/{jar}"
+                tmp = dest / f".{jar}.tmp"
+                with z.open(member) as src, open(tmp, "wb") as dst:
+                    shutil.copyfileobj(src, dst, length=1 << 20)
+                os.replace(tmp, dest / jar)
+    except (zipfile.BadZipFile, KeyError) as e:
+        raise SpiceUnavailable(f"{source} is not the expected CoreNLP zip: {e}") from None
+    write_manifest(dest, list(CORENLP_JARS))
 
 
 def download_corenlp(dest: Path, *, url: str = CORENLP_URL, timeout: float = 60.0) -> None:
-    """Fetch the CoreNLP zip and extract the two jars into ``dest`` (atomically: a jar is either
-    complete or absent). Any failure raises SpiceUnavailable."""
-    dest.mkdir(parents=True, exist_ok=True)
+    """Fetch the CoreNLP zip, check its digest and extract the two jars into the private ``dest``.
+    Any failure raises SpiceUnavailable."""
+    dest = _checked_private(dest)
     fd, zpath = tempfile.mkstemp(prefix=".corenlp-", suffix=".zip.tmp", dir=dest)
     os.close(fd)
     try:
@@ -165,45 +256,36 @@ def download_corenlp(dest: Path, *, url: str = CORENLP_URL, timeout: float = 60.
                 shutil.copyfileobj(r, f, length=1 << 20)
         except OSError as e:  # URLError, timeouts, connection refused
             raise SpiceUnavailable(f"could not download {url}: {e}") from None
-        try:
-            with zipfile.ZipFile(zpath) as z:
-                for jar in CORENLP_JARS:
-                    member = f"{CORENLP_ZIP_DIR}/{jar}"
-                    tmp = dest / f".{jar}.tmp"
-                    with z.open(member) as src, open(tmp, "wb") as dst:
-                        shutil.copyfileobj(src, dst, length=1 << 20)
-                    os.replace(tmp, dest / jar)
-        except (zipfile.BadZipFile, KeyError) as e:
-            raise SpiceUnavailable(f"{url} is not the expected CoreNLP zip: {e}") from None
+        extract_corenlp(Path(zpath), dest, source=url)
     finally:
         if os.path.exists(zpath):
             os.unlink(zpath)
 
 
-def _compiled_runner(cfg: SpiceConfig, spice_jar: Path) -> Path | None:
-    """Compile AdjcapSpiceRunner.java into work_dir/spice/runner (once); None without javac."""
-    out = cfg.spice_dir / "runner"
-    cls = out / "edu" / "anu" / "spice" / "AdjcapSpiceRunner.class"
-    if cls.exists():
-        return out
+def compile_runner(cfg: SpiceConfig, spice_jar: Path, scratch: Path) -> Path | None:
+    """Compile the packaged AdjcapSpiceRunner.java into ``scratch/runner`` (a private directory
+    made for this run: no class found on disk is ever run); None without javac."""
     javac = find_javac(cfg.java)
     if javac is None:
         return None
-    src_dir = cfg.spice_dir / "runner-src"
-    src_dir.mkdir(parents=True, exist_ok=True)
+    src_dir = scratch / "runner-src"
+    out = scratch / "runner"
+    src_dir.mkdir(mode=0o700)
+    out.mkdir(mode=0o700)
     src = src_dir / "AdjcapSpiceRunner.java"
     src.write_text((resources.files("adjcap.metrics") / "resources" / "AdjcapSpiceRunner.java").read_text())
-    out.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run(
-        [javac, "-nowarn", "-cp", str(spice_jar), "-d", str(out), str(src)], capture_output=True, text=True
+        [javac, "-nowarn", "-cp", str(spice_jar), "-d", str(out), str(src)],
+        capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600,
     )
     if proc.returncode != 0:
         raise SpiceUnavailable(f"could not compile the SPICE launcher with {javac}: {tail(proc.stderr)}")
     return out
 
 
-def spice_command(cfg: SpiceConfig, in_file: Path, out_file: Path) -> list[str]:
-    """The java command line that scores ``in_file`` into ``out_file``; raises SpiceUnavailable."""
+def spice_command(cfg: SpiceConfig, in_file: Path, out_file: Path, scratch: Path) -> list[str]:
+    """The java command line that scores ``in_file`` into ``out_file``; ``scratch`` is this run's
+    private temp directory (launcher, JVM temp files). Raises SpiceUnavailable."""
     try:
         java = find_java(cfg.java)
         major = java_major_version(cfg.java)
@@ -212,35 +294,33 @@ def spice_command(cfg: SpiceConfig, in_file: Path, out_file: Path) -> list[str]:
     if major < 8:
         raise SpiceUnavailable(f"SPICE needs Java 8+; {java} is Java {major}")
     spice_jar = spice_jar_path(cfg)
+    lib_jars = spice_lib_jars(spice_jar)
     core, models = locate_corenlp(cfg)
-    lib = spice_jar.parent / "lib"
-    runner = _compiled_runner(cfg, spice_jar)
-    cp = [str(spice_jar), str(lib / "*"), str(core), str(models)]
-    extra_dir = Path(os.path.expanduser(str(cfg.corenlp_dir))) if cfg.corenlp_dir else None
-    if extra_dir is not None and extra_dir.is_dir():
-        cp.append(str(extra_dir / "*"))  # e.g. a standalone Nashorn for Java 15+ without javac
+    runner = compile_runner(cfg, spice_jar, scratch)
+    cp = [str(spice_jar), *(str(p) for p in lib_jars), str(core), str(models)]
     if runner is not None:
         cp.insert(0, str(runner))
         main = RUNNER_CLASS
     else:
-        if major >= 15 and not (extra_dir and any(extra_dir.glob("nashorn*.jar"))):
+        if major >= 15:
             raise SpiceUnavailable(
                 f"Java {major} has no JavaScript engine, which spice-1.0.jar needs to write its output, "
                 "and no javac was found to build adjcap's launcher that avoids it. Install a JDK "
-                "(e.g. `apt-get install default-jdk-headless`), run SPICE with Java 11 (eval.java=PATH), "
-                "or put a standalone Nashorn jar (nashorn-core 15.x + its asm jars) in eval.spice_jars."
+                "(e.g. `apt-get install default-jdk-headless`) or run SPICE with Java 8-14 (eval.java=PATH)."
             )
         main = SPICE_MAIN_CLASS
-    tmp = cfg.spice_dir / "tmp"
-    tmp.mkdir(parents=True, exist_ok=True)
+    tmp = scratch / "tmp"
+    tmp.mkdir(mode=0o700, exist_ok=True)
     cmd = [java, f"-Xmx{cfg.mem}", f"-Djava.io.tmpdir={tmp}"]
     if major >= 9:
         for pkg in ADD_OPENS:
             cmd += ["--add-opens", f"{pkg}=ALL-UNNAMED"]
     cmd += ["-cp", os.pathsep.join(cp), main, str(in_file), "-out", str(out_file), "-subset", "-silent"]
     if cfg.use_cache:
-        cache = cfg.spice_dir / "cache"
-        cache.mkdir(parents=True, exist_ok=True)
+        try:
+            cache = private_dir(private_dir(cfg.spice_dir) / "cache")
+        except UntrustedFile as e:
+            raise SpiceUnavailable(str(e)) from None
         cmd += ["-cache", str(cache)]
     if cfg.threads:
         cmd += ["-threads", str(int(cfg.threads))]
@@ -274,35 +354,26 @@ def compute_spice(
     missing = [i for i in ids if not references.get(i)]
     if missing:
         raise ValueError(f"SPICE: {len(missing)} predictions have no references, e.g. {missing[:5]}")
-    work = cfg.spice_dir
-    work.mkdir(parents=True, exist_ok=True)
-    fd, in_name = tempfile.mkstemp(prefix="spice-in-", suffix=".json", dir=work)
-    os.close(fd)
-    fd, out_name = tempfile.mkstemp(prefix="spice-out-", suffix=".json", dir=work)
-    os.close(fd)
-    in_file, out_file = Path(in_name), Path(out_name)
-    try:
+    with tempfile.TemporaryDirectory(prefix="adjcap-spice-") as scratch_name:  # private (0700), fresh
+        scratch = Path(scratch_name)
+        in_file, out_file = scratch / "spice-in.json", scratch / "spice-out.json"
         # positions as ids (the output is mapped back by them); ASCII-escaped JSON so that SPICE's
         # default-charset FileReader reads non-ASCII captions correctly
         items = [{"image_id": k, "test": predictions[i], "refs": list(references[i])} for k, i in enumerate(ids)]
         in_file.write_text(json.dumps(items, ensure_ascii=True))
-        cmd = spice_command(cfg, in_file, out_file)
+        cmd = spice_command(cfg, in_file, out_file, scratch)
         try:
             proc = subprocess.run(
-                cmd, cwd=str(work), stdin=subprocess.DEVNULL, capture_output=True, timeout=cfg.timeout
+                cmd, cwd=str(scratch), stdin=subprocess.DEVNULL, capture_output=True, timeout=cfg.timeout
             )
         except subprocess.TimeoutExpired:
             raise SpiceUnavailable(f"SPICE did not finish within {cfg.timeout:.0f}s") from None
-        if proc.returncode != 0 or out_file.stat().st_size == 0:
+        if proc.returncode != 0 or not out_file.exists() or out_file.stat().st_size == 0:
             raise SpiceUnavailable(
                 f"SPICE failed (java exit {proc.returncode}): {_java_errors(proc.stderr)}. If it ran out of "
                 f"memory raise eval.java_mem (now {cfg.mem}). stderr tail: {tail(proc.stderr, 800)}"
             )
         results = json.loads(out_file.read_text(encoding="utf-8"))
-    finally:
-        for p in (in_file, out_file):
-            if p.exists():
-                p.unlink()
     per: dict[Hashable, float] = {}
     for item in results:
         k = int(item["image_id"])
@@ -319,8 +390,7 @@ def spice_status(eval_cfg: Any, work_dir: str | Path | None = None) -> str:
     is attempted)."""
     if not getattr(eval_cfg, "spice", True):
         return "disabled (eval.spice=false)"
-    wd = Path(work_dir) if work_dir is not None else Path(tempfile.gettempdir()) / "adjcap-spice"
-    cfg = SpiceConfig.from_eval_cfg(eval_cfg, wd)
+    cfg = SpiceConfig.from_eval_cfg(eval_cfg, work_dir)
     cfg.download = False
     try:
         major = java_major_version(cfg.java)
@@ -331,6 +401,6 @@ def spice_status(eval_cfg: Any, work_dir: str | Path | None = None) -> str:
         hint = " (eval.spice_download=true would fetch them)" if getattr(eval_cfg, "spice_download", False) else ""
         return f"unavailable: {first}{hint}; set eval.spice_jars=DIR with the CoreNLP {CORENLP_VERSION} jars"
     launcher = "adjcap launcher (javac found)" if find_javac(cfg.java) else (
-        "spice-1.0.jar main" + (" - needs Java <= 14 or Nashorn" if major >= 15 else "")
+        "spice-1.0.jar main" + (" - needs Java <= 14" if major >= 15 else "")
     )
-    return f"ready: Java {major}, CoreNLP jars in {core.parent}, {launcher}"
+    return f"ready: Java {major}, verified CoreNLP jars in {core.parent}, {launcher}"
