@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from actors.transport import pack
-from adjcap.data.images import decode_image
+from adjcap.data.images import DecodedImage, decode_image
 from adjcap.stages import ImageState
 
 
@@ -18,7 +18,8 @@ def decode_batch(batch: dict[str, Any]) -> dict[str, Any]:
             split=str(batch["split"][i]),
             domain=str(batch["domain"][i] or "") or None,
         )
-        d = decode_image(batch["image_path"][i])
+        listed_error = str(batch["error"][i]) if "error" in batch else ""
+        d = DecodedImage(None, listed_error) if listed_error else decode_image(batch["image_path"][i])
         if d.error:
             s.error = f"decode: {d.error}"
         else:

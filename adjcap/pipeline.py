@@ -16,7 +16,7 @@ import torch
 
 from adjcap import stages
 from adjcap.config import Config, ConfigError
-from adjcap.data.images import decode_image
+from adjcap.data.images import DecodedImage, decode_image
 from adjcap.data.records import Record
 
 
@@ -183,7 +183,7 @@ def new_states(records: Iterable[Record], benchmark: str) -> list[stages.ImageSt
 
 def decode_into(states: list[stages.ImageState], records: Sequence[Record]) -> None:
     for s, r in zip(states, records):
-        d = decode_image(r.image_path)
+        d = DecodedImage(None, r.error) if r.error else decode_image(r.image_path)
         if d.error:
             s.error = f"decode: {d.error}"
         else:

@@ -22,7 +22,7 @@ from actors.retriever import RetrieverActor
 from actors.scorer import ScorerActor
 from actors.verifier import VerifierActor
 from adjcap.config import Config
-from adjcap.data.benchmarks import read_benchmark
+from adjcap.data.benchmarks import read_benchmark, split_annotations
 from adjcap.data.records import Record
 from adjcap.features import rows_to_table
 from adjcap.io import atomic_write_json, atomic_write_parquet, atomic_write_text, is_temp_name
@@ -63,7 +63,7 @@ def read_records(cfg: Config) -> dict[str, list[Record]]:
     b = cfg.benchmark_cfg()
     out = {}
     for split in cfg.splits:
-        ann = b.annotations_by_split.get(split, b.annotations)
+        ann = split_annotations(b, split, cfg.benchmark)
         out[split] = read_benchmark(b.format, cfg.path(ann), cfg.path(b.images), split, limit=cfg.limit)
     return out
 
@@ -110,7 +110,7 @@ def extract_features(cfg: Config, run_dir: Path, records: dict[str, list[Record]
     w = cfg.ray.workers
 
     items = [
-        {"image_id": r.image_id, "image_path": r.image_path or "", "split": r.split,
+        {"image_id": r.image_id, "image_path": r.image_path or "", "error": r.error or "", "split": r.split,
          "domain": r.domain or "", "benchmark": cfg.benchmark}
         for r in todo
     ]
