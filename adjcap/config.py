@@ -166,7 +166,7 @@ class RerankCfg(_Strict):
 
 
 class BenchmarkCfg(_Strict):
-    format: Literal["karpathy", "ifcap", "nocaps", "coco", "folder"]
+    format: str = Field(description="an annotation layout registered in adjcap/data/layouts, or auto")
     annotations: str = Field(description="reference file (see README: formats)")
     images: str = Field(description="image root directory")
     corpus: str | None = Field(None, description="training-caption corpus for retrieval")
@@ -174,6 +174,14 @@ class BenchmarkCfg(_Strict):
     annotations_by_split: dict[str, str] = Field(
         default_factory=dict, description="per-split annotation files (IFCap layout: test/val files)"
     )
+
+    @field_validator("format")
+    @classmethod
+    def _known_format(cls, v: str) -> str:
+        from adjcap.data.layouts import check_format  # the registry owns the names
+
+        check_format(v)  # DataError (a ValueError) naming the known formats
+        return v
 
 
 class RayCfg(_Strict):
@@ -208,7 +216,7 @@ class Config(_Strict):
     device: str = "auto"
     benchmark: str = "coco"
     splits: list[str] = Field(default_factory=lambda: ["val", "test"])
-    limit: int | None = None
+    limit: int | None = Field(None, gt=0, description="only the first N images of each split")
     paths: PathsCfg = Field(default_factory=PathsCfg)
     retrieval: RetrievalCfg = Field(default_factory=RetrievalCfg)
     verifier: VerifierCfg = Field(default_factory=VerifierCfg)

@@ -64,9 +64,13 @@ class ImageState:
 
 
 def decode_state(image_id: str, benchmark: str, split: str, domain: str | None,
-                 image_path: str | None) -> ImageState:
-    """A fresh state with its image decoded (or its ``error`` set: missing file, truncated JPEG, ...)."""
+                 image_path: str | None, error: str | None = None) -> ImageState:
+    """A fresh state with its image decoded (or its ``error`` set: missing file, truncated JPEG, a
+    path the annotation reader already refused (``error``), ...)."""
     s = ImageState(image_id=image_id, benchmark=benchmark, split=split, domain=domain or None)
+    if error:
+        s.error = f"decode: {error}"
+        return s
     if not image_path:
         s.error = "decode: the record has no image path"
         return s

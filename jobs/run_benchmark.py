@@ -19,7 +19,7 @@ from actors.retriever import RetrieverActor
 from actors.scorer import ScorerActor
 from actors.verifier import VerifierActor
 from adjcap.config import Config
-from adjcap.data.benchmarks import read_benchmark
+from adjcap.data.benchmarks import read_benchmark, split_annotations
 from adjcap.data.records import Record
 from adjcap.features import rows_to_table
 from adjcap.index import benchmark_corpus, index_arrays
@@ -40,7 +40,7 @@ def read_records(cfg: Config) -> dict[str, list[Record]]:
     b = cfg.resolved().benchmark_cfg(cfg.benchmark)
     out = {}
     for split in cfg.splits:
-        ann = b.annotations_by_split.get(split, b.annotations)
+        ann = split_annotations(b, split, cfg.benchmark)
         out[split] = read_benchmark(b.format, ann, b.images, split, limit=cfg.limit)
     return out
 
@@ -75,7 +75,7 @@ def extract_features(cfg: Config, run: RunDir, records: dict[str, list[Record]],
     index_ref = ray.put((vectors, ids, precision, corpus.texts))
     bs = cfg.ray.batch_size
     items = [
-        {"image_id": r.image_id, "image_path": r.image_path or "", "split": r.split,
+        {"image_id": r.image_id, "image_path": r.image_path or "", "error": r.error or "", "split": r.split,
          "domain": r.domain or "", "benchmark": cfg.benchmark}
         for r in todo
     ]

@@ -15,10 +15,15 @@ from adjcap.data import (
     coco_id_from_name,
     decode_image,
     detect_format,
+    format_names,
     normalize_domain,
     read_benchmark,
     read_references,
+    register_layout,
+    split_annotations,
 )
+from adjcap.data.annotations import layout_of
+from adjcap.data.layouts import LAYOUTS, check_format, dir_layout, get_layout
 
 FIX = Path(__file__).parent / "fixtures" / "data"
 COCO_IFCAP = FIX / "coco_test_captions.json"
@@ -241,7 +246,9 @@ def test_limit():
     assert [r.image_id for r in read_benchmark("ifcap", COCO_IFCAP, None, "test", limit=3)] == list(
         _json(COCO_IFCAP)
     )[:3]
-    assert read_benchmark("ifcap", COCO_IFCAP, None, "test", limit=0) == []
+    for bad in (0, -2):
+        with pytest.raises(DataError, match=rf"limit must be a positive number of images, got {bad}"):
+            read_benchmark("ifcap", COCO_IFCAP, None, "test", limit=bad)
 
 
 def test_folder_format(tmp_path: Path):
@@ -327,7 +334,7 @@ def test_format_mismatch_says_which_format_it_is(tmp_path: Path):
         read_benchmark("karpathy", COCO_IFCAP, None, "test")
     with pytest.raises(DataError, match=r"format 'coco'"):
         read_references(COCO_GT, "nocaps")
-    with pytest.raises(DataError, match="unknown benchmark format 'cocoa'"):
+    with pytest.raises(DataError, match=r"unknown benchmark format 'cocoa' \(did you mean 'coco'\?\)"):
         read_benchmark("cocoa", COCO_IFCAP, None, "test")
 
 
@@ -395,8 +402,208 @@ def test_missing_images_listed(tmp_path: Path):
     msg = str(ei.value)
     assert "22 of 24 images" in msg and str(COCO_IFCAP) in msg and str(IMAGES) in msg
     assert "COCO_val2014_000000391895.jpg" in msg and "(22 in all)" in msg
-    assert "check_images=False" in msg
+    assert "--set benchmarks.<name>.images=DIR" in msg
     recs = read_benchmark("ifcap", COCO_IFCAP, IMAGES, "test", check_images=False)
     assert len(recs) == 24 and all(r.image_path is not None for r in recs)
     with pytest.raises(DataError, match="image folder not found"):
         read_benchmark("ifcap", COCO_IFCAP, tmp_path / "no-such-dir", "test")
+
+
+# ---------------------------------------------------------------------------------------------
+# The layout registry: every layout is sniffed from its own content; errors list the known names
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def layout_samples(tmp_path: Path, karpathy_file: Path, nocaps_official: Path) -> dict[str, Path]:
+    """One real-excerpt sample per registered layout."""
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    shutil.copy(IMAGES / REAL_JPEGS[0], folder / "x.jpg")
+    return {
+        "karpathy": karpathy_file,
+        "ifcap": COCO_IFCAP,
+        "ifcap_nocaps": NOCAPS,
+        "nocaps_official": nocaps_official,
+        "coco": COCO_GT,
+        "lavis": COCO_LAVIS,
+        "folder": folder,
+    }
+
+
+def test_every_registered_layout_is_sniffed_from_its_content(layout_samples: dict[str, Path]):
+    assert set(layout_samples) == set(LAYOUTS)  # a new layout needs a sample here
+    for name, path in layout_samples.items():
+        lay = get_layout(name)
+        if lay.reads == "dir":
+            assert dir_layout(path) is lay
+        else:
+            obj = json.loads(path.read_text())
+            hits = [other.name for other in LAYOUTS.values() if other.reads == "json" and other.sniff(obj)]
+            assert hits == [name], (name, hits)  # sniffers are mutually exclusive
+            assert layout_of(obj, path) is lay
+        assert detect_format(path) == lay.format
+        split = "test" if name in ("karpathy", "folder", "ifcap") else "val"
+        recs = read_benchmark(lay.format, path, None, split)
+        assert recs and all(r.split == split for r in recs)
+        assert read_benchmark("auto", path, None, split) == recs
+
+
+def test_formats_come_from_the_registry():
+    assert format_names() == ("coco", "folder", "ifcap", "karpathy", "lavis", "nocaps", "auto")
+    assert get_layout("nocaps_official").read_as("coco") and not get_layout("coco").read_as("nocaps")
+
+
+def test_registry_errors_list_known_names():
+    with pytest.raises(DataError) as ei:
+        check_format("karpaty")
+    msg = str(ei.value)
+    assert "unknown benchmark format 'karpaty' (did you mean 'karpathy'?)" in msg
+    assert "known formats: coco, folder, ifcap, karpathy, lavis, nocaps, auto" in msg
+    with pytest.raises(DataError, match=r"unknown annotation layout 'lavs' \(did you mean 'lavis'\?\); known layouts: coco, folder"):
+        get_layout("lavs")
+    with pytest.raises(DataError, match=r"unknown benchmark format 'xyzzy'; known formats"):
+        check_format("xyzzy")
+    with pytest.raises(ValueError, match="already registered"):
+        register_layout("coco", format="coco", description="again", sniff=lambda obj: False)(lambda o, p, s: [])
+    assert get_layout("coco").description == "a COCO captions annotation file"
+
+
+def test_benchmark_config_format_checked_against_the_registry():
+    from pydantic import ValidationError
+
+    from adjcap.config import BenchmarkCfg, Config
+
+    ok = BenchmarkCfg(format="lavis", annotations="a.json", images="img")
+    assert ok.format == "lavis"
+    with pytest.raises(ValidationError, match=r"did you mean 'nocaps'.*known formats: coco, folder"):
+        BenchmarkCfg(format="nocap", annotations="a.json", images="img")
+    with pytest.raises(ValidationError, match="greater than 0"):
+        Config(limit=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Splits: a split the benchmark does not list is an error, never another split's file
+# ---------------------------------------------------------------------------------------------
+
+
+def test_unknown_split_is_an_error_naming_the_known_ones():
+    from adjcap.config import BenchmarkCfg
+
+    b = BenchmarkCfg(
+        format="ifcap", annotations="t.json", images="img", annotations_by_split={"test": "t.json", "val": "v.json"}
+    )
+    assert split_annotations(b, "val", "coco") == "v.json"
+    assert split_annotations(b, "test", "coco") == "t.json"
+    with pytest.raises(DataError) as ei:
+        split_annotations(b, "train", "coco")
+    msg = str(ei.value)
+    assert "benchmark 'coco' has no split 'train'; its splits: test, val" in msg
+    assert "benchmarks.coco.annotations_by_split.train=FILE" in msg
+    one = BenchmarkCfg(format="karpathy", annotations="dataset_coco.json", images="img")
+    assert split_annotations(one, "restval", "k") == "dataset_coco.json"  # the file itself holds the splits
+
+
+# ---------------------------------------------------------------------------------------------
+# Image paths stay inside the image root
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def rooted(tmp_path: Path) -> tuple[Path, Path]:
+    """(image root holding ok.jpg, a real JPEG outside the root)."""
+    root = tmp_path / "root" / "images"
+    root.mkdir(parents=True)
+    shutil.copy(IMAGES / REAL_JPEGS[0], root / "ok.jpg")
+    outside = tmp_path / "secret.jpg"
+    shutil.copy(IMAGES / REAL_JPEGS[1], outside)
+    return root, outside
+
+
+def test_annotation_keys_cannot_leave_the_image_root(tmp_path: Path, rooted: tuple[Path, Path]):
+    root, outside = rooted
+    caps = {"ok.jpg": ["a dog"], "../../secret.jpg": ["a cat"], str(outside): ["a cow"], "sub/../../../secret.jpg": ["x"]}
+    ann = _write(tmp_path / "test_captions.json", caps)
+    recs = read_benchmark("ifcap", ann, root, "test")  # check_images: escaping keys are rows, not a refusal
+    by = {r.image_id: r for r in recs}
+    assert by["ok.jpg"].error is None and by["ok.jpg"].image_path == str(root / "ok.jpg")
+    for key in list(caps)[1:]:
+        assert by[key].image_path is None, key
+        assert by[key].error.startswith("image path escapes the image root"), key
+    # the LAVIS list's fallback to the bare file name does not rescue a climbing key
+    lavis = _write(tmp_path / "lavis.json", [{"image": "../../secret.jpg", "caption": "a cat"}])
+    (root / "secret.jpg").write_bytes((IMAGES / REAL_JPEGS[0]).read_bytes())
+    (rec,) = read_benchmark("lavis", lavis, root, "test")
+    assert rec.image_path is None and "escapes the image root" in rec.error
+
+
+def test_symlinks_out_of_the_root_are_refused(tmp_path: Path, rooted: tuple[Path, Path]):
+    root, outside = rooted
+    (root / "link-out.jpg").symlink_to(outside)
+    (root / "link-in.jpg").symlink_to(root / "ok.jpg")
+    (root / "dir-out").symlink_to(outside.parent, target_is_directory=True)
+    caps = {"link-out.jpg": ["a"], "link-in.jpg": ["b"], "dir-out/secret.jpg": ["c"]}
+    recs = {r.image_id: r for r in read_benchmark("ifcap", _write(tmp_path / "t.json", caps), root, "test")}
+    assert recs["link-in.jpg"].error is None and Path(recs["link-in.jpg"].image_path).is_file()
+    for key in ("link-out.jpg", "dir-out/secret.jpg"):
+        assert recs[key].image_path is None
+        assert "escapes the image root" in recs[key].error and str(outside) in recs[key].error
+    folder = {r.image_id: r for r in read_benchmark("folder", root, None, "test")}
+    assert sorted(folder) == ["link-in.jpg", "link-out.jpg", "ok.jpg"]  # symlinked dirs are not walked
+    assert folder["link-out.jpg"].image_path is None and "escapes the image root" in folder["link-out.jpg"].error
+    assert folder["link-in.jpg"].error is None and folder["ok.jpg"].error is None
+
+
+def test_image_root_itself_may_be_a_symlink(tmp_path: Path, rooted: tuple[Path, Path]):
+    root, _ = rooted
+    alias = tmp_path / "alias"
+    alias.symlink_to(root, target_is_directory=True)
+    (rec,) = read_benchmark("ifcap", _write(tmp_path / "t.json", {"ok.jpg": ["a"]}), alias, "test")
+    assert rec.error is None and rec.image_path == str(alias / "ok.jpg")
+
+
+# ---------------------------------------------------------------------------------------------
+# The folder benchmark: odd files become per-image errors, never a refusal to start
+# ---------------------------------------------------------------------------------------------
+
+
+def _decode_within(path: str, seconds: float = 10.0):
+    import threading
+
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(decode_image(path)), daemon=True)
+    t.start()
+    t.join(seconds)
+    assert out, f"decoding {path} blocked for {seconds}s"
+    return out[0]
+
+
+def test_folder_with_dangling_symlink_fifo_and_unreadable_file(tmp_path: Path):
+    import os
+
+    root = tmp_path / "mine"
+    root.mkdir()
+    shutil.copy(IMAGES / REAL_JPEGS[0], root / "good.jpg")
+    (root / "dangling.jpg").symlink_to(root / "gone.jpg")
+    os.mkfifo(root / "pipe.jpg")
+    locked = root / "locked.jpg"
+    shutil.copy(IMAGES / REAL_JPEGS[1], locked)
+    locked.chmod(0)
+    try:
+        recs = {r.image_id: r for r in read_benchmark("folder", root, None, "test")}
+        assert sorted(recs) == ["dangling.jpg", "good.jpg", "locked.jpg", "pipe.jpg"]
+        assert all(r.error is None and r.image_path for r in recs.values())
+        assert _decode_within(recs["good.jpg"].image_path).ok
+        assert "file not found" in _decode_within(recs["dangling.jpg"].image_path).error
+        assert "not a file (a FIFO)" in _decode_within(recs["pipe.jpg"].image_path).error
+        d = _decode_within(recs["locked.jpg"].image_path)
+        if os.geteuid() == 0:  # root reads mode-000 files
+            assert d.ok
+        else:
+            assert "permission denied" in d.error
+        # the same files listed by an annotation file: present (so not "missing"), errors at decode
+        caps = {k: ["a caption"] for k in recs}
+        listed = read_benchmark("ifcap", _write(tmp_path / "t.json", caps), root, "test")
+        assert [r.image_path for r in listed] == [str(root / k) for k in caps]
+    finally:
+        locked.chmod(0o644)

@@ -174,11 +174,53 @@ def test_bytes_input_and_batch_order(tmp_path: Path):
         assert "not an image" in out[3].error
 
 
-def test_exif_orientation_optional(tmp_path: Path):
-    im = Image.new("RGB", (30, 10), "red")
+def _rotated_photo(path: Path, orientation: int) -> Path:
+    """A real JPEG stored 40 wide x 20 high, left half red and right half blue, whose EXIF says how
+    to turn it for display (as a phone writes a portrait photo)."""
+    a = np.zeros((20, 40, 3), np.uint8)
+    a[:, :20] = (255, 0, 0)
+    a[:, 20:] = (0, 0, 255)
     exif = Image.Exif()
-    exif[0x0112] = 6  # rotate 90 degrees on display
-    p = tmp_path / "rot.jpg"
-    im.save(p, exif=exif)
-    assert decode_image(p).image.size == (30, 10)  # stored orientation, like COCO pipelines
-    assert decode_image(p, exif_transpose=True).image.size == (10, 30)
+    exif[0x0112] = orientation
+    Image.fromarray(a).save(path, quality=95, exif=exif)
+    return path
+
+
+def test_exif_orientation_is_honoured(tmp_path: Path):
+    p = _rotated_photo(tmp_path / "portrait.jpg", 6)  # 6: turn 90 degrees clockwise for display
+    with Image.open(p) as raw:
+        assert raw.size == (40, 20) and raw.getexif()[0x0112] == 6
+    d = decode_image(p)
+    assert d.ok and d.image.size == (20, 40) and (d.width, d.height) == (40, 20)
+    out = np.asarray(d.image).astype(int)
+    top, bottom = out[:15].mean(axis=(0, 1)), out[25:].mean(axis=(0, 1))
+    assert top[0] > 200 and top[2] < 60  # the stored left (red) is the displayed top
+    assert bottom[2] > 200 and bottom[0] < 60
+    upside_down = decode_image(_rotated_photo(tmp_path / "flipped.jpg", 3))  # 3: turn 180 degrees
+    left = np.asarray(upside_down.image)[:, :15].astype(int).mean(axis=(0, 1))
+    assert upside_down.image.size == (40, 20) and left[2] > 200 and left[0] < 60
+    assert decode_images([p], workers=1)[0].image.size == (20, 40)
+    # opting out keeps the stored orientation
+    assert decode_image(p, exif_transpose=False).image.size == (40, 20)
+    # an image without an orientation tag is returned as stored
+    plain = _save(Image.new("RGB", (30, 10), "red"), tmp_path / "plain.jpg")
+    assert decode_image(plain).image.size == (30, 10)
+
+
+def test_fifo_and_dangling_symlink_are_errors_without_blocking(tmp_path: Path):
+    import os
+    import threading
+
+    fifo = tmp_path / "pipe.jpg"
+    os.mkfifo(fifo)
+    dangling = tmp_path / "dangling.jpg"
+    dangling.symlink_to(tmp_path / "nowhere.jpg")
+    out: list = []
+    t = threading.Thread(target=lambda: out.extend(decode_images([fifo, dangling, REAL])), daemon=True)
+    t.start()
+    t.join(10)
+    assert len(out) == 3, "decoding a FIFO blocked"
+    assert out[0].image is None and out[0].error == f"not a file (a FIFO): {fifo}"
+    assert out[1].image is None and "file not found" in out[1].error
+    assert out[2].ok
+    assert decode_image(tmp_path).error == f"not a file (a directory): {tmp_path}"

@@ -1,22 +1,18 @@
-"""Benchmark readers, the retrieval caption corpus, image decoding and the synthetic demo world."""
+"""Benchmark readers (a registry of annotation layouts), references, the retrieval caption corpus,
+image paths and image decoding."""
 
-from adjcap.data.benchmarks import (
-    FORMATS,
-    NOCAPS_DOMAINS,
-    References,
-    coco_id_from_name,
-    detect_format,
-    normalize_domain,
-    read_benchmark,
-    read_references,
-)
+from adjcap.data.annotations import detect_format
+from adjcap.data.benchmarks import read_benchmark, split_annotations
 from adjcap.data.corpus import Corpus, corpus_fingerprint, load_corpus, normalize_caption
 from adjcap.data.demo import build_demo_world, demo_corpus_texts
+from adjcap.data.domains import NOCAPS_DOMAINS, normalize_domain
+from adjcap.data.ids import coco_id_from_name
 from adjcap.data.images import DecodedImage, decode_image, decode_images
+from adjcap.data.layouts import format_names, register_layout
 from adjcap.data.records import DataError, Record
+from adjcap.data.references import References, read_references
 
 __all__ = [
-    "FORMATS",
     "NOCAPS_DOMAINS",
     "Corpus",
     "DataError",
@@ -30,9 +26,12 @@ __all__ = [
     "decode_images",
     "demo_corpus_texts",
     "detect_format",
+    "format_names",
     "load_corpus",
     "normalize_caption",
     "normalize_domain",
     "read_benchmark",
     "read_references",
+    "register_layout",
+    "split_annotations",
 ]

@@ -11,7 +11,9 @@ from typing import Iterable
 
 import numpy as np
 
-from adjcap.data.benchmarks import _karpathy_images, _layout_of, _load_json
+from adjcap.data.annotations import layout_of
+from adjcap.data.jsonfile import load_json
+from adjcap.data.layouts.karpathy import karpathy_images
 from adjcap.data.records import DataError, offenders
 
 CORPUS_FORMATS = ("ifcap", "karpathy", "lines", "auto")
@@ -75,10 +77,10 @@ class Corpus:
 
 
 def _raw_ifcap(path: Path) -> list[str]:
-    obj = _load_json(path)
+    obj = load_json(path)
     if isinstance(obj, list) and all(isinstance(c, str) for c in obj):  # a plain JSON list of captions
         return obj
-    layout = _layout_of(obj, path)
+    layout = layout_of(obj, path).name
     if layout == "ifcap_nocaps":
         items = [(str(d.get("image_id")), d.get("caption")) for d in obj]
     elif layout == "ifcap":
@@ -104,12 +106,12 @@ def _raw_ifcap(path: Path) -> list[str]:
 
 
 def _raw_karpathy(path: Path, split: str) -> list[str]:
-    obj = _load_json(path)
-    if _layout_of(obj, path) != "karpathy":
+    obj = load_json(path)
+    if layout_of(obj, path).name != "karpathy":
         raise DataError(f"{path}: corpus format 'karpathy' expects a Karpathy dataset_*.json")
     out: list[str] = []
     bad = []
-    for im in _karpathy_images(obj, path, split):
+    for im in karpathy_images(obj, path, split):
         sents = im.get("sentences")
         if not isinstance(sents, list):
             bad.append(str(im["filename"]))
@@ -158,8 +160,8 @@ def load_corpus(path: str | Path, fmt: str = "ifcap", split: str = "train") -> C
         if p.suffix.lower() == ".txt":
             fmt = "lines"
         else:
-            obj = _load_json(p)
-            fmt = "karpathy" if isinstance(obj, dict) and _layout_of(obj, p) == "karpathy" else "ifcap"
+            obj = load_json(p)
+            fmt = "karpathy" if isinstance(obj, dict) and layout_of(obj, p).name == "karpathy" else "ifcap"
     if fmt == "ifcap":
         raw = _raw_ifcap(p)
     elif fmt == "karpathy":

@@ -4,6 +4,8 @@ so one bad file cannot kill a batch."""
 from __future__ import annotations
 
 import io
+import os
+import stat
 import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -12,7 +14,7 @@ from pathlib import Path
 from typing import Sequence, Union
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 # PIL's own bomb limit is 2 x Image.MAX_IMAGE_PIXELS (89,478,485) = 178,956,970 pixels.
 DEFAULT_MAX_PIXELS = 178_956_970
@@ -20,6 +22,9 @@ DEFAULT_MAX_SIDE = 4096
 
 Source = Union[str, Path, bytes, bytearray, memoryview]
 _PIL_LIMIT_LOCK = threading.Lock()
+_EXIF_ORIENTATION = 0x0112
+# O_NONBLOCK: opening a FIFO for reading must not wait for a writer (it is refused after fstat)
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
 
 
 @dataclass
@@ -73,15 +78,17 @@ def decode_image(
     *,
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
     max_side: int | None = DEFAULT_MAX_SIDE,
-    exif_transpose: bool = False,
+    exif_transpose: bool = True,
 ) -> DecodedImage:
     """Decode a file path or encoded bytes to an RGB PIL image.
 
-    Errors (as values): missing file, zero-byte file, not an image, truncated data, more than
-    ``max_pixels`` pixels (decompression-bomb guard; None disables it). Images whose longer side exceeds
-    ``max_side`` are downscaled to it (aspect kept; JPEGs are decoded at reduced size directly).
-    Grayscale, palette, 16-bit, CMYK and alpha images become RGB (alpha composited on white).
-    EXIF orientation is ignored unless ``exif_transpose`` (COCO pipelines ignore it).
+    Errors (as values): missing file or dangling symlink, not a regular file (a directory, a FIFO, a
+    device: checked on the opened descriptor, and a FIFO is opened without waiting for a writer),
+    unreadable file, zero-byte file, not an image, truncated data, more than ``max_pixels`` pixels
+    (decompression-bomb guard; None disables it). Images whose longer side exceeds ``max_side`` are
+    downscaled to it (aspect kept; JPEGs are decoded at reduced size directly). Grayscale, palette,
+    16-bit, CMYK and alpha images become RGB (alpha composited on white). The EXIF orientation is
+    applied (a phone photo stored sideways comes out upright) unless ``exif_transpose=False``.
     """
     name = "<bytes>"
     try:
@@ -89,25 +96,57 @@ def decode_image(
             data = bytes(source)
             if not data:
                 return DecodedImage(None, "empty image data (0 bytes)")
-            fp: io.BytesIO | Path = io.BytesIO(data)
-        else:
-            p = Path(source)
-            name = str(p)
-            if not p.exists():
-                return DecodedImage(None, f"file not found: {name}")
-            if not p.is_file():
-                return DecodedImage(None, f"not a file: {name}")
-            if p.stat().st_size == 0:
-                return DecodedImage(None, f"empty file (0 bytes): {name}")
-            fp = p
-        return _decode(fp, name, max_pixels, max_side, exif_transpose)
+            return _decode(io.BytesIO(data), name, max_pixels, max_side, exif_transpose)
+        name = str(source)
+        f, error = _open_regular(name)
+        if f is None:
+            return DecodedImage(None, error)
+        with f:
+            return _decode(f, name, max_pixels, max_side, exif_transpose)
     except MemoryError:
         return DecodedImage(None, f"out of memory decoding {name}")
     except Exception as e:  # noqa: BLE001 - every failure must become a per-image error
         return DecodedImage(None, f"cannot decode {name}: {type(e).__name__}: {e}")
 
 
-def _open(fp: io.BytesIO | Path, max_pixels: int | None) -> Image.Image:
+_FILE_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def _open_regular(name: str) -> tuple[io.BufferedReader | None, str | None]:
+    """Open ``name`` for reading if it is a non-empty regular file: (file, None), else (None, why).
+    The type is checked on the opened descriptor, so the file checked is the file read."""
+    try:
+        fd = os.open(name, _OPEN_FLAGS)
+    except FileNotFoundError:
+        return None, f"file not found: {name}"
+    except PermissionError:
+        return None, f"cannot read (permission denied): {name}"
+    except OSError as e:
+        return None, f"cannot open {name}: {e.strerror or e}"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = next((k for test, k in _FILE_KINDS if test(st.st_mode)), "not a regular file")
+            os.close(fd)
+            return None, f"not a file ({kind}): {name}"
+        if st.st_size == 0:
+            os.close(fd)
+            return None, f"empty file (0 bytes): {name}"
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb"), None
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _open(fp: io.BytesIO | io.BufferedReader, max_pixels: int | None) -> Image.Image:
     """Image.open without PIL's own global bomb limit getting in the way of ``max_pixels``."""
     pil_limit = Image.MAX_IMAGE_PIXELS
     if pil_limit is not None and (max_pixels is None or max_pixels > 2 * pil_limit):
@@ -122,7 +161,7 @@ def _open(fp: io.BytesIO | Path, max_pixels: int | None) -> Image.Image:
 
 
 def _decode(
-    fp: io.BytesIO | Path, name: str, max_pixels: int | None, max_side: int | None, exif_transpose: bool
+    fp: io.BytesIO | io.BufferedReader, name: str, max_pixels: int | None, max_side: int | None, exif_transpose: bool
 ) -> DecodedImage:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
@@ -156,9 +195,7 @@ def _decode(
                 return DecodedImage(None, f"corrupt image data ({msg}): {name}", w, h)
             except (SyntaxError, ValueError) as e:
                 return DecodedImage(None, f"corrupt image data ({e}): {name}", w, h)
-            if exif_transpose:
-                from PIL import ImageOps
-
+            if exif_transpose and im.getexif().get(_EXIF_ORIENTATION, 1) not in (1, None):
                 im = ImageOps.exif_transpose(im)
             rgb = _to_rgb(im)
             if max_side is not None and max(rgb.size) > max_side:
@@ -177,7 +214,7 @@ def decode_images(
     *,
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
     max_side: int | None = DEFAULT_MAX_SIDE,
-    exif_transpose: bool = False,
+    exif_transpose: bool = True,
     workers: int = 1,
 ) -> list[DecodedImage]:
     """:func:`decode_image` over many sources, in order; ``workers`` > 1 decodes in threads (PIL

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from adjcap.data.domains import normalize_domain
 from adjcap.metrics.java import MetricError
 from adjcap.metrics.meteor import MeteorScorer, meteor_scores, try_shared_meteor
 from adjcap.metrics.tokenizer import ptb_tokenize
@@ -288,7 +289,7 @@ def coco_metrics_by_domain(
     gts, res = _tokenize_pair(preds, refs, java, tmp_dir)
     by_domain: dict[str, list[Hashable]] = {}
     for i in preds:
-        by_domain.setdefault(normalize_domain(domains[i]), []).append(i)
+        by_domain.setdefault(normalize_domain(domains[i]) or str(domains[i]), []).append(i)
     names = [d for d in order if d in by_domain] + sorted(d for d in by_domain if d not in order)
     out: dict[str, MetricResult] = {}
     met = try_shared_meteor(java)
@@ -302,12 +303,3 @@ def coco_metrics_by_domain(
     for r in out.values():
         attach_spice(r, spice_per, reason)
     return out
-
-
-def normalize_domain(name: str) -> str:
-    """'in_domain', 'in-domain', 'in', 'indomain' -> 'in-domain' (likewise near/out)."""
-    n = str(name).strip().lower().replace("_", "-").replace(" ", "-")
-    for d in ("in", "near", "out"):
-        if n in (d, f"{d}-domain", f"{d}domain"):
-            return f"{d}-domain"
-    return n

@@ -18,6 +18,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from adjcap.data.domains import normalize_domain
 from adjcap.io import atomic_write_json
 from adjcap.metrics.chair import ChairMatcher, chair_proxy
 from adjcap.metrics.clipscore import CLIPSCORE_W, clipscore_from_features
@@ -28,7 +29,6 @@ from adjcap.metrics.coco import (
     attach_spice,
     spice_per_image,
     align,
-    normalize_domain,
     score_tokenized,
 )
 from adjcap.metrics.java import MetricError
@@ -67,7 +67,7 @@ class Evaluator:
         chair: bool = True,
     ):
         self.references = {k: list(v) for k, v in references.items()}
-        self.domains = {k: normalize_domain(v) for k, v in domains.items() if v} if domains else None
+        self.domains = {k: normalize_domain(v) or v for k, v in domains.items() if v} if domains else None
         self.spice = spice
         self.java = java
         self.tmp_dir = tmp_dir
@@ -287,7 +287,7 @@ def evaluate_predictions(
     holds every metric (x100), ``domains`` for NoCaps (each domain as its own corpus, plus
     ``overall``), the CHAIR proxy, notes (why a metric is missing) and per-image scores.
     """
-    from adjcap.data.benchmarks import read_references
+    from adjcap.data.references import read_references
 
     refs = read_references(refs_path, fmt=fmt, split=split)
     entries = load_predictions(pred_path_or_list)
@@ -406,7 +406,7 @@ def evaluate_run(
     spice = _spice_from(eval_cfg, run_dir, cache_dir) if eval_cfg is not None else None
     import tempfile
 
-    from adjcap.data.benchmarks import References
+    from adjcap.data.references import References
 
     run.metrics_dir.mkdir(parents=True, exist_ok=True)
     tmp = tempfile.TemporaryDirectory(prefix=".eval-", dir=run.metrics_dir)
