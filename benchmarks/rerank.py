@@ -1,7 +1,8 @@
-"""Benchmark: fit TriFuse and MemAttend on a synthetic 5,000-image x 20-candidate feature table on CPU.
+"""Benchmark: fit TriFuse and MemAttend on a synthetic 5,000-image x 20-candidate feature table.
 
-    .venv/bin/python benchmarks/rerank.py                 # paper schedule: 100 + 200 epochs
-    .venv/bin/python benchmarks/rerank.py --threads 2 --images 1000
+    .venv/bin/python benchmarks/rerank.py                 # paper schedule: 100 + 200 epochs, default batch
+    .venv/bin/python benchmarks/rerank.py --threads 2 --images 1000 --batch-images 0   # full batch
+    .venv/bin/python benchmarks/rerank.py --device cuda  # on a GPU
 
 Goes through the same path as a run: feature rows -> Arrow table -> load_features -> fit -> pick.
 Prints wall-clock and process CPU seconds per phase, and the machine's load average (on a shared
@@ -23,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from adjcap.config import MemAttendCfg, TriFuseCfg  # noqa: E402
+from adjcap.config import MemAttendCfg, RerankCfg, TriFuseCfg  # noqa: E402
 from adjcap.features import rows_to_table  # noqa: E402
 from adjcap.rerank import Heads, agreement, fit_memattend, fit_trifuse, load_features, pick  # noqa: E402
 from adjcap.rerank.synthetic import synthetic_feature_rows  # noqa: E402
@@ -67,19 +68,24 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="fit worker threads (0 = every available CPU)")
     ap.add_argument("--trifuse-epochs", type=int, default=TriFuseCfg().epochs)
     ap.add_argument("--memattend-epochs", type=int, default=MemAttendCfg().epochs)
-    ap.add_argument("--batch-images", type=int, default=0, help="0 = full batch (default)")
+    ap.add_argument("--batch-images", type=int, default=RerankCfg().batch_images or 0,
+                    help="images per optimiser step; 0 = full batch (default: rerank.batch_images)")
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or auto")
     ap.add_argument("--json", type=Path, default=None, help="also write the timings here")
     args = ap.parse_args()
-    bi = args.batch_images or None
+    cfg = RerankCfg(
+        trifuse=TriFuseCfg(epochs=args.trifuse_epochs),
+        memattend=MemAttendCfg(epochs=args.memattend_epochs),
+        batch_images=args.batch_images or None,
+        threads=args.threads or None,
+    )
 
     print(
         f"torch {torch.__version__}, {os.cpu_count()} CPUs visible, fit threads {args.threads or 'all'}, "
+        f"device {args.device}, images per step {cfg.batch_images or 'all (full batch)'}, "
         f"load average {os.getloadavg()[0]:.2f}",
         flush=True,
     )
-    from adjcap.rerank import native
-
-    print(f"fused attention kernel: {native.why_not() or 'in use'}", flush=True)
     speed_before = machine_gflops()
     print(f"machine yardstick: {speed_before:.1f} GFLOP/s single-thread GEMM", flush=True)
     t = Timer()
@@ -90,11 +96,9 @@ def main() -> None:
     with t("warm-up (torch.optim import)"):
         torch.optim.Adam(torch.nn.Linear(1, 1).parameters())
     with t(f"fit TriFuse x{args.trifuse_epochs}"):
-        tri = fit_trifuse(feats, TriFuseCfg(epochs=args.trifuse_epochs), seed=42, batch_images=bi, threads=args.threads or None)
+        tri = fit_trifuse(feats, cfg, seed=42, device=args.device)
     with t(f"fit MemAttend x{args.memattend_epochs}"):
-        mem = fit_memattend(
-            feats, MemAttendCfg(epochs=args.memattend_epochs), seed=42, batch_images=bi, threads=args.threads or None
-        )
+        mem = fit_memattend(feats, cfg, seed=42, device=args.device)
     heads = Heads(trifuse=tri.head, memattend=mem.head)  # type: ignore[arg-type]
     with t("pick ensemble (all images)"):
         idx = pick(feats, "ensemble", heads)
@@ -117,6 +121,8 @@ def main() -> None:
                     "images": feats.n_images,
                     "candidates": args.candidates,
                     "threads": args.threads,
+                    "device": mem.device,
+                    "batch_images": cfg.batch_images,
                     "phases": [{"name": n, "wall_s": w, "cpu_s": c} for n, w, c in t.rows],
                     "fit_wall_s": fit_wall,
                     "fit_cpu_s": fit_cpu,

@@ -3,7 +3,9 @@ learns), and write one COCO-results predictions file per picker into predictions
 
 Besides the configured picker, the same beam dump is also picked by the LM alone (IFCap's own pick),
 each frozen scorer alone and the fixed fusion, and - when heads were fit - TriFuse and MemAttend
-alone, so the report can show the paper's ablation rows side by side."""
+alone, so the report can show the paper's ablation rows side by side. A picker whose inputs are
+absent (e.g. ``verifier`` on a run without a verifier) is skipped and listed under
+``not_applicable`` in fit/<protocol>.json."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from pathlib import Path
 
 from adjcap.config import Config
 from adjcap.io import atomic_write_json
-from adjcap.rerank import LEARNED_PICKERS, TRAINING_FREE_PICKERS, load_features, pick, run_protocol, save_heads
+from adjcap.rerank import applicability, load_features, pick, run_protocol, save_heads
 from jobs.run_benchmark import features_dir, read_features
 
 
@@ -38,13 +40,13 @@ def main(cfg: Config, run_dir: Path) -> dict:
     result = run_protocol(cfg, tables)
     if result.heads is not None:
         save_heads(run_dir / "heads", result.heads, meta=result.summary())
-    atomic_write_json(run_dir / "fit" / f"{r.protocol}.json", result.summary())
 
     apply = load_features(tables[r.apply_split], lm_feature=cfg.scorer.lm_feature,
                           memory_tokens=r.memattend.memory_tokens)
-    pickers = list(TRAINING_FREE_PICKERS)
-    if result.heads is not None:
-        pickers += [p for p in LEARNED_PICKERS if p not in pickers]
+    status = applicability(apply, result.heads)  # picker -> None (applicable) or why not
+    pickers = [name for name, why in status.items() if why is None]
+    not_applicable = {name: why for name, why in status.items() if why is not None}
+    atomic_write_json(run_dir / "fit" / f"{r.protocol}.json", {**result.summary(), "not_applicable": not_applicable})
     if r.picker not in pickers:
         pickers.append(r.picker)
     coco_ids = _coco_ids(run_dir, cfg, r.apply_split)
@@ -54,8 +56,7 @@ def main(cfg: Config, run_dir: Path) -> dict:
         if name == r.picker:
             chosen = {iid: (p.index, p.caption) for iid, p in result.picks[r.apply_split].items()}
         else:
-            idx = pick(apply, name, result.heads if name in LEARNED_PICKERS else None,
-                       alpha=result.alpha, beta=result.beta)
+            idx = pick(apply, name, result.heads, alpha=result.alpha, beta=result.beta)
             chosen = {iid: (int(i), apply.texts[k][int(i)]) for k, (iid, i) in enumerate(zip(apply.image_ids, idx))}
         entries = []
         for iid, (i, caption) in chosen.items():
@@ -68,5 +69,6 @@ def main(cfg: Config, run_dir: Path) -> dict:
         written[name] = str(path)
     print(f"fit: protocol {r.protocol}, picker {r.picker}"
           + (f", heads fit on {result.n_fit_images} images of '{result.fit_split}'" if result.heads is not None else "")
-          + f"; predictions for {len(written)} pickers in {out_dir}")
+          + f"; predictions for {len(written)} pickers in {out_dir}"
+          + (f"; not applicable: {', '.join(f'{n} ({w})' for n, w in not_applicable.items())}" if not_applicable else ""))
     return written
