@@ -147,7 +147,7 @@ class MemAttendCfg(_Strict):
 
 
 class RerankCfg(_Strict):
-    picker: Literal["lm", "retrieval", "verifier", "fixed", "trifuse", "memattend", "ensemble"] = "ensemble"
+    picker: str = Field("ensemble", description="a registered picker (adjcap.rerank.PICKERS)")
     protocol: Literal["inductive", "transductive", "training-free"] = "inductive"
     fit_split: str = "val"
     apply_split: str = "test"
@@ -157,12 +157,24 @@ class RerankCfg(_Strict):
     memattend: MemAttendCfg = Field(default_factory=MemAttendCfg)
     select: bool = Field(False, description="choose alpha/beta by Borda pseudo-label loss on held-out")
     holdout_fraction: float = Field(0.2, gt=0.0, lt=1.0)
-    device: Literal["auto", "cpu", "cuda"] = Field(
-        "auto", description="where the heads are fit: auto = a GPU when the Ray cluster (or this machine) has one"
-    )
     threads: int | None = Field(
         None, ge=1, description="CPU threads for fitting the heads; None = every available CPU (results do not depend on it)"
     )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="where the heads are fitted: auto = one GPU when the cluster has one, else CPU"
+    )
+    batch_images: int | None = Field(
+        64, ge=1, description="images per optimiser step when fitting the heads; None = full batch (BENCHMARKS.md)"
+    )
+
+    @field_validator("picker")
+    @classmethod
+    def _known_picker(cls, v: str) -> str:
+        from adjcap.rerank.pickers import PICKERS  # the registry; adjcap.rerank imports this module
+
+        if v not in PICKERS:
+            raise ValueError(PICKERS.unknown(v))
+        return v
 
 
 class BenchmarkCfg(_Strict):

@@ -4,11 +4,12 @@ learns), and write one COCO-results predictions file per applicable picker into
 
 Besides the configured picker, the same beam dump is also picked by the LM alone (IFCap's own pick),
 each frozen scorer alone and the fixed fusion, and - when heads were fit - TriFuse and MemAttend
-alone, so the report can show the paper's ablation rows side by side. A picker whose inputs the run
-lacks (e.g. ``verifier`` in a preset without a verifier) is skipped and reported as not applicable.
+alone, so the report can show the paper's ablation rows side by side. A picker whose inputs are
+absent (e.g. ``verifier`` on a run without a verifier) is skipped and listed under
+``not_applicable`` in fit/<protocol>.json.
 
 Where the fit runs: ``rerank.device`` (auto) picks CUDA when a GPU is there - inside a Ray session, a
-Ray task holding one GPU of the cluster; otherwise on this process's CPU."""
+Ray task holding one GPU of the cluster; outside one, this machine's GPU; otherwise this CPU."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import ray
 import torch
 
 from adjcap.config import Config
-from adjcap.rerank import LEARNED_PICKERS, TRAINING_FREE_PICKERS, load_features, pick, run_protocol, save_heads
+from adjcap.rerank import applicability, fit_device, load_features, pick, run_protocol, save_heads
 from adjcap.rundir import RunDir
 from jobs.ray_session import has_gpus
 
@@ -45,19 +46,14 @@ def read_tables(cfg: Config, run: RunDir) -> dict[str, Any]:
 
 
 def fit_protocol(cfg: Config, tables: dict[str, Any]):
-    """Run the protocol where ``rerank.device`` says: a one-GPU Ray task when the Ray cluster this
-    process is connected to has a GPU, the local GPU when not connected, else this CPU."""
-    requested = cfg.rerank.device
-    if ray.is_initialized():
-        gpu = has_gpus()
-    else:
-        gpu = torch.cuda.is_available()
-    device = "cuda" if (requested == "cuda" or (requested == "auto" and gpu)) else "cpu"
-    if device == "cuda" and ray.is_initialized():
-        task = ray.remote(num_gpus=1, num_cpus=1)(run_protocol)
+    """Run the protocol where ``rerank.device`` says (see the module docstring)."""
+    in_ray = ray.is_initialized()
+    device = fit_device(cfg.rerank.device, has_gpus() if in_ray else torch.cuda.is_available())
+    if device == "cuda" and in_ray:
         print("fit: in a Ray task holding one GPU")
-        return ray.get(task.remote(cfg.model_copy(update={"device": "cuda"}), tables))
-    return run_protocol(cfg.model_copy(update={"device": device}), tables)
+        task = ray.remote(num_gpus=1, num_cpus=1)(run_protocol)
+        return ray.get(task.remote(cfg, tables, device="cuda"))
+    return run_protocol(cfg, tables, device=device)
 
 
 def main(cfg: Config, run: RunDir) -> dict[str, str]:
@@ -66,13 +62,13 @@ def main(cfg: Config, run: RunDir) -> dict[str, str]:
     result = fit_protocol(cfg, tables)
     if result.heads is not None:
         save_heads(run.heads_dir, result.heads, meta=result.summary())
-    run.write_fit_summary(r.protocol, result.summary())
 
     apply = load_features(tables[r.apply_split], lm_feature=cfg.scorer.lm_feature,
                           memory_tokens=r.memattend.memory_tokens)
-    pickers = list(TRAINING_FREE_PICKERS)
-    if result.heads is not None:
-        pickers += [p for p in LEARNED_PICKERS if p not in pickers]
+    status = applicability(apply, result.heads)  # picker -> None (applicable) or why not
+    pickers = [name for name, why in status.items() if why is None]
+    not_applicable = {name: why for name, why in status.items() if why is not None}
+    run.write_fit_summary(r.protocol, {**result.summary(), "not_applicable": not_applicable})
     if r.picker not in pickers:
         pickers.append(r.picker)
     coco_ids = run.coco_ids(cfg.benchmark, r.apply_split)
@@ -81,8 +77,7 @@ def main(cfg: Config, run: RunDir) -> dict[str, str]:
         if name == r.picker:
             chosen = {iid: (p.index, p.caption) for iid, p in result.picks[r.apply_split].items()}
         else:
-            idx = pick(apply, name, result.heads if name in LEARNED_PICKERS else None,
-                       alpha=result.alpha, beta=result.beta)
+            idx = pick(apply, name, result.heads, alpha=result.alpha, beta=result.beta)
             chosen = {iid: (int(i), apply.texts[k][int(i)]) for k, (iid, i) in enumerate(zip(apply.image_ids, idx))}
         entries = []
         for iid, (i, caption) in chosen.items():
@@ -93,5 +88,6 @@ def main(cfg: Config, run: RunDir) -> dict[str, str]:
         written[name] = str(run.write_predictions(r.protocol, name, entries))
     print(f"fit: protocol {r.protocol}, picker {r.picker}"
           + (f", heads fit on {result.n_fit_images} images of '{result.fit_split}'" if result.heads is not None else "")
-          + f"; predictions for {len(written)} pickers in {run.predictions_dir(r.protocol)}")
+          + f"; predictions for {len(written)} pickers in {run.predictions_dir(r.protocol)}"
+          + (f"; not applicable: {', '.join(f'{n} ({w})' for n, w in not_applicable.items())}" if not_applicable else ""))
     return written

@@ -1,5 +1,5 @@
 """Pickers: LM = the beam's first choice, ties -> lowest beam rank, fixed alpha z-mix, ensemble,
-diagnostics."""
+diagnostics; the picker registry and which pickers apply to a table."""
 
 import numpy as np
 import pytest
@@ -9,16 +9,22 @@ from adjcap.features import empty_row, rows_to_table
 from adjcap.rerank import (
     Heads,
     MemAttend,
+    PICKERS,
     TriFuse,
     agreement,
+    applicability,
+    applicable_pickers,
     differs_from_lm,
     head_scores,
     load_features,
     pick,
     picked_texts,
+    picker_names,
     picker_scores,
+    register_picker,
     zscore,
 )
+from adjcap.config import RerankCfg, load_config
 from adjcap.rerank.synthetic import synthetic_feature_rows
 
 
@@ -124,3 +130,50 @@ def test_short_beam_picks_the_same_alone_or_padded_in_a_batch():
             )
         for picker in ("lm", "fixed", "trifuse", "memattend", "ensemble"):
             assert int(pick(both, picker, heads)[i]) == int(pick(alone, picker, heads)[0]), picker
+
+
+def test_picker_registry_declares_needs_and_names_unknown_ones():
+    assert picker_names() == ["lm", "retrieval", "verifier", "fixed", "trifuse", "memattend", "ensemble"]
+    assert picker_names(learned=True) == ["trifuse", "memattend", "ensemble"]
+    assert picker_names(learned=False) == ["lm", "retrieval", "verifier", "fixed"]
+    assert PICKERS.get("ensemble").heads == ("trifuse", "memattend")
+    assert PICKERS.get("verifier").scorers == ("verifier",)
+    with pytest.raises(ValueError, match=r"unknown picker 'ensembel'; did you mean 'ensemble'\? \(known: lm, retrieval,"):
+        pick(load_features(rows_to_table(synthetic_feature_rows(2, 3, seed=0))), "ensembel")
+    with pytest.raises(ValueError, match="already registered"):
+        register_picker("lm")(lambda ctx: None)
+    with pytest.raises(ValueError, match="unknown scorer 'clip'"):
+        register_picker("new", scorers=("clip",))
+    assert "new" not in PICKERS
+
+
+def test_config_picker_is_checked_against_the_registry():
+    for name in picker_names():
+        assert RerankCfg(picker=name).picker == name
+    with pytest.raises(ValueError, match=r"did you mean 'verifier'\? \(known: lm, retrieval, verifier"):
+        RerankCfg(picker="verifer")
+    assert load_config("ifcap").rerank.picker in PICKERS
+
+
+def test_applicable_pickers_skip_absent_verifier_and_missing_heads():
+    # a table from a run without a verifier: every verifier score is NaN
+    rows = [
+        _row("a", [("x", -1.0, 0.2, float("nan"), 0), ("y", -2.0, 0.3, float("nan"), 1)]),
+        _row("b", [("x", -1.5, 0.1, float("nan"), 0), ("z", -1.0, 0.4, float("nan"), 1)]),
+    ]
+    f = load_features(rows_to_table(rows))
+    why = applicability(f)
+    assert why["verifier"] == "the feature table has no finite verifier scores"
+    assert why["trifuse"] == "needs a fitted trifuse head" and why["ensemble"] == "needs fitted trifuse and memattend heads"
+    assert applicable_pickers(f) == ["lm", "retrieval", "fixed"]
+    for name in applicable_pickers(f):  # each applicable picker really runs
+        assert pick(f, name).shape == (2,)
+    torch.manual_seed(0)
+    only_tri = Heads(trifuse=TriFuse().eval())
+    assert applicable_pickers(f, only_tri) == ["lm", "retrieval", "fixed", "trifuse"]
+    assert applicability(f, only_tri)["ensemble"] == "needs a fitted memattend head"
+    both = Heads(trifuse=TriFuse().eval(), memattend=MemAttend().eval())
+    assert applicable_pickers(f, both) == ["lm", "retrieval", "fixed", "trifuse", "memattend", "ensemble"]
+    # with verifier scores present, the verifier picker applies
+    g = load_features(rows_to_table(synthetic_feature_rows(3, 4, seed=1)))
+    assert applicable_pickers(g, both) == picker_names()

@@ -1,10 +1,14 @@
-"""TriFuse / MemAttend: exact parameter counts, MemAttend's forward equals the stock
-transformer layers, and masking (a padded beam scores like the unpadded one)."""
+"""TriFuse / MemAttend: exact parameter counts, the stock transformer layers, masking (a padded beam
+scores like the unpadded one), and the registry of head specs."""
 
+import pytest
 import torch
 from torch import nn
 
-from adjcap.rerank import MemAttend, TriFuse, count_params
+from adjcap.config import RerankCfg, load_config
+from adjcap.features import rows_to_table
+from adjcap.rerank import HEADS, MemAttend, TriFuse, count_params, head_spec, load_features
+from adjcap.rerank.synthetic import synthetic_feature_rows
 
 
 def test_trifuse_has_113_parameters():
@@ -42,24 +46,6 @@ def _inputs(seed=0, b=6, n=20, m=5):
     return beam, memory, bm, mm
 
 
-def test_fast_forward_matches_stock_layers():
-    torch.manual_seed(0)
-    h = MemAttend()
-    beam, memory, bm, mm = _inputs()
-    for train in (True, False):
-        h.train(train)
-        with torch.no_grad():
-            fast = h(beam, memory, bm, mm)
-            ref = h.forward_reference(beam, memory, bm, mm)
-        torch.testing.assert_close(fast[bm], ref[bm], atol=2e-5, rtol=1e-5)
-    # gradients agree too
-    h.train()
-    g1 = torch.autograd.grad(h(beam, memory, bm, mm)[bm].sum(), list(h.parameters()))
-    g2 = torch.autograd.grad(h.forward_reference(beam, memory, bm, mm)[bm].sum(), list(h.parameters()))
-    for a, b in zip(g1, g2):
-        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
-
-
 def test_padding_does_not_change_scores():
     torch.manual_seed(1)
     h = MemAttend().eval()
@@ -73,3 +59,23 @@ def test_padding_does_not_change_scores():
     with torch.no_grad():
         torch.testing.assert_close(h(pb, pm, pbm, pmm)[:, :7], h(beam, memory, bm, mm), atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(t(pb[..., :3])[:, :7], t(beam[..., :3]))
+
+
+def test_head_specs_build_and_feed_each_head():
+    assert HEADS.names() == ["trifuse", "memattend"]
+    feats = load_features(rows_to_table(synthetic_feature_rows(3, 6, seed=0)))
+    r = load_config("headline").rerank
+    for name in HEADS:
+        spec = HEADS.get(name)
+        head = spec.build(spec.settings(r))
+        assert type(head) is spec.cls and head_spec(head) is spec and head_spec(name) is spec
+        assert {k: head.config()[k] for k in spec.arch} == {k: getattr(getattr(r, name), k) for k in spec.arch}
+        assert head(*spec.inputs(feats)).shape == (3, 6)
+    assert count_params(HEADS.get("memattend").build(RerankCfg().memattend)) == 17_377
+
+
+def test_unknown_head_lists_known_ones():
+    with pytest.raises(ValueError, match=r"unknown head 'memattnd'; did you mean 'memattend'\? \(known: trifuse, memattend\)"):
+        HEADS.get("memattnd")
+    with pytest.raises(TypeError, match="unknown head type Linear"):
+        head_spec(nn.Linear(1, 1))

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from adjcap.rerank.features import BeamFeatures
-from adjcap.rerank.fusion import pick
+from adjcap.rerank.pickers import pick
 from adjcap.rerank.heads import Heads
 
 Picks = Sequence[int] | np.ndarray | Mapping[str, Any]

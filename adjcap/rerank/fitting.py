@@ -1,32 +1,32 @@
-"""Fitting the heads by Borda-consensus distillation, on CPU, deterministically.
+"""Fitting the heads by Borda-consensus distillation, deterministically, on CPU or one GPU.
 
 * Target: :func:`adjcap.rerank.borda.borda_targets` of the raw scorer values [LM, cosine, verifier];
   loss: :func:`adjcap.rerank.borda.listwise_loss`. No reference caption is involved anywhere.
+* Gradients: autograd through the head's own ``forward`` (the stock layers), for every head alike.
+  What a head needs (class, config section, inputs, chunk size) comes from its
+  :class:`adjcap.rerank.heads.HeadSpec` in :data:`adjcap.rerank.heads.HEADS`.
 * Optimiser: Adam (TriFuse lr 1e-2 x 100 epochs, MemAttend lr 3e-3 x 200 epochs by default).
-* Batching: **full batch** by default: one Adam step per epoch, on the gradient of the mean loss
-  over all images. The images are cut into fixed chunks in table order (2500 for TriFuse, 256 for
-  MemAttend, sized so a chunk's working set stays in cache); each chunk's gradient is computed on
-  its own and the chunk gradients are summed in chunk order. With ``batch_images=B`` the images
-  are cut into fixed minibatches of B images, from one permutation drawn once from the seed; an
-  epoch is one pass over all minibatches. The recorded per-epoch loss is the image-weighted mean
-  of the losses computed during that epoch (before each step).
-* Threads: chunks are independent, so they run on ``threads`` worker threads (default: every CPU
-  this process may use), each with one intra-op thread and denormals flushed to zero (softmax
-  tails of sharp attention otherwise hit the slow denormal path). Because the chunk gradients are
-  always summed in the same order, **the result does not depend on the thread count**.
-* Gradients: TriFuse through autograd; MemAttend through the explicit backward of
-  :mod:`adjcap.rerank.memattend_grad` with its fused C kernels (same gradients; per core about
-  1.4x faster than autograd, see BENCHMARKS.md).
+* Batching: ``rerank.batch_images = B`` cuts each epoch into optimiser steps of B images, from a
+  fresh permutation per epoch drawn from a generator seeded once with the seed; ``None`` is the
+  full batch (one step per epoch, images in table order). Each step's gradient is the gradient of
+  the mean loss over its images. The recorded per-epoch loss is the image-weighted mean of the
+  losses computed during that epoch (before each step).
+* Chunks (CPU): a step's images are cut into fixed chunks (at most the head's ``chunk_images``,
+  and at least two chunks per step of 2+ images, so two cores have work on small steps); each
+  chunk's gradient is computed on its own and the chunk gradients are summed in chunk order. The
+  chunks run on ``threads`` worker threads (default: every CPU this process may use), each with one
+  intra-op thread and denormals flushed to zero. The cut does not depend on the thread count and
+  the sum is always taken in the same order, so **the weights do not depend on the thread count**.
+* CUDA (``device="cuda"``): the features are moved to the GPU once; each step is one chunk.
 * Determinism: ``torch.manual_seed(seed)`` before the head is built, deterministic algorithms on;
   global torch settings are restored afterwards. Same input -> byte-identical weights, losses and
-  picks, on any number of threads.
-* Cost: MemAttend's 200 full passes over 5,000 images x 25 tokens are about 3 TFLOP of training
-  arithmetic (~15 GFLOP per epoch) in tiny matrices; ``benchmarks/rerank.py`` measures both heads.
+  picks on CPU, on any number of threads.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -35,11 +35,29 @@ from dataclasses import dataclass, field
 
 import torch
 
-from adjcap.config import Config, MemAttendCfg, RerankCfg, TriFuseCfg
+from adjcap.config import Config, RerankCfg
 from adjcap.rerank.borda import borda_targets, listwise_loss
 from adjcap.rerank.features import BeamFeatures
-from adjcap.rerank.heads import Heads, MemAttend, TriFuse
-from adjcap.rerank.memattend_grad import MemAttendStep
+from adjcap.rerank.heads import HEADS, Heads
+
+DEVICES = ("auto", "cpu", "cuda")
+CUDA_CHUNK_IMAGES = 16384  # a GPU takes a whole step at once up to this many images
+
+
+def fit_device(requested: str, gpu_available: bool) -> str:
+    """Where the heads are fitted: "cpu" or "cuda", from ``rerank.device`` and whether a GPU is
+    available to the fit (for a Ray job: whether the cluster has a GPU resource).
+
+    auto -> cuda when a GPU is available, else cpu; cpu -> cpu; cuda without a GPU is an error."""
+    if requested == "auto":
+        return "cuda" if gpu_available else "cpu"
+    if requested == "cpu":
+        return "cpu"
+    if requested == "cuda":
+        if not gpu_available:
+            raise ValueError("rerank.device = 'cuda' but no GPU is available to the fit; use 'auto' or 'cpu'")
+        return "cuda"
+    raise ValueError(f"rerank.device must be one of {', '.join(DEVICES)}, got {requested!r}")
 
 
 def available_cpus() -> int:
@@ -58,14 +76,29 @@ def _threads(threads: int | None) -> int:
     return int(threads)
 
 
+def _device(device: str | torch.device) -> torch.device:
+    d = torch.device(fit_device(device, torch.cuda.is_available()) if device == "auto" else device)
+    if d.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("rerank.device = 'cuda' but torch sees no GPU in this process; use 'auto' or 'cpu'")
+    if d.type not in ("cpu", "cuda"):
+        raise ValueError(f"rerank.device must be one of {', '.join(DEVICES)}, got {str(device)!r}")
+    return d
+
+
 @contextlib.contextmanager
-def deterministic_cpu(seed: int) -> Iterator[None]:
+def deterministic(seed: int, device: torch.device) -> Iterator[None]:
     """Seed torch, switch on deterministic algorithms and use one intra-op thread; restore after."""
     prev_det = torch.are_deterministic_algorithms_enabled()
     prev_warn = torch.is_deterministic_algorithms_warn_only_enabled()
     prev_threads = torch.get_num_threads()
     try:
-        torch.use_deterministic_algorithms(True)
+        if device.type == "cuda":
+            # cuBLAS is deterministic with a fixed workspace (read when its handle is created, so
+            # this only helps a process that has not used cuBLAS yet, e.g. a fresh Ray task)
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        else:
+            torch.use_deterministic_algorithms(True)
         torch.set_num_threads(1)
         torch.manual_seed(int(seed))
         yield
@@ -91,194 +124,175 @@ class Fitted:
     seconds: float
     batch_images: int | None = None
     threads: int = 1
+    device: str = "cpu"
     extra: dict = field(default_factory=dict)
 
 
-def _check(feats: BeamFeatures, what: str) -> None:
-    if feats.n_images == 0:
-        raise ValueError(f"{what}: no images to fit on (every feature row failed or the table is empty)")
-
-
-# images per chunk (sized so the working set stays in cache); does not change the maths
-CHUNK_IMAGES = {"trifuse": 2500, "memattend": 256}
-
 Chunk = slice | torch.Tensor
-# (chunk, weight) -> (mean loss over the chunk's images, gradients of weight * that loss)
-ChunkGrad = Callable[[Chunk, float], tuple[float, Sequence[torch.Tensor]]]
 
 
-def _steps(n: int, batch_images: int | None, seed: int) -> list[torch.Tensor | None]:
-    """Image index sets, one per optimiser step of an epoch; None = all images in table order."""
-    if not batch_images or batch_images >= n:
-        return [None]
-    g = torch.Generator().manual_seed(int(seed))
-    perm = torch.randperm(n, generator=g)
-    return list(torch.split(perm, int(batch_images)))
+def _size(c: Chunk) -> int:
+    return int(c.stop - c.start) if isinstance(c, slice) else int(c.numel())
+
+
+def _chunks(step: Chunk, chunk_images: int, min_chunks: int) -> list[Chunk]:
+    """Cut one step's images into equal-as-possible chunks (fixed by the step size alone)."""
+    n = _size(step)
+    k = max(math.ceil(n / chunk_images), min(min_chunks, n), 1)
+    size = math.ceil(n / k)
+    if isinstance(step, slice):
+        return [slice(s, min(s + size, step.stop)) for s in range(step.start, step.stop, size)]
+    return list(torch.split(step, size))
+
+
+class _Plan:
+    """The steps of each epoch, each a list of chunks."""
+
+    def __init__(self, n: int, batch_images: int | None, seed: int, chunk_images: int, min_chunks: int, device):
+        self.n, self.chunk_images, self.min_chunks, self.device = n, chunk_images, min_chunks, device
+        self.full = not batch_images or batch_images >= n
+        self.batch = int(batch_images or n)
+        self.gen = torch.Generator().manual_seed(int(seed))
+        self._full_plan = [_chunks(slice(0, n), chunk_images, min_chunks)] if self.full else None
+
+    def epoch(self) -> list[list[Chunk]]:
+        if self._full_plan is not None:
+            return self._full_plan
+        perm = torch.randperm(self.n, generator=self.gen).to(self.device)
+        return [_chunks(s, self.chunk_images, self.min_chunks) for s in torch.split(perm, self.batch)]
 
 
 def _train(
-    params: list[torch.nn.Parameter],
-    chunk_grad: ChunkGrad,
-    n: int,
+    head: torch.nn.Module,
+    inputs: Sequence[torch.Tensor],
+    target: torch.Tensor,
+    mask: torch.Tensor,
     lr: float,
     epochs: int,
-    batch_images: int | None,
-    seed: int,
-    chunk_images: int,
+    plan: _Plan,
     threads: int,
-    after_step: Callable[[], None] | None = None,
 ) -> list[float]:
     """Adam on the listwise loss. Each step's gradient is the gradient of the mean loss over its
     images: the sum, in chunk order, of the chunks' gradients of (chunk images / step images) x
     (chunk mean loss)."""
-    plan: list[list[Chunk]] = []
-    for idx in _steps(n, batch_images, seed):
-        if idx is None:
-            plan.append([slice(s, min(s + chunk_images, n)) for s in range(0, n, chunk_images)])
-        else:
-            plan.append(list(torch.split(idx, chunk_images)))
+    params = [p for p in head.parameters() if p.requires_grad]
+
+    def chunk_grad(c: Chunk, w: float) -> tuple[torch.Tensor, Sequence[torch.Tensor]]:
+        loss = listwise_loss(head(*(t[c] for t in inputs)), target[c], mask[c])
+        return loss.detach(), torch.autograd.grad(loss * w, params)
+
     opt = torch.optim.Adam(params, lr=float(lr))
     losses: list[float] = []
-    with ThreadPoolExecutor(max_workers=threads, initializer=_worker_init) as pool:
+    # on CPU the chunks always run on pool threads (one or more, all with the same settings)
+    pool = ThreadPoolExecutor(max_workers=threads, initializer=_worker_init) if target.device.type == "cpu" else None
+    run: Callable = pool.map if pool is not None else map  # type: ignore[assignment]
+    try:
         for _ in range(int(epochs)):
-            total = 0.0
-            for chunks in plan:
+            total = torch.zeros((), dtype=torch.float64, device=target.device)
+            for chunks in plan.epoch():
                 n_step = sum(_size(c) for c in chunks)
-                results = list(pool.map(lambda c: chunk_grad(c, _size(c) / n_step), chunks))
+                results = list(run(lambda c: chunk_grad(c, _size(c) / n_step), chunks))
                 for i, p in enumerate(params):
-                    g = results[0][1][i].clone()
-                    for _, grads in results[1:]:
-                        g.add_(grads[i])
+                    g = results[0][1][i]
+                    if len(results) > 1:
+                        g = g.clone()
+                        for _, grads in results[1:]:
+                            g.add_(grads[i])
                     p.grad = g
-                total += sum(loss * _size(c) for c, (loss, _) in zip(chunks, results))
+                for c, (loss, _) in zip(chunks, results):
+                    total += loss.double() * _size(c)
                 opt.step()
-                if after_step is not None:
-                    after_step()
-            losses.append(total / n)
+            losses.append(float(total) / plan.n)
+    finally:
+        if pool is not None:
+            pool.shutdown()
     return losses
 
 
-def _size(c: slice | torch.Tensor) -> int:
-    return int(c.stop - c.start) if isinstance(c, slice) else int(c.numel())
-
-
-def _cfgs(cfg: Config | RerankCfg | TriFuseCfg | MemAttendCfg | None) -> tuple[TriFuseCfg, MemAttendCfg]:
+def _rerank(cfg: Config | RerankCfg | None) -> RerankCfg:
     if isinstance(cfg, Config):
-        cfg = cfg.rerank
+        return cfg.rerank
     if isinstance(cfg, RerankCfg):
-        return cfg.trifuse, cfg.memattend
-    if isinstance(cfg, TriFuseCfg):
-        return cfg, MemAttendCfg()
-    if isinstance(cfg, MemAttendCfg):
-        return TriFuseCfg(), cfg
+        return cfg
     if cfg is None:
-        return TriFuseCfg(), MemAttendCfg()
-    raise TypeError(f"expected Config, RerankCfg, TriFuseCfg or MemAttendCfg, got {type(cfg).__name__}")
+        return RerankCfg()
+    raise TypeError(f"expected a RerankCfg (or Config), got {type(cfg).__name__}")
 
 
-def fit_trifuse(
+def fit_head(
+    name: str,
     feats: BeamFeatures,
-    cfg: TriFuseCfg | RerankCfg | Config | None = None,
+    cfg: RerankCfg | Config | None = None,
     seed: int = 42,
-    batch_images: int | None = None,
-    threads: int | None = None,
+    device: str | torch.device = "cpu",
 ) -> Fitted:
-    """Fit TriFuse on ``feats`` (its Borda targets); see the module docstring."""
-    _check(feats, "fit_trifuse")
-    tcfg, _ = _cfgs(cfg)
+    """Fit the head registered as ``name`` on ``feats`` (its Borda targets), with its section of
+    ``cfg`` (lr, epochs, architecture) and ``cfg.batch_images`` / ``cfg.threads``; see the module
+    docstring. ``device``: "cpu", "cuda" or "auto" (see :func:`fit_device`)."""
+    spec = HEADS.get(name)
+    r = _rerank(cfg)
+    section = spec.settings(r)
+    if feats.n_images == 0:
+        raise ValueError(f"fit_{name}: no images to fit on (every feature row failed or the table is empty)")
+    if spec.check is not None:
+        spec.check(feats, section)
+    dev = _device(device)
     t0 = time.perf_counter()
     _, target = borda_targets(feats.raw_scores, feats.mask)
-    x, mask = feats.scores, feats.mask
-    nt = _threads(threads)
-    with deterministic_cpu(seed):
-        head = TriFuse(hidden=tcfg.hidden)
-        params = list(head.parameters())
-        head.train()
+    to = dict(device=dev, non_blocking=False)
+    inputs = [t.to(**to) for t in spec.inputs(feats)]
+    target, mask = target.to(**to), feats.mask.to(**to)
+    on_cpu = dev.type == "cpu"
+    nt = _threads(r.threads) if on_cpu else 1
+    plan = _Plan(
+        feats.n_images,
+        r.batch_images,
+        seed,
+        spec.chunk_images if on_cpu else CUDA_CHUNK_IMAGES,
+        2 if on_cpu else 1,
+        dev,
+    )
+    with deterministic(seed, dev):
+        head = spec.build(section)  # seeded initialisation on CPU, then moved
+        head.to(dev).train()
+        losses = _train(head, inputs, target, mask, section.lr, section.epochs, plan, nt)
+        head.eval().to("cpu")
+    return Fitted(head, losses, feats.n_images, seed, time.perf_counter() - t0, r.batch_images, nt, dev.type)
 
-        def chunk_grad(c: Chunk, w: float) -> tuple[float, Sequence[torch.Tensor]]:
-            loss = listwise_loss(head(x[c]), target[c], mask[c])
-            return float(loss.detach()), torch.autograd.grad(loss * w, params)
 
-        losses = _train(
-            params, chunk_grad, feats.n_images, tcfg.lr, tcfg.epochs, batch_images, seed, CHUNK_IMAGES["trifuse"], nt
-        )
-        head.eval()
-    return Fitted(head, losses, feats.n_images, seed, time.perf_counter() - t0, batch_images, nt)
+def fit_trifuse(feats: BeamFeatures, cfg: RerankCfg | Config | None = None, seed: int = 42,
+                device: str | torch.device = "cpu") -> Fitted:
+    """Fit TriFuse (``fit_head("trifuse", ...)``)."""
+    return fit_head("trifuse", feats, cfg, seed=seed, device=device)
 
 
-def fit_memattend(
-    feats: BeamFeatures,
-    cfg: MemAttendCfg | RerankCfg | Config | None = None,
-    seed: int = 42,
-    batch_images: int | None = None,
-    threads: int | None = None,
-) -> Fitted:
-    """Fit MemAttend on ``feats`` (its Borda targets); see the module docstring."""
-    _check(feats, "fit_memattend")
-    _, mcfg = _cfgs(cfg)
-    if feats.memory.shape[1] != mcfg.memory_tokens:
-        raise ValueError(
-            f"fit_memattend: features carry {feats.memory.shape[1]} memory tokens but "
-            f"rerank.memattend.memory_tokens = {mcfg.memory_tokens}; load the features with "
-            f"memory_tokens={mcfg.memory_tokens}"
-        )
-    t0 = time.perf_counter()
-    _, target = borda_targets(feats.raw_scores, feats.mask)
-    b, mem, bm, mm = feats.beam, feats.memory, feats.mask, feats.memory_mask
-    nt = _threads(threads)
-    with deterministic_cpu(seed):
-        head = MemAttend(d_model=mcfg.d_model, layers=mcfg.layers, heads=mcfg.heads, ffn=mcfg.ffn)
-        step = MemAttendStep(head)
-
-        def chunk_grad(c: Chunk, w: float) -> tuple[float, Sequence[torch.Tensor]]:
-            return step(b[c], mem[c], bm[c], mm[c], target[c], w)
-
-        losses = _train(
-            list(head.parameters()),
-            chunk_grad,
-            feats.n_images,
-            mcfg.lr,
-            mcfg.epochs,
-            batch_images,
-            seed,
-            CHUNK_IMAGES["memattend"],
-            nt,
-            after_step=step.refresh,
-        )
-        head.eval()
-    return Fitted(head, losses, feats.n_images, seed, time.perf_counter() - t0, batch_images, nt)
+def fit_memattend(feats: BeamFeatures, cfg: RerankCfg | Config | None = None, seed: int = 42,
+                  device: str | torch.device = "cpu") -> Fitted:
+    """Fit MemAttend (``fit_head("memattend", ...)``)."""
+    return fit_head("memattend", feats, cfg, seed=seed, device=device)
 
 
 def fit_heads(
     feats: BeamFeatures,
     cfg: Config | RerankCfg | None = None,
     seed: int | None = None,
-    which: tuple[str, ...] = ("trifuse", "memattend"),
-    batch_images: int | None = None,
-    threads: int | None = None,
+    which: Sequence[str] | None = None,
+    device: str | torch.device = "cpu",
 ) -> Heads:
-    """Fit the requested heads (default both) and return them with their loss curves."""
+    """Fit the requested heads (default: every registered head) and return them with their loss
+    curves and fit metadata."""
     if seed is None:
         seed = cfg.seed if isinstance(cfg, Config) else 42
-    unknown = [w for w in which if w not in ("trifuse", "memattend")]
-    if unknown:
-        raise ValueError(f"fit_heads: unknown head(s) {unknown}; known: trifuse, memattend")
-    if threads is None:
-        r = cfg.rerank if isinstance(cfg, Config) else cfg
-        threads = r.threads if isinstance(r, RerankCfg) else None
+    names = list(HEADS) if which is None else [HEADS.get(w).name for w in which]
     heads = Heads(meta={"seed": int(seed), "n_images": feats.n_images, "lm_feature": feats.lm_feature})
-    if "trifuse" in which:
-        f = fit_trifuse(feats, cfg, seed=seed, batch_images=batch_images, threads=threads)
-        heads.trifuse = f.head  # type: ignore[assignment]
-        heads.losses["trifuse"] = f.losses
-        heads.meta["trifuse_seconds"] = f.seconds
+    for name in names:
+        f = fit_head(name, feats, cfg, seed=seed, device=device)
+        setattr(heads, name, f.head)
+        heads.losses[name] = f.losses
+        heads.meta[f"{name}_seconds"] = f.seconds
         heads.meta["fit_threads"] = f.threads
-    if "memattend" in which:
-        f = fit_memattend(feats, cfg, seed=seed, batch_images=batch_images, threads=threads)
-        heads.memattend = f.head  # type: ignore[assignment]
-        heads.losses["memattend"] = f.losses
-        heads.meta["memattend_seconds"] = f.seconds
-        heads.meta["fit_threads"] = f.threads
+        heads.meta["fit_device"] = f.device
+        heads.meta["batch_images"] = f.batch_images
     return heads
 
 
@@ -287,6 +301,7 @@ def fit(
     protocol: str | Config | RerankCfg | None = None,
     cfg: Config | RerankCfg | None = None,
     seed: int | None = None,
+    device: str | torch.device = "cpu",
 ) -> Heads:
     """``fit(features, protocol) -> heads``: fit TriFuse and MemAttend on ``feats``.
 
@@ -294,12 +309,12 @@ def fit(
     val for inductive, the test split itself for transductive) or a Config / RerankCfg, whose
     protocol and head settings are used. "training-free" fits nothing and is refused."""
     if isinstance(protocol, (Config, RerankCfg)):
-        cfg, protocol = protocol, (protocol.rerank if isinstance(protocol, Config) else protocol).protocol
+        cfg, protocol = protocol, _rerank(protocol).protocol
     if protocol == "training-free":
-        raise ValueError("protocol 'training-free' fits no head; pick with picker 'fixed', 'lm', 'retrieval' or 'verifier'")
+        raise ValueError("protocol 'training-free' fits no head; pick with a training-free picker (e.g. 'fixed' or 'lm')")
     if protocol not in (None, "inductive", "transductive"):
         raise ValueError(f"unknown protocol {protocol!r}; known: inductive, transductive, training-free")
-    heads = fit_heads(feats, cfg, seed=seed)
+    heads = fit_heads(feats, cfg, seed=seed, device=device)
     if protocol is not None:
         heads.meta["protocol"] = protocol
     return heads

@@ -1,16 +1,25 @@
-"""The two learned heads: TriFuse (113 parameters) and MemAttend (17,377 parameters).
+"""The two learned heads: TriFuse (113 parameters) and MemAttend (17,377 parameters), and the
+registry of their specs (:data:`HEADS`).
 
 Both map per-image z-normalised features to one score per beam candidate; the caption is the argmax
 over the valid beam. Paper sections "TriFuse" and "MemAttend".
+
+A :class:`HeadSpec` says everything that fitting, scoring and persistence need to know about a head:
+its class, its section of ``RerankCfg`` (learning rate, epochs and the architecture fields), which
+feature tensors its ``forward`` takes, the chunk size used when fitting on CPU, and its weights file.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
+
+from adjcap.rerank.features import BeamFeatures
+from adjcap.rerank.registry import Registry
 
 
 def count_params(module: nn.Module) -> int:
@@ -90,18 +99,14 @@ class MemAttend(nn.Module):
     ) -> torch.Tensor:
         """beam [I, N, 5], memory [I, M, 5], masks [I, N] / [I, M] (True = present) -> [I, N].
 
-        Through the stock layers, absent tokens excluded as keys (``src_key_padding_mask``).
-        Fitting does not run this (it uses the written-out step of
-        :mod:`adjcap.rerank.memattend_grad`, checked against this function by the tests)."""
+        Through the stock layers, absent tokens excluded as keys (``src_key_padding_mask``); fitting
+        differentiates this function with autograd."""
         n_mem = memory.shape[1]
         h = self._embed(beam, memory)
         pad = ~torch.cat([memory_mask, beam_mask], dim=1).to(torch.bool)
         for layer in self.layers:
             h = layer(h, src_key_padding_mask=pad)
         return self.head(h[:, n_mem:]).squeeze(-1)
-
-    # the stock-layer forward, by the name the tests compare against
-    forward_reference = forward
 
     def _embed(self, beam: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
         n_mem = memory.shape[1]
@@ -115,6 +120,76 @@ class MemAttend(nn.Module):
         return self.w_in(tokens) + self.role(roles).unsqueeze(0)
 
 
+@dataclass(frozen=True)
+class HeadSpec:
+    """One learned head: how to build, feed, fit and save it."""
+
+    name: str
+    cls: type[nn.Module]
+    section: str  # the RerankCfg field holding its settings (lr, epochs, architecture)
+    arch: tuple[str, ...]  # section fields that are constructor arguments (and must match saved heads)
+    inputs: Callable[[BeamFeatures], tuple[torch.Tensor, ...]]  # the forward's arguments, per image
+    chunk_images: int  # images per chunk when fitting on CPU (keeps a chunk's working set in cache)
+    file: str  # weights file name in the heads directory
+    check: Callable[[BeamFeatures, Any], None] | None = None  # raises when feats do not fit the config
+
+    def settings(self, rerank: Any) -> Any:
+        """This head's section of a RerankCfg."""
+        return getattr(rerank, self.section)
+
+    def build(self, section: Any) -> nn.Module:
+        return self.cls(**{k: getattr(section, k) for k in self.arch})
+
+
+HEADS: Registry[HeadSpec] = Registry("head")
+
+
+def head_spec(head: nn.Module | str) -> HeadSpec:
+    """The spec of a head module (by its class) or of a head name."""
+    if isinstance(head, str):
+        return HEADS.get(head)
+    for _, spec in HEADS.items():
+        if type(head) is spec.cls:
+            return spec
+    raise TypeError(f"unknown head type {type(head).__name__} (known: {', '.join(HEADS)})")
+
+
+def _check_memory(feats: BeamFeatures, section: Any) -> None:
+    if feats.memory.shape[1] != section.memory_tokens:
+        raise ValueError(
+            f"fit_memattend: features carry {feats.memory.shape[1]} memory tokens but "
+            f"rerank.memattend.memory_tokens = {section.memory_tokens}; load the features with "
+            f"memory_tokens={section.memory_tokens}"
+        )
+
+
+HEADS.add(
+    "trifuse",
+    HeadSpec(
+        name="trifuse",
+        cls=TriFuse,
+        section="trifuse",
+        arch=("hidden",),
+        inputs=lambda f: (f.scores,),
+        chunk_images=2500,
+        file="trifuse.safetensors",
+    ),
+)
+HEADS.add(
+    "memattend",
+    HeadSpec(
+        name="memattend",
+        cls=MemAttend,
+        section="memattend",
+        arch=("d_model", "layers", "heads", "ffn"),
+        inputs=lambda f: (f.beam, f.memory, f.mask, f.memory_mask),
+        chunk_images=256,
+        file="memattend.safetensors",
+        check=_check_memory,
+    ),
+)
+
+
 @dataclass
 class Heads:
     """Fitted heads (either may be None) with their per-epoch training losses and fit metadata."""
@@ -125,4 +200,8 @@ class Heads:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def available(self) -> list[str]:
-        return [n for n in ("trifuse", "memattend") if getattr(self, n) is not None]
+        """Names of the heads present, in registry order."""
+        return [n for n in HEADS if getattr(self, n, None) is not None]
+
+    def get(self, name: str) -> nn.Module | None:
+        return getattr(self, HEADS.get(name).name, None)

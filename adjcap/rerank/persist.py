@@ -20,11 +20,9 @@ from safetensors.torch import save as st_save
 
 from adjcap.config import Config, RerankCfg
 from adjcap.io import atomic_write_bytes, atomic_write_json
-from adjcap.rerank.heads import Heads, MemAttend, TriFuse, count_params
+from adjcap.rerank.heads import HEADS, Heads, count_params
 
 FORMAT = "adjcap-heads/1"
-FILES = {"trifuse": "trifuse.safetensors", "memattend": "memattend.safetensors"}
-CLASSES = {"trifuse": TriFuse, "memattend": MemAttend}
 
 
 class HeadsMismatchError(ValueError):
@@ -48,20 +46,18 @@ def save_heads(directory: str | Path, heads: Heads, meta: dict[str, Any] | None 
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     info: dict[str, Any] = {"format": FORMAT, "meta": _jsonable({**heads.meta, **(meta or {})}), "heads": {}}
-    for name in ("trifuse", "memattend"):
-        head = getattr(heads, name)
-        if head is None:
-            continue
+    for name in heads.available():
+        head, spec = heads.get(name), HEADS.get(name)
         state = {k: v.detach().to("cpu").contiguous().clone() for k, v in head.state_dict().items()}
-        atomic_write_bytes(d / FILES[name], st_save(state, metadata={"format": FORMAT, "head": name}))
+        atomic_write_bytes(d / spec.file, st_save(state, metadata={"format": FORMAT, "head": name}))
         info["heads"][name] = {
-            "file": FILES[name],
+            "file": spec.file,
             "config": head.config(),
             "n_params": count_params(head),
             "losses": [float(x) for x in heads.losses.get(name, [])],
         }
     if not info["heads"]:
-        raise ValueError("save_heads: no head to save (both trifuse and memattend are None)")
+        raise ValueError(f"save_heads: no head to save (none of {', '.join(HEADS)} is fitted)")
     return atomic_write_json(d / "heads.json", info)
 
 
@@ -69,15 +65,7 @@ def _expected_configs(cfg: Config | RerankCfg | None) -> dict[str, dict[str, Any
     if cfg is None:
         return {}
     r = cfg.rerank if isinstance(cfg, Config) else cfg
-    return {
-        "trifuse": {"hidden": r.trifuse.hidden},
-        "memattend": {
-            "d_model": r.memattend.d_model,
-            "layers": r.memattend.layers,
-            "heads": r.memattend.heads,
-            "ffn": r.memattend.ffn,
-        },
-    }
+    return {name: {k: getattr(spec.settings(r), k) for k in spec.arch} for name, spec in HEADS.items()}
 
 
 def load_heads(directory: str | Path, cfg: Config | RerankCfg | None = None) -> Heads:
@@ -97,8 +85,9 @@ def load_heads(directory: str | Path, cfg: Config | RerankCfg | None = None) -> 
     expected = _expected_configs(cfg)
     out = Heads(meta=dict(info.get("meta", {})))
     for name, entry in info.get("heads", {}).items():
-        if name not in CLASSES:
-            raise HeadsMismatchError(f"{jpath}: unknown head {name!r}; known: {', '.join(CLASSES)}")
+        if name not in HEADS:
+            raise HeadsMismatchError(f"{jpath}: {HEADS.unknown(name)}")
+        spec = HEADS.get(name)
         saved_cfg = dict(entry.get("config", {}))
         for key, want in expected.get(name, {}).items():
             if saved_cfg.get(key) != want:
@@ -107,10 +96,10 @@ def load_heads(directory: str | Path, cfg: Config | RerankCfg | None = None) -> 
                     f"rerank.{name}.{key} = {want!r} in the config; refit the heads or change the config"
                 )
         try:
-            head = CLASSES[name](**saved_cfg)
+            head = spec.cls(**saved_cfg)
         except TypeError as e:
             raise HeadsMismatchError(f"{jpath}: bad {name} config {saved_cfg}: {e}") from e
-        fpath = d / entry.get("file", FILES[name])
+        fpath = d / entry.get("file", spec.file)
         if not fpath.exists():
             raise FileNotFoundError(f"{fpath}: missing weights for the {name} head listed in {jpath}")
         tensors = st_load(fpath.read_bytes())

@@ -36,7 +36,7 @@ from adjcap.rerank.borda import borda_targets, listwise_loss
 from adjcap.rerank.diagnostics import agreement, differs_from_lm
 from adjcap.rerank.features import BeamFeatures, load_features, zscore
 from adjcap.rerank.fitting import fit_heads
-from adjcap.rerank.fusion import LEARNED_PICKERS, TRAINING_FREE_PICKERS, head_scores, pick
+from adjcap.rerank.pickers import get_picker, head_scores, pick, picker_names
 from adjcap.rerank.heads import Heads
 
 PROTOCOLS = ("training-free", "inductive", "transductive")
@@ -165,20 +165,22 @@ def run_protocol(
     cfg: Config,
     tables: dict[str, pa.Table | str | Path],
     heads: Heads | None = None,
+    device: str = "cpu",
 ) -> ProtocolResult:
     """Run ``cfg.rerank.protocol`` with ``cfg.rerank.picker`` on feature tables keyed by split.
 
     ``heads``: already fitted heads (e.g. from :func:`adjcap.rerank.load_heads`) to apply instead of
-    fitting; hyperparameter selection of beta is then skipped."""
+    fitting; hyperparameter selection of beta is then skipped. ``device``: where heads are fitted
+    ("cpu", "cuda" or "auto"; see :func:`adjcap.rerank.fit_device`)."""
     r = cfg.rerank
     protocol, picker = r.protocol, r.picker
     if protocol not in PROTOCOLS:
         raise ValueError(f"rerank.protocol must be one of {PROTOCOLS}, got {protocol!r}")
-    learned = picker in LEARNED_PICKERS
+    learned = get_picker(picker).learned
     if protocol == "training-free" and learned:
         raise ValueError(
             f"rerank.picker = {picker!r} needs fitted heads but rerank.protocol = 'training-free' fits nothing; "
-            f"use a training-free picker ({', '.join(TRAINING_FREE_PICKERS)}) or protocol inductive/transductive"
+            f"use a training-free picker ({', '.join(picker_names(learned=False))}) or protocol inductive/transductive"
         )
     lm_feature = cfg.scorer.lm_feature
     mem = r.memattend.memory_tokens
@@ -213,14 +215,14 @@ def run_protocol(
             "alpha": {"grid": ALPHA_GRID.tolist(), "loss": a_losses, "chosen": alpha},
         }
         if learned and heads is None and picker == "ensemble" and len(rest) > 0:
-            probe = fit_heads(fit_feats.subset(rest), r, seed=cfg.seed)
+            probe = fit_heads(fit_feats.subset(rest), r, seed=cfg.seed, device=device)
             beta, b_losses = select_beta(hold_feats, probe)
             selection["beta"] = {"grid": BETA_GRID.tolist(), "loss": b_losses, "chosen": beta}
 
     used_heads: Heads | None = heads
     if learned and used_heads is None:
         assert fit_feats is not None
-        used_heads = fit_heads(fit_feats, r, seed=cfg.seed)
+        used_heads = fit_heads(fit_feats, r, seed=cfg.seed, device=device)
         used_heads.meta.update(
             {"fit_split": fit_split, "protocol": protocol, "rerank": r.model_dump(mode="json")}
         )
