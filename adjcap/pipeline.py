@@ -28,7 +28,7 @@ from adjcap.data.records import Record
 def load_retrieval_encoder(cfg: Config, towers: tuple[str, ...] = ("image", "text")):
     from adjcap.models.clip import load_encoder_from_config
 
-    return load_encoder_from_config(cfg.retrieval.encoder, towers=towers, device=cfg.device, resolve=cfg.resolve)
+    return load_encoder_from_config(cfg.resolved().retrieval.encoder, towers=towers, device=cfg.device)
 
 
 def load_verifier_role(cfg: Config):
@@ -36,20 +36,17 @@ def load_verifier_role(cfg: Config):
         return None
     from adjcap.models.blip import load_verifier_from_config
 
-    return load_verifier_from_config(cfg.verifier, device=cfg.device, resolve=cfg.resolve)
+    return load_verifier_from_config(cfg.resolved().verifier, device=cfg.device)
 
 
 def load_captioner_role(cfg: Config):
     """-> (IFCap captioner, its CLIP, vocabulary for the CLIP-classifier entities or None)."""
     from adjcap.models.clip import load_encoder_from_config
-    from adjcap.models.ifcap import load_ifcap
+    from adjcap.models.ifcap import load_ifcap_from_config
 
-    c = cfg.captioner
-    captioner = load_ifcap(
-        cfg.resolve(c.checkpoint), lm_config=cfg.resolve(c.lm_config), tokenizer=cfg.resolve(c.tokenizer),
-        device=cfg.device, mapping_heads=c.mapping_heads, precision=c.precision,
-    )
-    clip = load_encoder_from_config(c.clip, device=cfg.device, resolve=cfg.resolve)
+    c = cfg.resolved().captioner
+    captioner = load_ifcap_from_config(c, device=cfg.device)
+    clip = load_encoder_from_config(c.clip, device=cfg.device)
     vocabulary = None
     if c.entities.mode == "clip_classifier":
         vocabulary = load_entity_vocabulary(cfg, clip)

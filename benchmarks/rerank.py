@@ -26,7 +26,7 @@ import torch  # noqa: E402
 from adjcap.config import MemAttendCfg, TriFuseCfg  # noqa: E402
 from adjcap.features import rows_to_table  # noqa: E402
 from adjcap.rerank import Heads, agreement, fit_memattend, fit_trifuse, load_features, pick  # noqa: E402
-from adjcap.rerank.synthetic import synthetic_feature_rows  # noqa: E402
+from adjcap.demo.synthetic import synthetic_feature_rows  # noqa: E402
 
 
 class Timer:

@@ -9,7 +9,7 @@ from safetensors.torch import save as st_save
 from adjcap.config import MemAttendCfg, RerankCfg, TriFuseCfg
 from adjcap.features import rows_to_table
 from adjcap.rerank import Heads, agreement, fit_heads, fit_memattend, fit_trifuse, load_features, pick
-from adjcap.rerank.synthetic import synthetic_feature_rows
+from adjcap.demo.synthetic import synthetic_feature_rows
 
 
 def _feats(n, seed, signal=None, k=12, **kw):

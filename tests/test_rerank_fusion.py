@@ -19,7 +19,7 @@ from adjcap.rerank import (
     picker_scores,
     zscore,
 )
-from adjcap.rerank.synthetic import synthetic_feature_rows
+from adjcap.demo.synthetic import synthetic_feature_rows
 
 
 def _row(iid, cands):

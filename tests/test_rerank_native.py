@@ -129,7 +129,7 @@ def test_kernel_is_built_once_and_cached(tmp_path, monkeypatch):
 
 
 def _rows(n):
-    from adjcap.rerank.synthetic import synthetic_feature_rows
+    from adjcap.demo.synthetic import synthetic_feature_rows
 
     return synthetic_feature_rows(n, 12, seed=4, short_every=3)
 

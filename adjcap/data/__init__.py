@@ -1,4 +1,4 @@
-"""Benchmark readers, the retrieval caption corpus, image decoding and the synthetic demo world."""
+"""Benchmark readers, the retrieval caption corpus and image decoding."""
 
 from adjcap.data.benchmarks import (
     FORMATS,
@@ -11,7 +11,6 @@ from adjcap.data.benchmarks import (
     read_references,
 )
 from adjcap.data.corpus import Corpus, corpus_fingerprint, load_corpus, normalize_caption
-from adjcap.data.demo import build_demo_world, demo_corpus_texts
 from adjcap.data.images import DecodedImage, decode_image, decode_images
 from adjcap.data.records import DataError, Record
 
@@ -23,12 +22,10 @@ __all__ = [
     "DecodedImage",
     "Record",
     "References",
-    "build_demo_world",
     "coco_id_from_name",
     "corpus_fingerprint",
     "decode_image",
     "decode_images",
-    "demo_corpus_texts",
     "detect_format",
     "load_corpus",
     "normalize_caption",

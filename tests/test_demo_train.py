@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from adjcap.data.demo import COLOURS, OBJECTS, build_demo_world, demo_corpus_texts, demo_lexicon, iter_training_pairs
+from adjcap.demo import train as tt
+from adjcap.demo.tiny import build_tiny_world
+from adjcap.demo.world import COLOURS, OBJECTS, build_demo_world, demo_corpus_texts, demo_lexicon, iter_training_pairs
 from adjcap.entities import lexicon_tagger
-from adjcap.models import tiny_train as tt
-from adjcap.models.tiny import build_tiny_world
 
 SMALL = tt.TinyTrainSettings().scaled(0.02, pool_images=48)
 
@@ -69,7 +69,7 @@ def test_two_builds_with_one_seed_are_identical(tmp_path, small_corpus):
 
 
 def test_settings_are_part_of_the_cache_key(tmp_path, small_corpus):
-    from adjcap.models.tiny import tiny_world_ready
+    from adjcap.demo.tiny import tiny_world_ready
 
     build_tiny_world(tmp_path, small_corpus, seed=7, settings=SMALL)
     root = tmp_path / "tiny"
@@ -119,11 +119,11 @@ def test_swapped_negative_contradicts_the_scene():
     rng = random.Random(0)
     scene = {"background": "grass", "objects": [{"type": "ball", "colour": "red"}, {"type": "kite", "colour": "blue"}]}
     for _ in range(50):
-        neg = tt._swap_negative("A red ball and a blue kite on the grass.", scene, rng)
+        neg = tt.swap_negative("A red ball and a blue kite on the grass.", scene, rng)
         words = re.findall(r"[a-z]+", neg.lower())
         changed = [w for w in words if w not in {"a", "red", "ball", "and", "blue", "kite", "on", "the", "grass"}]
         assert len(changed) == 1 and (changed[0] in COLOURS or changed[0] in OBJECTS), neg
-    assert tt._swap_negative("Two colorful things in a field.", scene, rng) is None
+    assert tt.swap_negative("Two colorful things in a field.", scene, rng) is None
 
 
 # ---- the demo world's trained models (built once per session by the demo_cfg fixture) ----------------

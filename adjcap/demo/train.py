@@ -1,11 +1,11 @@
 """Training of the tiny world's models on the demo world: short, deterministic, CPU-only, pure torch.
 
-The tiny models are small models of the real classes (see :mod:`adjcap.models.tiny`). Random weights
+The tiny models are small models of the real classes (see :mod:`adjcap.demo.tiny`). Random weights
 make the demo run but retrieve at random and caption gibberish; these trainings (about a minute on
 one CPU core, all together) make the demo show the method working:
 
 * the open_clip model of IFCap's CLIP role: contrastive CLIP training (symmetric InfoNCE with the
-  learnt temperature) on images of a separate rendered pool (:func:`adjcap.data.demo.iter_training_pairs`,
+  learnt temperature) on images of a separate rendered pool (:func:`adjcap.demo.world.iter_training_pairs`,
   pool "clip-train") paired with their captions. The retrieval role has the same architecture and by
   default gets a copy (``TinyTrainSettings.retrieval_clip_steps`` > 0 trains its own, another seed);
 * the BLIP ITM verifier: binary matched / mismatched training of the ITM head (and the whole tiny
@@ -43,6 +43,19 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from open_clip.transformer import text_global_pool
+from safetensors.torch import save
+
+from adjcap.data.corpus import normalize_caption
+from adjcap.demo.tiny_ifcap import with_gpt2_mask_buffers
+from adjcap.demo.world import COLOURS, OBJECTS, demo_lexicon, iter_training_pairs
+from adjcap.entities import NOUN_TAGS, hard_prompt, lexicon_tagger
+from adjcap.io import atomic_write_bytes
+from adjcap.models.blip import load_verifier, quiet_progress
+from adjcap.models.clip import load_dual_encoder
+from adjcap.models.gpt2_tokenizer import load_gpt2_tokenizer
+from adjcap.models.ifcap import ClipCaptionModel, gpt2_config, infer_mapping_dims
+from adjcap.models.sources import OPEN_CLIP_CONFIG
 
 __all__ = [
     "CLIP_POOL",
@@ -203,9 +216,6 @@ class TrainingPool:
 
 def render_pool(seed: int, n: int, pool: str = CLIP_POOL) -> TrainingPool:
     """``n`` scenes of the named pool, rendered in memory (nothing written)."""
-    from adjcap.data.corpus import normalize_caption
-    from adjcap.data.demo import iter_training_pairs
-
     images, caps, scenes = [], [], []
     for pair in iter_training_pairs(seed, n, pool):
         images.append(pair.image)
@@ -221,14 +231,12 @@ def render_pool(seed: int, n: int, pool: str = CLIP_POOL) -> TrainingPool:
 
 class _TrainableText:
     """The open_clip text forward at the batch's real length (exact for causal argmax pooling, as
-    :meth:`DualEncoder._text_forward`), with the token embedding frozen except for the rows of the
+    :meth:`DualEncoder.encode_tokens`), with the token embedding frozen except for the rows of the
     tokens the corpus uses (a small delta table, folded back after training: a 49k-row embedding
     would otherwise dominate every optimiser step)."""
 
     def __init__(self, enc, used_ids: torch.Tensor) -> None:
-        from adjcap.models.clip import _text_parts
-
-        parts = _text_parts(enc.model)
+        parts = enc.text_tower
         if parts is None or not parts.trim_exact:
             raise ValueError(f"{enc.model_name}: tiny CLIP training needs an open_clip native causal text tower")
         self.parts = parts
@@ -240,8 +248,6 @@ class _TrainableText:
         self.delta = torch.nn.Parameter(torch.zeros(len(used_ids), emb.shape[1]))
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
-        from open_clip.transformer import text_global_pool
-
         p = self.parts
         width = ids.shape[1]
         x = p.token_embedding(ids) + self.delta[self.remap[ids]]
@@ -259,10 +265,6 @@ class _TrainableText:
 
 
 def _save_clip(net: torch.nn.Module, path: Path, meta: dict[str, Any]) -> None:
-    from safetensors.torch import save
-
-    from adjcap.io import atomic_write_bytes
-
     state = {k: v.detach().contiguous().clone() for k, v in net.state_dict().items()}
     atomic_write_bytes(path, save(state, metadata={"adjcap": json.dumps(meta, sort_keys=True)}))
 
@@ -279,11 +281,9 @@ def train_clip(
     weight_decay: float = 0.05,
     threads: int = 1,
 ) -> TrainLog:
-    """Train the open_clip model saved at ``path`` (by :func:`adjcap.models.clip.build_tiny_clip`)
+    """Train the open_clip model saved at ``path`` (by :func:`adjcap.demo.tiny_clip.build_tiny_clip`)
     contrastively on ``pool`` (each step: ``batch`` images, one of each image's captions drawn at
     random) and write it back in place (safetensors; the sidecar config is unchanged)."""
-    from adjcap.models.clip import load_dual_encoder
-
     path = Path(path)
     t0 = time.perf_counter()
     enc = load_dual_encoder(model, str(path), device="cpu", precision="fp32")
@@ -333,29 +333,16 @@ def train_clip(
 # BLIP ITM
 # --------------------------------------------------------------------------------------------
 
-_COLOUR_WORDS: tuple[str, ...] = ()
-_KIND_WORDS: dict[str, str] = {}
+COLOUR_WORDS: tuple[str, ...] = tuple(COLOURS)
+# single-word object nouns, singular and plural -> the object kind
+KIND_WORDS: dict[str, str] = {w: kind for kind, (plural, _, _) in OBJECTS.items() if " " not in kind
+                              for w in (kind, plural)}
 
 
-def _demo_words() -> tuple[tuple[str, ...], dict[str, str]]:
-    global _COLOUR_WORDS, _KIND_WORDS
-    if not _COLOUR_WORDS:
-        from adjcap.data.demo import COLOURS, OBJECTS
-
-        _COLOUR_WORDS = tuple(COLOURS)
-        kinds: dict[str, str] = {}
-        for kind, (plural, _, _) in OBJECTS.items():
-            if " " not in kind:
-                kinds[kind] = kind
-                kinds[plural] = kind
-        _KIND_WORDS = kinds
-    return _COLOUR_WORDS, _KIND_WORDS
-
-
-def _swap_negative(caption: str, scene: dict[str, Any], rng: random.Random) -> str | None:
+def swap_negative(caption: str, scene: dict[str, Any], rng: random.Random) -> str | None:
     """``caption`` with one colour word or one single-word object noun replaced by one that is not in
     the scene (a mismatched caption that differs in one word), or None when it has no such word."""
-    colours, kinds = _demo_words()
+    colours, kinds = COLOUR_WORDS, KIND_WORDS
     present_c = {o["colour"] for o in scene["objects"]}
     present_k = {o["type"] for o in scene["objects"]}
     words = caption.split(" ")
@@ -403,7 +390,7 @@ def train_blip_itm(
     itc_temperature: float = 0.07,
     threads: int = 1,
 ) -> TrainLog:
-    """Train the tiny BLIP ITM model saved in ``blip_dir`` (by :func:`adjcap.models.blip.build_tiny_blip`)
+    """Train the tiny BLIP ITM model saved in ``blip_dir`` (by :func:`adjcap.demo.tiny_blip.build_tiny_blip`)
     on matched / mismatched pairs and save it back (save_pretrained).
 
     Each step takes ``batch`` images with one of their captions (label 1) and one mismatched caption
@@ -416,8 +403,6 @@ def train_blip_itm(
     loss on the unimodal features (``vision_proj`` / ``text_proj``, [CLS] text) is added with weight
     ``itc_weight``: from a random start the ITM head alone sits at chance for a long time.
     """
-    from adjcap.models.blip import _quiet_progress, load_verifier
-
     t0 = time.perf_counter()
     ver = load_verifier(str(blip_dir), device="cpu", precision="fp32")
     net = ver.model
@@ -452,7 +437,7 @@ def train_blip_itm(
 
         def negative(i: int, cap: str) -> str:
             u = rng.random()
-            neg = _swap_negative(cap, pool.scenes[i], rng) if u < swap_fraction else None
+            neg = swap_negative(cap, pool.scenes[i], rng) if u < swap_fraction else None
             if neg is None:
                 if u < swap_fraction + hard_fraction:
                     j = rng.choice(hard[i])
@@ -470,7 +455,7 @@ def train_blip_itm(
             pos += batch
             texts_pos = [pool.captions[i][rng.randrange(per)] for i in idx]
             texts_neg = [negative(i, cap) for _ in range(k) for i, cap in zip(idx, texts_pos)]
-            ids, mask = ver._pad(ver.tokenize(texts_pos + texts_neg))
+            ids, mask = ver.pad(ver.tokenize(texts_pos + texts_neg))
             image_embeds = net.vision_model(pixel_values=pixels[idx]).last_hidden_state
             image_atts = torch.ones((ids.shape[0], image_embeds.shape[1]), dtype=torch.long)
             hidden = net.text_encoder(
@@ -495,7 +480,7 @@ def train_blip_itm(
         net.eval()
         for p in net.parameters():
             p.requires_grad_(False)
-        with _quiet_progress():
+        with quiet_progress():
             net.save_pretrained(Path(blip_dir))
     return trace.log("blip-itm", time.perf_counter() - t0)
 
@@ -509,8 +494,6 @@ def caption_entities(caption: str, tagger, lemmatize) -> list[str]:
     """IFCap's training entities of one caption before the random drop (spec 7, steps 1-3 with the
     demo lexicon as tagger): its noun lemmas in order of first occurrence, without IFCap's extra stop
     words, de-duplicated, at most 10."""
-    from adjcap.entities import NOUN_TAGS
-
     seen: list[str] = []
     for token, tag in tagger(caption):
         if tag not in NOUN_TAGS:
@@ -567,19 +550,13 @@ def train_ifcap(
     noise_variance: float = IFCAP_NOISE_VARIANCE,
     threads: int = 1,
 ) -> TrainLog:
-    """Train the tiny IFCap saved in ``ifcap_dir`` (by :func:`adjcap.models.ifcap.build_tiny_ifcap`:
+    """Train the tiny IFCap saved in ``ifcap_dir`` (by :func:`adjcap.demo.tiny_ifcap.build_tiny_ifcap`:
     ``tiny-ifcap.pt`` + ``config.json``) text-only on ``corpus_texts`` with the CLIP at ``clip_path``
     (the captioner's CLIP) and write it back in the released files' layout (official key names, the
     GPT-2 mask buffers, lm_head tied to wte), so :func:`load_ifcap` loads it unchanged.
 
     The model starts from a fresh standard initialisation (GPT-2's), not from the builder's
     decode-like random init."""
-    from adjcap.data.demo import demo_lexicon
-    from adjcap.entities import hard_prompt, lexicon_tagger
-    from adjcap.models.clip import load_dual_encoder
-    from adjcap.models.gpt2_tokenizer import load_gpt2_tokenizer
-    from adjcap.models.ifcap import ClipCaptionModel, gpt2_config, infer_mapping_dims, with_gpt2_mask_buffers
-
     t0 = time.perf_counter()
     out = Path(ifcap_dir)
     pt = out / "tiny-ifcap.pt"
@@ -671,12 +648,9 @@ def train_ifcap(
 
 def _copy_clip(src: Path, dst: Path) -> None:
     """The trained CLIP file and its sidecar config, copied into another role's directory."""
-    from adjcap.io import atomic_write_bytes
-    from adjcap.models.clip import SIDECAR
-
     src, dst = Path(src), Path(dst)
     atomic_write_bytes(dst, src.read_bytes())
-    atomic_write_bytes(dst.parent / SIDECAR, (src.parent / SIDECAR).read_bytes())
+    atomic_write_bytes(dst.parent / OPEN_CLIP_CONFIG, (src.parent / OPEN_CLIP_CONFIG).read_bytes())
 
 
 def scene_text_features(enc, pool: TrainingPool) -> torch.Tensor:
@@ -698,8 +672,6 @@ def train_tiny_world(
     mapping_heads: int = 2,
 ) -> dict[str, Any]:
     """Train every model of a freshly built (random) tiny world in place; returns the training logs."""
-    from adjcap.models.clip import load_dual_encoder
-
     s = settings
     t0 = time.perf_counter()
     pool = render_pool(seed, s.pool_images, CLIP_POOL)
