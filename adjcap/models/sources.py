@@ -139,8 +139,9 @@ def hub_or_dir(
                         f"with those files or a Hugging Face id")
         return HubSource(str(path), f"{path.name}/{dir_fingerprint(path)}", True, True)
     download = f"`huggingface-cli download {text} --local-dir DIR` on a machine with internet access"
-    if looks_like_path(text) or path.suffix:
-        raise error(f"{what} directory {path} does not exist; set {config_key} to a directory with {files} "
+    if path.exists() or looks_like_path(text):
+        state = "is a file, not a directory" if path.exists() else "does not exist"
+        raise error(f"{what} directory {path} {state}; set {config_key} to a directory with {files} "
                     f"or to a Hugging Face id")
     if hf_offline() and not hub_cached(text, needs[0][0], cache_dir):
         raise error(f"{what} '{text}' is not in the local Hugging Face cache and HF_HUB_OFFLINE is set: run "
