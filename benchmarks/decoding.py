@@ -27,16 +27,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from adjcap.decoding import beam_search_fast, beam_search_reference, greedy_fast, greedy_reference  # noqa: E402
-from adjcap.models.ifcap import (  # noqa: E402
-    ClipCaptionModel,
-    IFCapCaptioner,
-    MappingDims,
-    build_tiny_ifcap,
-    captioner_like_init,
-    gpt2_config,
-    load_ifcap,
-    train_gpt2_tokenizer,
-)
+from adjcap.demo.tiny_ifcap import build_tiny_ifcap, captioner_like_init, train_gpt2_tokenizer  # noqa: E402
+from adjcap.models.ifcap import ClipCaptionModel, IFCapCaptioner, MappingDims, gpt2_config, load_ifcap  # noqa: E402
 
 WORDS = "man woman dog cat surfboard wave beach table pizza plate bus street car tree bench park kite".split()
 CORPUS = [

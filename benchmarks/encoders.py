@@ -28,8 +28,11 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from adjcap.index import CaptionIndex  # noqa: E402
-from adjcap.models.blip import Verifier, build_tiny_blip, load_verifier, train_wordpiece_tokenizer  # noqa: E402
-from adjcap.models.clip import TINY_CLIP, build_tiny_clip, load_dual_encoder, random_images  # noqa: E402
+from adjcap.demo.tiny_blip import build_tiny_blip, train_wordpiece_tokenizer  # noqa: E402
+from adjcap.demo.tiny_clip import TINY_CLIP, build_tiny_clip  # noqa: E402
+from adjcap.demo.world import random_images  # noqa: E402
+from adjcap.models.blip import Verifier, load_verifier  # noqa: E402
+from adjcap.models.clip import load_dual_encoder  # noqa: E402
 from adjcap.models.precision import pick_dtype  # noqa: E402
 
 FIXTURE = ROOT / "tests" / "fixtures" / "data" / "coco_test_captions.json"

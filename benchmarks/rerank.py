@@ -40,7 +40,7 @@ from adjcap.rerank import (  # noqa: E402
     load_features,
     pick,
 )
-from adjcap.rerank.synthetic import synthetic_feature_rows  # noqa: E402
+from adjcap.demo.synthetic import synthetic_feature_rows  # noqa: E402
 
 
 class Timer:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from adjcap.config import Config
-from adjcap.data.demo import build_demo_world, demo_corpus_texts
-from adjcap.models.tiny import build_tiny_world
+from adjcap.demo.tiny import build_tiny_world
+from adjcap.demo.world import build_demo_world, demo_corpus_texts
 from adjcap.rundir import RunDir
 from jobs import run
 

@@ -10,14 +10,10 @@ import pytest
 import torch
 from PIL import Image
 
-from adjcap.models.blip import (
-    ImageMemo,
-    build_tiny_blip,
-    lavis_pre_caption,
-    load_verifier,
-)
-from adjcap.models.clip import random_images
-from adjcap.models.precision import ModelUnavailableError
+from adjcap.demo.tiny_blip import build_tiny_blip
+from adjcap.demo.world import random_images
+from adjcap.models.blip import ImageMemo, lavis_pre_caption, load_verifier
+from adjcap.models.sources import ModelUnavailableError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "data"
 

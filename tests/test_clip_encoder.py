@@ -8,13 +8,10 @@ import open_clip
 import pytest
 import torch
 
-from adjcap.models.clip import (
-    TINY_CLIP,
-    build_tiny_clip,
-    load_dual_encoder,
-    random_images,
-)
-from adjcap.models.precision import ModelUnavailableError
+from adjcap.demo.tiny_clip import TINY_CLIP, build_tiny_clip
+from adjcap.demo.world import random_images
+from adjcap.models.clip import load_dual_encoder
+from adjcap.models.sources import ModelUnavailableError
 
 TEXTS = [
     "a dog runs on the beach",
@@ -175,3 +172,21 @@ def test_bad_names_and_paths(tmp_path):
     (wrong.parent / "open_clip_config.json").unlink()  # bare file of another shape
     with pytest.raises(RuntimeError, match="could not load checkpoint"):
         load_dual_encoder(TINY_CLIP, str(wrong), device="cpu")
+
+
+def test_snapshot_config_decides_preprocessing_and_architecture(tmp_path, tiny_path, enc):
+    import shutil
+
+    snap = tmp_path / "snap"
+    snap.mkdir()
+    shutil.copy(tiny_path, snap / "open_clip_model.safetensors")
+    side = json.loads((tiny_path.parent / "open_clip_config.json").read_text())
+    side["preprocess_cfg"].update(mean=[0.5, 0.5, 0.5], std=[0.25, 0.25, 0.25], interpolation="bilinear")
+    (snap / "open_clip_config.json").write_text(json.dumps(side))
+    e = load_dual_encoder("any-name", str(snap), device="cpu")  # the architecture comes from the config
+    assert e.model_id.split("/")[1] == enc.model_id.split("/")[1]
+    assert list(e.preprocess_cfg["mean"]) == [0.5] * 3 and e.preprocess_cfg["interpolation"] == "bilinear"
+    torch.testing.assert_close(e.encode_texts(TEXTS), enc.encode_texts(TEXTS))
+    im = random_images(1, seed=4)
+    assert not torch.allclose(e.preprocess(im), enc.preprocess(im))
+    torch.testing.assert_close(e.encode_images(e.preprocess(im)), enc.encode_images(e.preprocess(im)))

@@ -18,7 +18,8 @@ from adjcap.decoding import (
     greedy_fast,
     greedy_reference,
 )
-from adjcap.models.ifcap import build_tiny_ifcap, load_ifcap, train_gpt2_tokenizer
+from adjcap.demo.tiny_ifcap import build_tiny_ifcap, train_gpt2_tokenizer
+from adjcap.models.ifcap import load_ifcap
 
 FIXTURES = Path(__file__).parent / "fixtures" / "data"
 CLIP_DIM = 24

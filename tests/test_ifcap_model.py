@@ -12,19 +12,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from adjcap.demo.tiny_ifcap import build_tiny_ifcap, train_gpt2_tokenizer, with_gpt2_mask_buffers
 from adjcap.models.gpt2_tokenizer import TokenizerLoadError, load_gpt2_tokenizer, stop_token_ids
 from adjcap.models.ifcap import (
     CheckpointMismatchError,
     ClipCaptionModel,
     MappingDims,
-    build_tiny_ifcap,
     check_state_dict,
     gpt2_config,
     infer_mapping_dims,
     load_ifcap,
     prepare_state_dict,
-    train_gpt2_tokenizer,
-    with_gpt2_mask_buffers,
 )
 
 FIXTURES = Path(__file__).parent / "fixtures" / "data"

@@ -15,7 +15,7 @@ import torch
 import adjcap.rerank as rerank
 from adjcap.features import empty_row, rows_to_table
 from adjcap.rerank import load_features, zscore
-from adjcap.rerank.synthetic import synthetic_feature_rows
+from adjcap.demo.synthetic import synthetic_feature_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 

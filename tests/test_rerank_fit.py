@@ -18,7 +18,7 @@ from adjcap.rerank import (
     load_features,
     pick,
 )
-from adjcap.rerank.synthetic import synthetic_feature_rows
+from adjcap.demo.synthetic import synthetic_feature_rows
 
 
 def _feats(n, seed, signal=None, k=12, **kw):

@@ -25,7 +25,7 @@ from adjcap.rerank import (
     zscore,
 )
 from adjcap.config import RerankCfg, load_config
-from adjcap.rerank.synthetic import synthetic_feature_rows
+from adjcap.demo.synthetic import synthetic_feature_rows
 
 
 def _row(iid, cands):

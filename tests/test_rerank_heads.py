@@ -8,7 +8,7 @@ from torch import nn
 from adjcap.config import RerankCfg, load_config
 from adjcap.features import rows_to_table
 from adjcap.rerank import HEADS, MemAttend, TriFuse, count_params, head_spec, load_features
-from adjcap.rerank.synthetic import synthetic_feature_rows
+from adjcap.demo.synthetic import synthetic_feature_rows
 
 
 def test_trifuse_has_113_parameters():

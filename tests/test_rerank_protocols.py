@@ -16,7 +16,7 @@ from adjcap.rerank import (
     save_heads,
     load_heads,
 )
-from adjcap.rerank.synthetic import synthetic_feature_rows
+from adjcap.demo.synthetic import synthetic_feature_rows
 
 FAST = ["rerank.trifuse.epochs=8", "rerank.memattend.epochs=3"]
 

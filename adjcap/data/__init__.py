@@ -4,7 +4,6 @@ image paths and image decoding."""
 from adjcap.data.annotations import detect_format
 from adjcap.data.benchmarks import read_benchmark, split_annotations
 from adjcap.data.corpus import Corpus, corpus_fingerprint, load_corpus, normalize_caption
-from adjcap.data.demo import build_demo_world, demo_corpus_texts
 from adjcap.data.domains import NOCAPS_DOMAINS, normalize_domain
 from adjcap.data.ids import coco_id_from_name
 from adjcap.data.images import DecodedImage, decode_image, decode_images
@@ -19,12 +18,10 @@ __all__ = [
     "DecodedImage",
     "Record",
     "References",
-    "build_demo_world",
     "coco_id_from_name",
     "corpus_fingerprint",
     "decode_image",
     "decode_images",
-    "demo_corpus_texts",
     "detect_format",
     "format_names",
     "load_corpus",

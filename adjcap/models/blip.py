@@ -25,21 +25,19 @@ after [DEC] (BERT's 30522 tokens + [DEC] 30522 + [ENC] 30523).
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
-import math
 import os
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from PIL import Image
 
-from adjcap.models.precision import ModelUnavailableError, dtype_name, hf_offline, pick_device, pick_dtype
+from adjcap.config import VerifierCfg
+from adjcap.models.precision import dtype_name, pick_device, pick_dtype
+from adjcap.models.sources import ModelUnavailableError, hub_or_dir
 
 DEFAULT_VERIFIER = "Salesforce/blip-itm-large-coco"
 FLICKR_VERIFIER = "Salesforce/blip-itm-large-flickr"
@@ -175,7 +173,7 @@ class Verifier:
             out.append(ids)
         return out
 
-    def _pad(self, seqs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    def pad(self, seqs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(1, max(len(s) for s in seqs))
         ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(seqs), width), dtype=torch.long)
@@ -270,7 +268,7 @@ class Verifier:
             for _ in range(per - counts[i]):
                 rows.append([])
                 dest.append(-1)
-        ids, mask = self._pad(rows)
+        ids, mask = self.pad(rows)
         img = torch.as_tensor(chunk, dtype=torch.long, device=self.device)
         got = self._itm_grouped(ids.to(self.device), mask.to(self.device), memo, img, per)
         keep = np.array(dest) >= 0
@@ -318,7 +316,7 @@ class Verifier:
         for start in range(0, n, batch_size):
             sl = slice(start, start + batch_size)
             pix = images[sl] if isinstance(images, torch.Tensor) else self.preprocess(list(images[sl]))
-            ids, mask = self._pad(seqs[sl])
+            ids, mask = self.pad(seqs[sl])
             res = self.model(
                 input_ids=ids.to(self.device),
                 pixel_values=pix.to(self.device, dtype=self.dtype),
@@ -335,7 +333,7 @@ class Verifier:
 
 
 @contextlib.contextmanager
-def _quiet_progress() -> Iterator[None]:
+def quiet_progress() -> Iterator[None]:
     """No transformers progress bars while loading/saving (restored afterwards)."""
     from transformers.utils import logging as hf_logging
 
@@ -346,44 +344,6 @@ def _quiet_progress() -> Iterator[None]:
     finally:
         if was:
             hf_logging.enable_progress_bar()
-
-
-def _is_local(spec: str) -> bool:
-    return os.path.isdir(os.path.expanduser(spec))
-
-
-def _looks_like_path(spec: str) -> bool:
-    return spec.startswith((".", "/", "~")) or os.sep in spec.strip("/").split("/", 1)[-1] or spec.count("/") > 1
-
-
-def _dir_fingerprint(path: Path) -> str:
-    weights = sorted(path.glob("*.safetensors")) or sorted(path.glob("*.bin"))
-    h = hashlib.sha256()
-    for w in weights:
-        size = w.stat().st_size
-        h.update(w.name.encode() + str(size).encode())
-        with open(w, "rb") as f:
-            h.update(f.read(64 << 20))
-            if size > (128 << 20):
-                f.seek(size - (64 << 20))
-                h.update(f.read(64 << 20))
-    return "sha256s:" + h.hexdigest()[:16]
-
-
-def _hub_cached(repo: str, cache_dir: str | None) -> bool:
-    from huggingface_hub import try_to_load_from_cache
-
-    got = try_to_load_from_cache(repo, "config.json", cache_dir=cache_dir)
-    return isinstance(got, str) and os.path.isfile(got)
-
-
-def _unavailable(spec: str, cause: str) -> ModelUnavailableError:
-    return ModelUnavailableError(
-        f"BLIP ITM verifier '{spec}' is not available: {cause}. It is the Hugging Face model repo '{spec}' "
-        f"(config.json, model.safetensors, tokenizer and preprocessor files). Download it on a machine with "
-        f"internet access (`huggingface-cli download {spec} --local-dir <dir>`) and pass the directory as "
-        f"the verifier model (config key verifier.model), or copy the Hugging Face cache here."
-    )
 
 
 def load_verifier(
@@ -401,39 +361,25 @@ def load_verifier(
     """Load a BLIP ITM verifier from a Hugging Face id or a local save_pretrained directory."""
     from transformers import AutoTokenizer, BlipForImageTextRetrieval, BlipImageProcessor
 
-    spec = str(model)
     dev = pick_device(device)
     dtype = pick_dtype(precision, dev)
-    if _is_local(spec):
-        source = os.path.expanduser(spec)
-        path = Path(source)
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(
-                f"{path}: no config.json; a verifier directory must be a save_pretrained() folder of a "
-                f"BlipForImageTextRetrieval with its tokenizer and preprocessor files"
-            )
-        model_id = f"{path.name}/{_dir_fingerprint(path)}"
-        local_only = True
-    else:
-        if _looks_like_path(spec):
-            raise FileNotFoundError(
-                f"verifier directory '{spec}' does not exist; give a save_pretrained() directory or a "
-                f"Hugging Face id such as {DEFAULT_VERIFIER}"
-            )
-        if hf_offline() and not _hub_cached(spec, cache_dir):
-            raise _unavailable(spec, "HF_HUB_OFFLINE is set and it is not in the local Hugging Face cache")
-        source, model_id, local_only = spec, spec, hf_offline()
+    src = hub_or_dir(model, what="BLIP ITM verifier", config_key="verifier.model", cache_dir=cache_dir)
     try:
-        with _quiet_progress():
+        with quiet_progress():
             net = BlipForImageTextRetrieval.from_pretrained(
-                source, dtype=dtype, cache_dir=cache_dir, local_files_only=local_only
+                src.source, dtype=dtype, cache_dir=cache_dir, local_files_only=src.local_only
             )
-        tokenizer = AutoTokenizer.from_pretrained(source, cache_dir=cache_dir, local_files_only=local_only)
-        image_processor = BlipImageProcessor.from_pretrained(source, cache_dir=cache_dir, local_files_only=local_only)
+        tokenizer = AutoTokenizer.from_pretrained(src.source, cache_dir=cache_dir, local_files_only=src.local_only)
+        image_processor = BlipImageProcessor.from_pretrained(
+            src.source, cache_dir=cache_dir, local_files_only=src.local_only
+        )
     except OSError as e:
-        if _is_local(spec):
-            raise FileNotFoundError(f"{spec}: incomplete verifier directory ({e})") from e
-        raise _unavailable(spec, str(e).splitlines()[0]) from e
+        if src.is_dir:
+            raise FileNotFoundError(f"{src.source}: incomplete verifier directory ({e})") from e
+        raise ModelUnavailableError(
+            f"BLIP ITM verifier '{src.source}' could not be loaded ({str(e).splitlines()[0]}): download it with "
+            f"`huggingface-cli download {src.source} --local-dir DIR` and set verifier.model=DIR"
+        ) from e
     net = net.to(device=dev, dtype=dtype).eval()
     for p in net.parameters():
         p.requires_grad_(False)
@@ -441,7 +387,7 @@ def load_verifier(
         net,
         tokenizer,
         image_processor,
-        model_id=model_id,
+        model_id=src.model_id,
         device=dev,
         dtype=dtype,
         max_text_tokens=max_text_tokens,
@@ -452,132 +398,14 @@ def load_verifier(
     )
 
 
-def load_verifier_from_config(cfg: Any, *, device: str = "auto", resolve: Any = None) -> Verifier:
-    """Load from a ``VerifierCfg``; ``resolve`` expands ``{cache}``/``{data}`` (pass ``Config.resolve``)."""
-    model = resolve(cfg.model) if resolve is not None else cfg.model
+def load_verifier_from_config(cfg: VerifierCfg, *, device: str = "auto") -> Verifier:
+    """Load from a resolved ``VerifierCfg``."""
     return load_verifier(
-        model,
+        cfg.model,
         device=device,
         precision=cfg.precision,
         max_text_tokens=cfg.max_text_tokens,
-        first_token=getattr(cfg, "itm_first_token", "enc"),
-        caption_preprocess=getattr(cfg, "caption_preprocess", "lavis"),
+        first_token=cfg.itm_first_token,
+        caption_preprocess=cfg.caption_preprocess,
         image_batch_size=cfg.batch_size,
     )
-
-
-# --------------------------------------------------------------------------------------------
-# Tiny model
-# --------------------------------------------------------------------------------------------
-
-
-def train_wordpiece_tokenizer(corpus_texts: Sequence[str], vocab_size: int = 1000) -> Any:
-    """A lower-casing BERT WordPiece tokenizer whose vocabulary is learnt from ``corpus_texts``, with
-    BLIP's [DEC] (bos) and [ENC] tokens appended after it as in LAVIS.
-
-    The text is normalised and pre-tokenised with the ``tokenizers`` library's BERT normaliser and
-    pre-tokeniser; the vocabulary is the special tokens, every character (and its ``##`` form, ASCII
-    always included), then whole words by frequency (ties alphabetical) up to ``vocab_size``. (The
-    library's WordPieceTrainer breaks frequency ties differently from run to run; this is
-    deterministic, so the tiny world is reproducible.)
-    """
-    import string
-    from collections import Counter
-
-    from tokenizers import normalizers, pre_tokenizers
-    from transformers import BertTokenizer
-
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    norm = normalizers.BertNormalizer(lowercase=True)
-    pre = pre_tokenizers.BertPreTokenizer()
-    counts: Counter[str] = Counter()
-    for text in corpus_texts:
-        for word, _ in pre.pre_tokenize_str(norm.normalize_str(text)):
-            counts[word] += 1
-    chars = sorted({c for w in counts for c in w} | set(string.ascii_lowercase + string.digits + string.punctuation))
-    tokens = specials + chars + ["##" + c for c in chars]
-    words = sorted((w for w in counts if len(w) > 1), key=lambda w: (-counts[w], w))
-    tokens += words[: max(0, vocab_size - len(tokens))]
-    tok = BertTokenizer(vocab={t: i for i, t in enumerate(tokens)}, do_lower_case=True)
-    tok.add_special_tokens({"bos_token": "[DEC]"})
-    tok.add_tokens(["[ENC]"], special_tokens=True)
-    tok.model_max_length = 512
-    return tok
-
-
-def build_tiny_blip(
-    out_dir: str | os.PathLike,
-    corpus_texts: Sequence[str],
-    seed: int = 42,
-    image_size: int = 32,
-    patch_size: int = 8,
-    hidden: int = 32,
-    layers: int = 2,
-    vocab_size: int = 1000,
-) -> Path:
-    """Save a tiny ``BlipForImageTextRetrieval`` (random, deterministic) with a WordPiece tokenizer
-    trained on ``corpus_texts`` and a matching image processor into ``out_dir``; it loads with
-    ``load_verifier(str(out_dir))`` exactly like a hub id."""
-    from transformers import BlipConfig, BlipForImageTextRetrieval, BlipImageProcessor
-    from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
-
-    if not corpus_texts:
-        raise ValueError("build_tiny_blip needs corpus texts to train its tokenizer")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tok = train_wordpiece_tokenizer(corpus_texts, vocab_size=vocab_size)
-    dec_id = tok.convert_tokens_to_ids("[DEC]")
-    enc_id = tok.convert_tokens_to_ids("[ENC]")
-    assert enc_id == dec_id + 1 == len(tok) - 1, (dec_id, enc_id, len(tok))
-    heads = max(1, hidden // 16)
-    config = BlipConfig(
-        text_config=dict(
-            vocab_size=len(tok),
-            hidden_size=hidden,
-            encoder_hidden_size=hidden,
-            intermediate_size=hidden * 2,
-            projection_dim=hidden,
-            num_hidden_layers=layers,
-            num_attention_heads=heads,
-            max_position_embeddings=64,
-            bos_token_id=dec_id,
-            pad_token_id=tok.pad_token_id,
-            sep_token_id=tok.sep_token_id,
-            eos_token_id=tok.sep_token_id,
-            initializer_range=0.2,
-        ),
-        vision_config=dict(
-            hidden_size=hidden,
-            intermediate_size=hidden * 2,
-            projection_dim=hidden,
-            num_hidden_layers=layers,
-            num_attention_heads=heads,
-            image_size=image_size,
-            patch_size=patch_size,
-            initializer_range=0.2,
-        ),
-        image_text_hidden_size=hidden // 2,
-        projection_dim=hidden // 2,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        net = BlipForImageTextRetrieval(config)
-        # spread the ITM head so random scores cover (0, 1) instead of sitting at 0.5
-        torch.nn.init.normal_(net.itm_head.weight, std=2.0 / math.sqrt(hidden))
-    net.eval()
-    with _quiet_progress():
-        net.save_pretrained(out)
-    processor = BlipImageProcessor(
-        do_resize=True,
-        size={"height": image_size, "width": image_size},
-        resample=3,  # bicubic, as BLIP / LAVIS
-        do_rescale=True,
-        do_normalize=True,
-        image_mean=OPENAI_CLIP_MEAN,
-        image_std=OPENAI_CLIP_STD,
-        do_convert_rgb=True,
-    )
-    processor.save_pretrained(out)
-    tok.save_pretrained(out)
-    (out / "adjcap_tiny.json").write_text(json.dumps({"family": "blip-itm", "seed": seed}) + "\n")
-    return out

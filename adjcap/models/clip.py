@@ -1,67 +1,40 @@
-"""open_clip dual encoders: loading from a tag or a local file, image and text encoding.
+"""open_clip dual encoders: loading (through :func:`adjcap.models.sources.clip_source`), image and
+text encoding.
 
-``load_dual_encoder(model, pretrained)`` takes any open_clip architecture name and
-
-* a pretrained tag (``ViT-bigG-14`` / ``laion2b_s39b_b160k``, ``ViT-B-32`` / ``openai``,
-  ``RN50x64`` / ``openai``): weights come from the Hugging Face cache or are downloaded; with
-  ``HF_HUB_OFFLINE=1`` a tag that is not cached fails at once with a message that names it;
-* a local checkpoint file (``.safetensors``, ``.pt``, ``.pth``, ``.bin``) or a directory holding one
-  (e.g. a downloaded hub snapshot): the image preprocessing and the QuickGELU switch are pinned from an
-  ``open_clip_config.json`` beside the file when there is one, else from the architecture's known
-  tags when they agree (a bare file carries neither);
-* ``None``: random weights (deterministic given ``seed``), for benchmarks.
+``load_dual_encoder(model, pretrained)`` takes any open_clip architecture name and a pretrained tag
+(``ViT-bigG-14`` / ``laion2b_s39b_b160k``, ``ViT-B-32`` / ``openai``, ``RN50x64`` / ``openai``), an
+``hf-hub:`` repo, a local checkpoint file or a directory holding one (e.g. a downloaded hub snapshot,
+loaded by open_clip's own ``local-dir:`` loading when an ``open_clip_config.json`` is beside it), or
+``None`` for random weights (deterministic given ``seed``); see :mod:`adjcap.models.sources`.
 
 Text is tokenised with the model's own tokenizer and encoded at its real length: sequences are sorted
 by length, batched, and each batch is cut to its longest sequence. With open_clip's causal text mask
 and EOT (argmax) / EOS / first-token pooling the cut-off padding cannot influence the pooled token, so
 the embedding is the padded one (up to float rounding); towers where that does not hold (bidirectional
 text towers, CoCa's appended CLS, HF text towers, 'last' pooling) are run padded.
-
-adjcap's own tiny architecture ``adjcap-tiny-clip`` (a config in ``adjcap/models/configs``) is
-registered with open_clip on import; :func:`build_tiny_clip` saves a deterministic random one.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import os
 import re
-import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 import open_clip
 import torch
 import torch.nn.functional as F
+from open_clip.transform import PreprocessCfg, image_transform_v2
 from open_clip.transformer import text_global_pool
 from PIL import Image
 
-from adjcap.models.precision import ModelUnavailableError, dtype_name, hf_offline, pick_device, pick_dtype
+from adjcap.config import EncoderCfg
+from adjcap.models.precision import dtype_name, pick_device, pick_dtype
+from adjcap.models.sources import PREPROCESS_KEYS, ModelUnavailableError, clip_source, tag_unavailable
 
-CONFIG_DIR = Path(__file__).resolve().parent / "configs"
-TINY_CLIP = "adjcap-tiny-clip"
-CHECKPOINT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
-SIDECAR = "open_clip_config.json"
-_PREPROCESS_KEYS = ("size", "mode", "mean", "std", "interpolation", "resize_mode", "fill_color")
-_TRIM_POOLS = ("argmax", "eos", "first")
-
-_registered = False
-
-
-def register_adjcap_configs() -> None:
-    """Register adjcap's model configs (``adjcap/models/configs/*.json``) with open_clip (idempotent)."""
-    global _registered
-    if not _registered:
-        open_clip.add_model_config(CONFIG_DIR)
-        _registered = True
-
-
-register_adjcap_configs()
+TRIM_POOLS = ("argmax", "eos", "first")
 
 
 # --------------------------------------------------------------------------------------------
@@ -70,7 +43,7 @@ register_adjcap_configs()
 
 
 @dataclass
-class _TextParts:
+class TextParts:
     """The pieces of an open_clip native text tower, wherever the model class keeps them."""
 
     token_embedding: torch.nn.Module
@@ -86,13 +59,13 @@ class _TextParts:
     @property
     def trim_exact(self) -> bool:
         """Cutting padding off leaves the pooled token unchanged (causal mask, pooled token inside)."""
-        return self.attn_mask is not None and not self.has_cls and self.pool_type in _TRIM_POOLS
+        return self.attn_mask is not None and not self.has_cls and self.pool_type in TRIM_POOLS
 
 
-def _text_parts(model: torch.nn.Module) -> _TextParts | None:
+def text_parts(model: torch.nn.Module) -> TextParts | None:
     text = getattr(model, "text", None)
     if text is not None and isinstance(text, open_clip.transformer.TextTransformer):
-        return _TextParts(
+        return TextParts(
             token_embedding=text.token_embedding,
             positional_embedding=text.positional_embedding,
             transformer=text.transformer,
@@ -104,7 +77,7 @@ def _text_parts(model: torch.nn.Module) -> _TextParts | None:
             has_cls=text.cls_emb is not None,
         )
     if getattr(model, "token_embedding", None) is not None and getattr(model, "transformer", None) is not None:
-        return _TextParts(
+        return TextParts(
             token_embedding=model.token_embedding,
             positional_embedding=model.positional_embedding,
             transformer=model.transformer,
@@ -165,7 +138,7 @@ class DualEncoder:
     image_batch_size: int = 32
     text_batch_size: int = 512
     _transform: Any = field(default=None, repr=False)
-    _text: _TextParts | None = field(default=None, repr=False)
+    _text: TextParts | None = field(default=None, repr=False)
 
     # ---- identity --------------------------------------------------------------------------
     @property
@@ -185,6 +158,11 @@ class DualEncoder:
     def image_size(self) -> tuple[int, int]:
         size = self.preprocess_cfg["size"]
         return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+
+    @property
+    def text_tower(self) -> TextParts | None:
+        """The native open_clip text tower's parts (None for HF text towers or a dropped text tower)."""
+        return self._text
 
     @property
     def text_trim_exact(self) -> bool:
@@ -330,233 +308,10 @@ class DualEncoder:
 # --------------------------------------------------------------------------------------------
 
 
-def _file_fingerprint(path: Path) -> str:
-    """sha256 of the file (files over 1 GiB: of its size, first and last 64 MiB: ``sha256s``)."""
-    size = path.stat().st_size
-    h = hashlib.sha256()
-    chunk = 1 << 24
-    with open(path, "rb") as f:
-        if size <= (1 << 30):
-            while True:
-                buf = f.read(chunk)
-                if not buf:
-                    break
-                h.update(buf)
-            return "sha256:" + h.hexdigest()[:16]
-        h.update(str(size).encode())
-        h.update(f.read(64 << 20))
-        f.seek(size - (64 << 20))
-        h.update(f.read(64 << 20))
-    return "sha256s:" + h.hexdigest()[:16]
-
-
-def _find_checkpoint(dir_path: Path) -> Path | None:
-    preferred = [
-        "open_clip_model.safetensors",
-        "open_clip_pytorch_model.safetensors",
-        "open_clip_pytorch_model.bin",
-        "open_clip_pytorch_model.pth",
-        "model.safetensors",
-        "pytorch_model.bin",
-    ]
-    for name in preferred:
-        if (dir_path / name).is_file():
-            return dir_path / name
-    found = sorted(p for p in dir_path.iterdir() if p.suffix in CHECKPOINT_SUFFIXES and p.is_file())
-    found.sort(key=lambda p: p.suffix != ".safetensors")
-    return found[0] if found else None
-
-
-def _looks_like_path(text: str) -> bool:
-    return (
-        os.sep in text
-        or "/" in text
-        or text.startswith((".", "~"))
-        or text.endswith(CHECKPOINT_SUFFIXES)
-    )
-
-
-def tag_files(pcfg: dict[str, Any]) -> tuple[str | None, list[str], str | None]:
-    """(hub repo, candidate filenames, url) of a pretrained tag, as open_clip resolves them."""
-    repo, files = None, []
-    hub = pcfg.get("hf_hub") or ""
-    if hub:
-        repo, filename = os.path.split(hub)
-        if filename:
-            files = [filename]
-            if filename.endswith((".bin", ".pth")) and filename != "pytorch_model.bin":
-                files.insert(0, filename[:-4] + ".safetensors")
-        else:
-            files = ["open_clip_model.safetensors", "open_clip_pytorch_model.bin"]
-    return repo, files, pcfg.get("url") or None
-
-
-def tag_cached(pcfg: dict[str, Any], cache_dir: str | None) -> bool:
-    """Whether the weights of an open_clip pretrained config are in the HF cache or open_clip's URL cache."""
-    repo, files, url = tag_files(pcfg)
-    if repo:
-        from huggingface_hub import try_to_load_from_cache
-
-        for fn in files:
-            got = try_to_load_from_cache(repo, fn, cache_dir=cache_dir)
-            if isinstance(got, str) and os.path.isfile(got):
-                return True
-    if url:
-        target = Path(cache_dir or os.path.expanduser("~/.cache/clip")) / os.path.basename(url)
-        if target.is_file():
-            return True
-    return False
-
-
-_tag_files = tag_files  # the old private name (tests import it)
-
-
-def _unavailable_message(model: str, tag: str, pcfg: dict[str, Any], cause: str) -> str:
-    repo, files, url = tag_files(pcfg)
-    where = []
-    if repo:
-        where.append(f"Hugging Face repo '{repo}' (file {' or '.join(files)})")
-    if url:
-        where.append(f"URL {url}")
-    return (
-        f"open_clip weights for model '{model}' with pretrained tag '{tag}' are not available: {cause}. "
-        f"They come from {'; '.join(where) or 'the open_clip registry'}. Either download them on a machine "
-        f"with internet access (e.g. `huggingface-cli download {repo or '<repo>'}`) and copy the Hugging Face "
-        f"cache here, or pass the downloaded checkpoint file (or the snapshot directory) as `pretrained` "
-        f"(config key retrieval.encoder.pretrained / captioner.clip.pretrained)."
-    )
-
-
-def _sidecar(path: Path) -> dict[str, Any]:
-    folder = path if path.is_dir() else path.parent
-    side = folder / SIDECAR
-    if not side.is_file():
-        return {}
-    try:
-        data = json.loads(side.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{side}: not valid JSON ({e}); fix or remove it") from e
-    if not isinstance(data, dict):
-        raise ValueError(f"{side}: expected a JSON object with 'model_cfg' / 'preprocess_cfg'")
-    return data
-
-
-def _pinned_from_tags(model: str) -> tuple[dict[str, Any], bool | None]:
-    """Preprocessing and QuickGELU shared by every known tag of ``model`` (empty/None if they differ)."""
-    tags = open_clip.list_pretrained_tags_by_model(model)
-    cfgs = [open_clip.get_pretrained_cfg(model, t) for t in tags]
-    cfgs = [c for c in cfgs if c]
-    if not cfgs:
-        return {}, None
-    pp: dict[str, Any] = {}
-    for key in ("mean", "std", "interpolation", "resize_mode"):
-        values = {json.dumps(list(c[key]) if isinstance(c.get(key), tuple) else c.get(key)) for c in cfgs}
-        if len(values) == 1 and cfgs[0].get(key) is not None:
-            pp[key] = cfgs[0][key]
-    qg = {bool(c.get("quick_gelu", False)) for c in cfgs}
-    return pp, (qg.pop() if len(qg) == 1 else None)
-
-
-@dataclass
-class _Source:
-    """Where the weights come from and what open_clip.create_model must be told about them."""
-
-    model_cfg: dict[str, Any]
-    ckpt: str | None
-    kwargs: dict[str, Any]
-    force_pp: dict[str, Any]
-    force_quick_gelu: bool
-    model_id: str
-
-
-def _resolve_source(
-    model: str, pretrained: str | os.PathLike | None, *, quick_gelu: bool | None = None,
-    cache_dir: str | None = None, seed: int = 0,
-) -> _Source:
-    """Resolve ``pretrained`` (tag, file, directory or None) without loading any weights."""
-    model_cfg = open_clip.get_model_config(model)
-    kwargs: dict[str, Any] = {}
-    force_pp: dict[str, Any] = {}
-    qg: bool | None = None
-    ckpt: str | None = None
-    if pretrained is None or str(pretrained) == "":
-        model_id = f"{model}/random-seed{seed}"
-    else:
-        text = str(pretrained)
-        expanded = Path(os.path.expanduser(text))
-        pcfg = open_clip.get_pretrained_cfg(model, text) if not _looks_like_path(text) else {}
-        if pcfg:
-            # a registered tag: check the cache first when offline
-            if hf_offline() and not tag_cached(pcfg, cache_dir):
-                raise ModelUnavailableError(
-                    _unavailable_message(model, text, pcfg, "HF_HUB_OFFLINE is set and they are not cached")
-                )
-            ckpt = text
-            if pcfg.get("quick_gelu") and not model_cfg.get("quick_gelu", False):
-                qg = True
-            model_id = f"{model}/{text}"
-        elif expanded.exists():
-            path = expanded
-            if path.is_dir():
-                found = _find_checkpoint(path)
-                if found is None:
-                    raise FileNotFoundError(
-                        f"{path}: no checkpoint (*.safetensors, *.bin, *.pt, *.pth) in this directory; "
-                        f"point `pretrained` at the checkpoint file"
-                    )
-                path = found
-            elif path.suffix not in CHECKPOINT_SUFFIXES:
-                raise ValueError(
-                    f"{path}: not a checkpoint file (expected {', '.join(CHECKPOINT_SUFFIXES)})"
-                )
-            side = _sidecar(path)
-            side_model = side.get("model_cfg") or {}
-            for key in ("embed_dim", "vision_cfg", "text_cfg", "quick_gelu"):
-                if key in side_model and side_model[key] != model_cfg.get(key):
-                    kwargs[key] = side_model[key]
-            pp_tags, qg_tags = _pinned_from_tags(model)
-            side_pp = {k: v for k, v in (side.get("preprocess_cfg") or {}).items() if k in _PREPROCESS_KEYS}
-            if side_pp:
-                force_pp = side_pp
-            elif pp_tags:
-                force_pp = pp_tags
-            if not side_model and "quick_gelu" not in model_cfg:
-                if qg_tags is None and open_clip.list_pretrained_tags_by_model(model) and quick_gelu is None:
-                    warnings.warn(
-                        f"{path}: the known '{model}' checkpoints differ in activation (QuickGELU or GELU) and "
-                        f"this file does not say which it is; assuming GELU. For OpenAI-trained weights use "
-                        f"model='{model}-quickgelu' or pass quick_gelu=True (or put {SIDECAR} beside the file)",
-                        stacklevel=3,
-                    )
-                elif qg_tags:
-                    qg = True
-            ckpt = str(path)
-            model_id = f"{model}/{_file_fingerprint(path)}"
-        elif _looks_like_path(text):
-            raise FileNotFoundError(
-                f"checkpoint '{text}' for open_clip model '{model}' does not exist. Give the path of a "
-                f"downloaded checkpoint (.safetensors/.pt/.bin) or one of the pretrained tags: "
-                f"{', '.join(open_clip.list_pretrained_tags_by_model(model)) or '(none registered)'}"
-            )
-        else:
-            raise ValueError(
-                f"'{text}' is neither a pretrained tag of open_clip model '{model}' nor an existing file. "
-                f"Known tags: {', '.join(open_clip.list_pretrained_tags_by_model(model)) or '(none)'}"
-            )
-    if quick_gelu is not None:
-        qg = quick_gelu
-    force_qg = False
-    if qg is True and not kwargs.get("quick_gelu", model_cfg.get("quick_gelu", False)):
-        force_qg = True  # open_clip's own switch (set before its tag/activation consistency check)
-    elif qg is False:
-        kwargs["quick_gelu"] = False
-    return _Source(model_cfg, ckpt, kwargs, force_pp, force_qg, model_id)
-
-
-
 @functools.lru_cache(maxsize=8)
-def _tokenizer(model: str, context_length: int) -> Any:
-    return open_clip.get_tokenizer(model, context_length=context_length)
+def _tokenizer(model: str) -> Any:
+    """open_clip's tokenizer of an architecture name or a ``local-dir:`` / ``hf-hub:`` source."""
+    return open_clip.get_tokenizer(model)
 
 
 def load_dual_encoder(
@@ -575,34 +330,21 @@ def load_dual_encoder(
     """Load an open_clip dual encoder.
 
     Args:
-        model: open_clip architecture name (``ViT-bigG-14``, ``ViT-B-32``, ``RN50x64``, ``adjcap-tiny-clip``).
-        pretrained: a pretrained tag of that architecture, a local checkpoint file or a directory holding
-            one, or ``None`` for random weights (seeded by ``seed``).
+        model: open_clip architecture name (``ViT-bigG-14``, ``ViT-B-32``, ``RN50x64``).
+        pretrained: a pretrained tag of that architecture, ``hf-hub:REPO``, a local checkpoint file or a
+            directory holding one, or ``None`` for random weights (seeded by ``seed``).
         device: "auto", "cpu", "cuda", "cuda:N".
         precision: "auto" (bf16/fp16 on GPU, fp32 on CPU), "fp32", "fp16", "bf16".
         towers: the towers to keep; the others are freed after loading.
         quick_gelu: force the QuickGELU activation on/off (default: from the tag / sidecar / tags).
         cache_dir: download cache (default: the Hugging Face cache).
     """
-    register_adjcap_configs()
     keep = {t.strip().lower() for t in towers}
-    bad = keep - {"image", "text"}
-    if bad or not keep:
+    if keep - {"image", "text"} or not keep:
         raise ValueError(f"towers must be a non-empty subset of ('image', 'text'); got {tuple(towers)}")
-    if open_clip.get_model_config(model) is None:
-        import difflib
-
-        close = difflib.get_close_matches(model, open_clip.list_models(), n=5, cutoff=0.5)
-        raise ValueError(
-            f"unknown open_clip model '{model}'"
-            + (f"; did you mean {', '.join(close)}?" if close else "")
-            + " (open_clip.list_models() lists them all)"
-        )
     dev = pick_device(device)
     dtype = pick_dtype(precision, dev)
-
-    src = _resolve_source(model, pretrained, quick_gelu=quick_gelu, cache_dir=cache_dir, seed=seed)
-    model_cfg, ckpt, kwargs, force_pp, model_id = src.model_cfg, src.ckpt, src.kwargs, src.force_pp, src.model_id
+    src = clip_source(model, pretrained, quick_gelu=quick_gelu, cache_dir=cache_dir, seed=seed)
 
     build_on = dev if dev.type == "cuda" else torch.device("cpu")
     with torch.random.fork_rng(devices=[build_on.index or 0] if build_on.type == "cuda" else []):
@@ -610,120 +352,63 @@ def load_dual_encoder(
         try:
             with torch.device(build_on):
                 net = open_clip.create_model(
-                    model,
-                    pretrained=ckpt,
+                    src.model,
+                    pretrained=src.pretrained,
                     precision="fp32",
                     device=build_on,
-                    force_preprocess_cfg=force_pp or None,
+                    force_preprocess_cfg=src.force_preprocess or None,
                     force_quick_gelu=src.force_quick_gelu,
                     cache_dir=cache_dir,
                     weights_only=True,
-                    **kwargs,
+                    **({"quick_gelu": False} if src.quick_gelu_off else {}),
                 )
-        except ModelUnavailableError:
-            raise
         except Exception as e:  # download or checkpoint problems: say what and how
-            if ckpt is not None and not Path(os.path.expanduser(ckpt)).exists():
-                pcfg = open_clip.get_pretrained_cfg(model, ckpt) or {}
-                raise ModelUnavailableError(_unavailable_message(model, ckpt, pcfg, str(e))) from e
-            if ckpt is not None:
+            if src.checkpoint is not None:
                 raise RuntimeError(
-                    f"could not load checkpoint {ckpt} into open_clip model '{model}': {e}. Check that the file "
-                    f"belongs to this architecture (and was saved with state-dict weights)"
+                    f"could not load checkpoint {src.checkpoint} into open_clip model '{model}': {e}. Check that "
+                    f"the file belongs to this architecture (and was saved with state-dict weights)"
                 ) from e
+            if src.pretrained is not None:
+                pcfg = open_clip.get_pretrained_cfg(model, src.pretrained) or {}
+                raise tag_unavailable(model, src.pretrained, pcfg, str(e)) from e
+            if src.model.startswith("hf-hub:"):
+                raise ModelUnavailableError(f"open_clip model '{src.model}' could not be loaded: {e}") from e
             raise
     pp_cfg = dict(open_clip.get_model_preprocess_cfg(net))
     _drop_towers(net, keep)
     net = net.to(device=dev, dtype=dtype).eval()
     for p in net.parameters():
         p.requires_grad_(False)
-
-    ctx = (kwargs.get("text_cfg") or model_cfg["text_cfg"]).get("context_length", 77)
-    tokenizer = _tokenizer(model, int(ctx))
-    from open_clip.transform import PreprocessCfg, image_transform_v2
-
     transform = image_transform_v2(
-        PreprocessCfg(**{k: v for k, v in pp_cfg.items() if k in _PREPROCESS_KEYS}), is_train=False
+        PreprocessCfg(**{k: v for k, v in pp_cfg.items() if k in PREPROCESS_KEYS}), is_train=False
     )
-    embed_dim = int(kwargs.get("embed_dim", model_cfg["embed_dim"]))
     enc = DualEncoder(
         model=net,
         model_name=model,
-        model_id=model_id,
+        model_id=src.model_id,
         device=dev,
         dtype=dtype,
-        tokenizer=tokenizer,
+        tokenizer=_tokenizer(src.model),
         preprocess_cfg=pp_cfg,
         towers=tuple(t for t in ("image", "text") if t in keep),
-        embed_dim=embed_dim,
+        embed_dim=int(src.model_cfg["embed_dim"]),
         image_batch_size=int(image_batch_size),
         text_batch_size=int(text_batch_size),
         _transform=transform,
-        _text=_text_parts(net) if "text" in keep else None,
+        _text=text_parts(net) if "text" in keep else None,
     )
     return enc
 
 
-def load_encoder_from_config(cfg: Any, *, towers: Iterable[str] = ("image", "text"), device: str = "auto",
-                             resolve: Any = None) -> DualEncoder:
-    """Load from an ``EncoderCfg`` (``model``, ``pretrained``, ``precision``, batch sizes).
-
-    ``resolve`` expands ``{cache}``/``{data}`` in ``pretrained`` (pass ``Config.resolve``).
-    """
-    pretrained = cfg.pretrained
-    if resolve is not None and pretrained is not None:
-        pretrained = resolve(pretrained)
+def load_encoder_from_config(cfg: EncoderCfg, *, towers: Iterable[str] = ("image", "text"),
+                             device: str = "auto") -> DualEncoder:
+    """Load from a resolved ``EncoderCfg`` (``model``, ``pretrained``, ``precision``, batch sizes)."""
     return load_dual_encoder(
         cfg.model,
-        pretrained,
+        cfg.pretrained,
         device=device,
         precision=cfg.precision,
         towers=towers,
         image_batch_size=cfg.image_batch_size,
         text_batch_size=cfg.text_batch_size,
     )
-
-
-# --------------------------------------------------------------------------------------------
-# Tiny model
-# --------------------------------------------------------------------------------------------
-
-
-def build_tiny_clip(path: str | os.PathLike, seed: int = 42, embed_dim: int | None = None,
-                    model: str = TINY_CLIP) -> Path:
-    """Save a deterministic random ``adjcap-tiny-clip`` as safetensors at ``path``.
-
-    An ``open_clip_config.json`` (model config + preprocessing) is written beside it, so
-    ``load_dual_encoder("adjcap-tiny-clip", str(path))`` rebuilds exactly this model (also with a
-    non-default ``embed_dim``). Returns ``path``.
-    """
-    from safetensors.torch import save
-
-    from adjcap.io import atomic_write_bytes, atomic_write_json
-
-    register_adjcap_configs()
-    path = Path(path)
-    if path.suffix != ".safetensors":
-        raise ValueError(f"{path}: the tiny CLIP is saved as safetensors; give a *.safetensors path")
-    model_cfg = open_clip.get_model_config(model)
-    if model_cfg is None:
-        raise ValueError(f"unknown open_clip model '{model}'")
-    kwargs = {}
-    if embed_dim is not None and embed_dim != model_cfg["embed_dim"]:
-        kwargs["embed_dim"] = int(embed_dim)
-        model_cfg["embed_dim"] = int(embed_dim)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        net = open_clip.create_model(model, pretrained=None, precision="fp32", device="cpu", **kwargs)
-    state = {k: v.detach().contiguous().clone() for k, v in net.state_dict().items()}
-    atomic_write_bytes(path, save(state, metadata={"adjcap": json.dumps({"model": model, "seed": seed})}))
-    pp = dict(open_clip.get_model_preprocess_cfg(net))
-    pp = {k: (list(v) if isinstance(v, tuple) else v) for k, v in pp.items() if k in _PREPROCESS_KEYS}
-    atomic_write_json(path.parent / SIDECAR, {"model_name": model, "model_cfg": model_cfg, "preprocess_cfg": pp})
-    return path
-
-
-def random_images(n: int, size: int = 64, seed: int = 0) -> list[Image.Image]:
-    """Deterministic random RGB images (tests and benchmarks)."""
-    rng = np.random.default_rng(seed)
-    return [Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)) for _ in range(n)]

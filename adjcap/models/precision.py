@@ -8,8 +8,6 @@ some kernels, missing.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -61,17 +59,3 @@ def dtype_name(dtype: torch.dtype) -> str:
         if v == dtype:
             return k
     return str(dtype).replace("torch.", "")
-
-
-
-class ModelUnavailableError(FileNotFoundError):
-    """Weights or tokenizer files that are neither on disk nor downloadable here; the message names
-    the model, where the files come from and how to provide them."""
-
-
-def hf_offline() -> bool:
-    """True when HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE ask for no network access."""
-    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        if os.environ.get(var, "").strip().lower() in {"1", "true", "yes", "on"}:
-            return True
-    return False

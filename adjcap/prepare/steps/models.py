@@ -106,7 +106,7 @@ def present(ctx: Context, n: Need) -> str | None:
         p = Path(os.path.expanduser(n.name))
         return str(p) if p.exists() else None
     if n.kind == "open_clip":
-        from adjcap.models.clip import tag_cached, tag_files
+        from adjcap.models.sources import tag_cached, tag_files
 
         pcfg = _open_clip_cfg(n)
         if not tag_cached(pcfg, cache):
@@ -157,7 +157,7 @@ def fetch(ctx: Context, n: Need) -> str:
     cache = ctx.opts.hf_cache_dir
     try:
         if n.kind == "open_clip":
-            from adjcap.models.clip import tag_files
+            from adjcap.models.sources import tag_files
 
             repo, files, url = tag_files(_open_clip_cfg(n))
             if repo:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+import numpy as np
 from PIL import Image, ImageDraw
 
 from adjcap.io import atomic_write_bytes, atomic_write_json
@@ -488,3 +489,9 @@ def demo_corpus_texts(root: str | Path) -> list[str]:
     if not paths["train"].is_file():
         build_demo_world(root)
     return load_corpus(paths["train"], fmt="ifcap").texts
+
+
+def random_images(n: int, size: int = 64, seed: int = 0) -> list[Image.Image]:
+    """Deterministic random RGB images (tests and benchmarks)."""
+    rng = np.random.default_rng(seed)
+    return [Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)) for _ in range(n)]

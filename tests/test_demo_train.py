@@ -10,12 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from adjcap.data.demo import COLOURS, OBJECTS, build_demo_world, demo_corpus_texts, demo_lexicon, iter_training_pairs
+from adjcap.demo.train import TinyTrainSettings
+from adjcap.demo.train_base import HELDOUT_POOL, deterministic, render_pool
+from adjcap.demo.train_blip import swap_negative
+from adjcap.demo.train_ifcap import caption_entities, training_entities
+from adjcap.demo.tiny import build_tiny_world
+from adjcap.demo.world import COLOURS, OBJECTS, build_demo_world, demo_corpus_texts, demo_lexicon, iter_training_pairs
 from adjcap.entities import lexicon_tagger
-from adjcap.models import tiny_train as tt
-from adjcap.models.tiny import build_tiny_world
 
-SMALL = tt.TinyTrainSettings().scaled(0.02, pool_images=48)
+SMALL = TinyTrainSettings().scaled(0.02, pool_images=48)
 
 
 def _state(path):
@@ -69,7 +72,7 @@ def test_two_builds_with_one_seed_are_identical(tmp_path, small_corpus):
 
 
 def test_settings_are_part_of_the_cache_key(tmp_path, small_corpus):
-    from adjcap.models.tiny import tiny_world_ready
+    from adjcap.demo.tiny import tiny_world_ready
 
     build_tiny_world(tmp_path, small_corpus, seed=7, settings=SMALL)
     root = tmp_path / "tiny"
@@ -82,10 +85,10 @@ def test_deterministic_context_restores_the_global_state():
     threads = torch.get_num_threads()
     det = torch.are_deterministic_algorithms_enabled()
     before = torch.random.get_rng_state()
-    with tt.deterministic(3, threads=1):
+    with deterministic(3, threads=1):
         assert torch.get_num_threads() == 1 and torch.are_deterministic_algorithms_enabled()
         x = torch.rand(3)
-    with tt.deterministic(3, threads=1):
+    with deterministic(3, threads=1):
         assert torch.equal(x, torch.rand(3))
     assert torch.get_num_threads() == threads and torch.are_deterministic_algorithms_enabled() == det
     assert torch.equal(torch.random.get_rng_state(), before)
@@ -94,7 +97,7 @@ def test_deterministic_context_restores_the_global_state():
 def test_training_pool_is_deterministic_and_separate():
     a = list(iter_training_pairs(5, 3))
     b = list(iter_training_pairs(5, 3))
-    other = list(iter_training_pairs(5, 3, pool=tt.HELDOUT_POOL))
+    other = list(iter_training_pairs(5, 3, pool=HELDOUT_POOL))
     assert [p.captions for p in a] == [p.captions for p in b]
     assert all(np.array_equal(np.asarray(p.image), np.asarray(q.image)) for p, q in zip(a, b))
     assert [p.captions for p in a] != [p.captions for p in other]
@@ -106,12 +109,12 @@ def test_training_pool_is_deterministic_and_separate():
 def test_training_entities_follow_ifcap():
     tag, lem = lexicon_tagger(demo_lexicon())
     cap = "A picture of two red balls and a stop sign on the grass next to a ball."
-    assert tt.caption_entities(cap, tag, lem) == ["ball", "stop", "sign", "grass"]  # no 'picture'
-    assert tt.training_entities(cap, tag, lem, random.Random(0), drop=1.0) == []
-    kept = tt.training_entities(cap, tag, lem, random.Random(0), drop=0.0)
+    assert caption_entities(cap, tag, lem) == ["ball", "stop", "sign", "grass"]  # no 'picture'
+    assert training_entities(cap, tag, lem, random.Random(0), drop=1.0) == []
+    kept = training_entities(cap, tag, lem, random.Random(0), drop=0.0)
     assert sorted(kept) == sorted(["ball", "stop", "sign", "grass"])
     rng = random.Random(1)
-    counts = sum(len(tt.training_entities(cap, tag, lem, rng)) for _ in range(2000)) / 2000
+    counts = sum(len(training_entities(cap, tag, lem, rng)) for _ in range(2000)) / 2000
     assert 2.0 < counts < 2.8  # 4 entities kept with p = 0.6 each
 
 
@@ -119,11 +122,11 @@ def test_swapped_negative_contradicts_the_scene():
     rng = random.Random(0)
     scene = {"background": "grass", "objects": [{"type": "ball", "colour": "red"}, {"type": "kite", "colour": "blue"}]}
     for _ in range(50):
-        neg = tt._swap_negative("A red ball and a blue kite on the grass.", scene, rng)
+        neg = swap_negative("A red ball and a blue kite on the grass.", scene, rng)
         words = re.findall(r"[a-z]+", neg.lower())
         changed = [w for w in words if w not in {"a", "red", "ball", "and", "blue", "kite", "on", "the", "grass"}]
         assert len(changed) == 1 and (changed[0] in COLOURS or changed[0] in OBJECTS), neg
-    assert tt._swap_negative("Two colorful things in a field.", scene, rng) is None
+    assert swap_negative("Two colorful things in a field.", scene, rng) is None
 
 
 # ---- the demo world's trained models (built once per session by the demo_cfg fixture) ----------------
@@ -135,7 +138,7 @@ def world(demo_cfg):
     return {
         "root": root,
         "log": json.loads((root / "TRAINING.json").read_text()),
-        "held": tt.render_pool(demo_cfg.seed, 200, tt.HELDOUT_POOL),
+        "held": render_pool(demo_cfg.seed, 200, HELDOUT_POOL),
         "corpus": demo_corpus_texts(demo_cfg.cache_dir / "demo"),
     }
 

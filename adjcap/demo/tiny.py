@@ -9,7 +9,7 @@ so the real loaders load them exactly as they load the released weights.
     {cache}/tiny/vocabulary.json   entity vocabulary for the CLIP-classifier entity path
     {cache}/tiny/TRAINING.json     what the trainings did (steps, seconds, losses)
 
-Each family's builder saves a deterministic random model; :mod:`adjcap.models.tiny_train` then trains
+Each family's builder saves a deterministic random model; :mod:`adjcap.demo.train` then trains
 them briefly on the demo world (CLIP contrastively on rendered images, BLIP ITM on matched/mismatched
 pairs, IFCap text-only as IFCap is trained) and writes them back in the same formats, so the demo
 retrieves, verifies and captions sensibly.
@@ -24,18 +24,21 @@ from collections import Counter
 from pathlib import Path
 from typing import Sequence
 
+from adjcap.demo.tiny_blip import build_tiny_blip
+from adjcap.demo.tiny_clip import TINY_CLIP, build_tiny_clip
+from adjcap.demo.tiny_ifcap import build_tiny_ifcap, train_gpt2_tokenizer
+from adjcap.demo.train import TinyTrainSettings, train_tiny_world
 from adjcap.io import atomic_write_json
+from adjcap.models.clip import load_dual_encoder
 
 READY = "READY.json"
 VERSION = 2
-RETRIEVAL_CLIP = "adjcap-tiny-clip"  # the same architecture; TinyTrainSettings decides copy or own training
-CAPTIONER_CLIP = "adjcap-tiny-clip"
+RETRIEVAL_CLIP = TINY_CLIP  # the same architecture; TinyTrainSettings decides copy or own training
+CAPTIONER_CLIP = TINY_CLIP
 
 
-def _fingerprint(texts: Sequence[str], seed: int, settings=None) -> str:
+def world_fingerprint(texts: Sequence[str], seed: int, settings=None) -> str:
     from dataclasses import asdict
-
-    from adjcap.models.tiny_train import TinyTrainSettings
 
     train = json.dumps(asdict(settings or TinyTrainSettings()), sort_keys=True)
     h = hashlib.sha256(f"v{VERSION}|{seed}|{train}|".encode())
@@ -50,7 +53,7 @@ def tiny_world_ready(root: Path, corpus_texts: Sequence[str], seed: int = 42, se
     if not marker.exists():
         return False
     try:
-        return json.loads(marker.read_text()).get("fingerprint") == _fingerprint(corpus_texts, seed, settings)
+        return json.loads(marker.read_text()).get("fingerprint") == world_fingerprint(corpus_texts, seed, settings)
     except (OSError, ValueError):
         return False
 
@@ -58,14 +61,9 @@ def tiny_world_ready(root: Path, corpus_texts: Sequence[str], seed: int = 42, se
 def build_tiny_world(cache_dir: Path, corpus_texts: Sequence[str], seed: int = 42,
                      settings=None) -> dict[str, Path]:
     """Build (or reuse) the tiny world under cache_dir/tiny: random models of the real classes, then
-    trained on the demo world (``settings``: :class:`adjcap.models.tiny_train.TinyTrainSettings`,
+    trained on the demo world (``settings``: :class:`adjcap.demo.train.TinyTrainSettings`,
     default the demo's; a world built with other settings is rebuilt). Idempotent: READY.json is
     written last."""
-    from adjcap.models.tiny_train import TinyTrainSettings, train_tiny_world
-    from adjcap.models.blip import build_tiny_blip
-    from adjcap.models.clip import build_tiny_clip
-    from adjcap.models.ifcap import build_tiny_ifcap, train_gpt2_tokenizer
-
     root = Path(cache_dir) / "tiny"
     paths = {
         "retrieval_clip": root / "retrieval-clip" / "open_clip_model.safetensors",
@@ -84,15 +82,13 @@ def build_tiny_world(cache_dir: Path, corpus_texts: Sequence[str], seed: int = 4
     clip_path = build_tiny_clip(paths["captioner_clip"], seed=seed + 1, model=CAPTIONER_CLIP)
     build_tiny_blip(paths["blip"], list(corpus_texts), seed=seed)
     train_gpt2_tokenizer(list(corpus_texts), paths["tokenizer"])
-    from adjcap.models.clip import load_dual_encoder
-
     clip_dim = load_dual_encoder(CAPTIONER_CLIP, str(clip_path), device="cpu").embed_dim
     build_tiny_ifcap(paths["ifcap"].parent, paths["tokenizer"], clip_dim=clip_dim, seed=seed)
     logs = train_tiny_world(paths, corpus_texts, seed, settings, retrieval_model=RETRIEVAL_CLIP,
                             captioner_model=CAPTIONER_CLIP)
     atomic_write_json(root / "TRAINING.json", logs)
     atomic_write_json(paths["vocabulary"], entity_vocabulary(corpus_texts))
-    atomic_write_json(root / READY, {"fingerprint": _fingerprint(corpus_texts, seed, settings), "seed": seed,
+    atomic_write_json(root / READY, {"fingerprint": world_fingerprint(corpus_texts, seed, settings), "seed": seed,
                                      "paths": {k: str(v) for k, v in paths.items()}})
     return paths
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from adjcap.data import build_demo_world, decode_image, demo_corpus_texts, load_corpus, read_benchmark
-from adjcap.data.demo import BACKGROUNDS, OBJECTS
+from adjcap.data import decode_image, load_corpus, read_benchmark
+from adjcap.demo.world import BACKGROUNDS, OBJECTS, build_demo_world, demo_corpus_texts
 
 SMALL = dict(n_test=6, n_val=4, n_corpus_images=50)
 

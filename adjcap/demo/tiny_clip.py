@@ -1,0 +1,51 @@
+"""The tiny open_clip model ``adjcap-tiny-clip`` (its config in ``adjcap/demo/configs``, registered
+with open_clip on import), saved like a hub snapshot: weights as safetensors with an
+``open_clip_config.json`` beside them, so open_clip's ``local-dir:`` loading rebuilds it."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import open_clip
+import torch
+
+from adjcap.io import atomic_write_bytes, atomic_write_json
+from adjcap.models.sources import OPEN_CLIP_CONFIG, PREPROCESS_KEYS
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+TINY_CLIP = "adjcap-tiny-clip"
+
+open_clip.add_model_config(CONFIG_DIR)  # idempotent: open_clip rescans the directory
+
+
+def build_tiny_clip(path: str | os.PathLike, seed: int = 42, embed_dim: int | None = None,
+                    model: str = TINY_CLIP) -> Path:
+    """Save a deterministic random ``adjcap-tiny-clip`` as safetensors at ``path``.
+
+    An ``open_clip_config.json`` (model config + preprocessing) is written beside it, so
+    ``load_dual_encoder("adjcap-tiny-clip", str(path))`` rebuilds exactly this model (also with a
+    non-default ``embed_dim``). Returns ``path``.
+    """
+    from safetensors.torch import save
+
+    path = Path(path)
+    if path.suffix != ".safetensors":
+        raise ValueError(f"{path}: the tiny CLIP is saved as safetensors; give a *.safetensors path")
+    model_cfg = open_clip.get_model_config(model)
+    if model_cfg is None:
+        raise ValueError(f"unknown open_clip model '{model}'")
+    kwargs = {}
+    if embed_dim is not None and embed_dim != model_cfg["embed_dim"]:
+        kwargs["embed_dim"] = int(embed_dim)
+        model_cfg["embed_dim"] = int(embed_dim)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        net = open_clip.create_model(model, pretrained=None, precision="fp32", device="cpu", **kwargs)
+    state = {k: v.detach().contiguous().clone() for k, v in net.state_dict().items()}
+    atomic_write_bytes(path, save(state, metadata={"adjcap": json.dumps({"model": model, "seed": seed})}))
+    pp = dict(open_clip.get_model_preprocess_cfg(net))
+    pp = {k: (list(v) if isinstance(v, tuple) else v) for k, v in pp.items() if k in PREPROCESS_KEYS}
+    atomic_write_json(path.parent / OPEN_CLIP_CONFIG, {"model_name": model, "model_cfg": model_cfg, "preprocess_cfg": pp})
+    return path
