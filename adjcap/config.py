@@ -186,6 +186,13 @@ class BenchmarkCfg(_Strict):
     annotations_by_split: dict[str, str] = Field(
         default_factory=dict, description="per-split annotation files (IFCap layout: test/val files)"
     )
+    exif_transpose: bool | None = Field(
+        None, description="apply EXIF orientation when decoding; None = only for a folder of the user's own "
+                          "images (the paper's benchmarks are read as their official pipelines read them: ignored)"
+    )
+
+    def applies_exif(self) -> bool:
+        return self.format == "folder" if self.exif_transpose is None else self.exif_transpose
 
     @field_validator("format")
     @classmethod

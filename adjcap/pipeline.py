@@ -55,7 +55,8 @@ def run_pipeline(records: Sequence[Record], cfg: Config, models: Models | None =
     bs = batch_size or cfg.ray.batch_size
     rows: list[dict[str, Any]] = []
     for start in range(0, len(records), bs):
-        states = [stages.decode_state(r.image_id, benchmark, r.split, r.domain, r.image_path, r.error)
+        exif = cfg.benchmark_cfg(benchmark).applies_exif()
+        states = [stages.decode_state(r.image_id, benchmark, r.split, r.domain, r.image_path, r.error, exif)
                   for r in records[start : start + bs]]
         process_states(states, models, cfg)
         rows.extend(s.to_row() for s in states)

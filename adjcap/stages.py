@@ -64,7 +64,7 @@ class ImageState:
 
 
 def decode_state(image_id: str, benchmark: str, split: str, domain: str | None,
-                 image_path: str | None, error: str | None = None) -> ImageState:
+                 image_path: str | None, error: str | None = None, exif_transpose: bool = False) -> ImageState:
     """A fresh state with its image decoded (or its ``error`` set: missing file, truncated JPEG, a
     path the annotation reader already refused (``error``), ...)."""
     s = ImageState(image_id=image_id, benchmark=benchmark, split=split, domain=domain or None)
@@ -74,7 +74,7 @@ def decode_state(image_id: str, benchmark: str, split: str, domain: str | None,
     if not image_path:
         s.error = "decode: the record has no image path"
         return s
-    d = decode_image(image_path)
+    d = decode_image(image_path, exif_transpose=exif_transpose)
     if d.error:
         s.error = f"decode: {d.error}"
     else:

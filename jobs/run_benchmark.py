@@ -74,9 +74,10 @@ def extract_features(cfg: Config, run: RunDir, records: dict[str, list[Record]],
     vectors, ids, precision = index_arrays(index_for(cfg, corpus))
     index_ref = ray.put((vectors, ids, precision, corpus.texts))
     bs = cfg.ray.batch_size
+    exif = cfg.benchmark_cfg().applies_exif()
     items = [
         {"image_id": r.image_id, "image_path": r.image_path or "", "error": r.error or "", "split": r.split,
-         "domain": r.domain or "", "benchmark": cfg.benchmark}
+         "domain": r.domain or "", "benchmark": cfg.benchmark, "exif": exif}
         for r in todo
     ]
     ds = ray.data.from_items(items, override_num_blocks=max(1, min(len(items) // bs, 200)))
