@@ -80,6 +80,15 @@ class VerifierCfg(_Strict):
     caption_preprocess: Literal["lavis", "none"] = Field(
         "lavis", description="LAVIS pre_caption cleaning (lower case, drop .!\"()*#:;~, 50 words) before tokenising"
     )
+    backend: Literal["transformers", "lavis"] = Field(
+        "transformers",
+        description="'transformers' (BlipForImageTextRetrieval in this environment) or 'lavis' (salesforce-lavis's "
+        "own blip_image_text_matching in its isolated environment, built by `adjcap lavis-env`)",
+    )
+    tokenizer: str = Field(
+        "bert-base-uncased",
+        description="BERT tokenizer (hub id or local directory) of a LAVIS .pth verifier.model; [DEC], [ENC] are appended",
+    )
 
 
 class EntityCfg(_Strict):

@@ -397,14 +397,21 @@ def load_verifier(
     image_batch_size: int = 16,
     pair_batch_size: int = 256,
     cache_dir: str | None = None,
+    tokenizer: str = "bert-base-uncased",
 ) -> Verifier:
-    """Load a BLIP ITM verifier from a Hugging Face id or a local save_pretrained directory."""
+    """Load a BLIP ITM verifier from a Hugging Face id, a local save_pretrained directory or a LAVIS
+    ``.pth`` checkpoint (converted at load time; ``tokenizer`` is its BERT tokenizer)."""
     from transformers import AutoTokenizer, BlipForImageTextRetrieval, BlipImageProcessor
+
+    from adjcap.models.blip_lavis import LavisEvalTransform, load_lavis_checkpoint
 
     spec = str(model)
     dev = pick_device(device)
     dtype = pick_dtype(precision, dev)
-    if _is_local(spec):
+    if spec.endswith(".pth"):  # a LAVIS checkpoint: renamed to the transformers layout, strictly
+        net, tok, image_processor, model_id = load_lavis_checkpoint(
+            spec, tokenizer=tokenizer, cache_dir=cache_dir, local_files_only=hf_offline())
+    elif _is_local(spec):
         source = os.path.expanduser(spec)
         path = Path(source)
         if not (path / "config.json").is_file():
@@ -424,12 +431,15 @@ def load_verifier(
             raise _unavailable(spec, "HF_HUB_OFFLINE is set and it is not in the local Hugging Face cache")
         source, model_id, local_only = spec, spec, hf_offline()
     try:
-        with _quiet_progress():
-            net = BlipForImageTextRetrieval.from_pretrained(
-                source, dtype=dtype, cache_dir=cache_dir, local_files_only=local_only
-            )
-        tokenizer = AutoTokenizer.from_pretrained(source, cache_dir=cache_dir, local_files_only=local_only)
-        image_processor = BlipImageProcessor.from_pretrained(source, cache_dir=cache_dir, local_files_only=local_only)
+        if not spec.endswith(".pth"):
+            with _quiet_progress():
+                net = BlipForImageTextRetrieval.from_pretrained(
+                    source, dtype=dtype, cache_dir=cache_dir, local_files_only=local_only
+                )
+            tok = AutoTokenizer.from_pretrained(source, cache_dir=cache_dir, local_files_only=local_only)
+            # LAVIS's eval transform (PIL bicubic squash, /255, normalise) with this processor's size/mean/std
+            image_processor = LavisEvalTransform.like(
+                BlipImageProcessor.from_pretrained(source, cache_dir=cache_dir, local_files_only=local_only))
     except OSError as e:
         if _is_local(spec):
             raise FileNotFoundError(f"{spec}: incomplete verifier directory ({e})") from e
@@ -439,7 +449,7 @@ def load_verifier(
         p.requires_grad_(False)
     return Verifier(
         net,
-        tokenizer,
+        tok,
         image_processor,
         model_id=model_id,
         device=dev,
@@ -463,6 +473,7 @@ def load_verifier_from_config(cfg: Any, *, device: str = "auto", resolve: Any = 
         first_token=getattr(cfg, "itm_first_token", "enc"),
         caption_preprocess=getattr(cfg, "caption_preprocess", "lavis"),
         image_batch_size=cfg.batch_size,
+        tokenizer=getattr(cfg, "tokenizer", "bert-base-uncased"),
     )
 
 
