@@ -15,7 +15,8 @@ class ScorerActor:
     def __init__(self, cfg: dict):
         self.cfg = Config.model_validate(cfg)
         self.encoder = load_retrieval_encoder(self.cfg)
-        self.verifier = load_verifier_role(self.cfg)
+        # the lavis backend scores candidates in its own pool (actors.lavis) ahead of this one
+        self.verifier = None if self.cfg.verifier.backend == "lavis" else load_verifier_role(self.cfg)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         states = unpack(batch)

@@ -18,6 +18,7 @@ from ray.data import ActorPoolStrategy
 
 from actors.captioner import CaptionerActor
 from actors.decode import decode_batch
+from actors.lavis import LavisScorerActor, LavisVerifierActor
 from actors.retriever import RetrieverActor
 from actors.scorer import ScorerActor
 from actors.verifier import VerifierActor
@@ -26,6 +27,7 @@ from adjcap.data.benchmarks import read_benchmark
 from adjcap.data.records import Record
 from adjcap.features import rows_to_table
 from adjcap.io import atomic_write_json, atomic_write_parquet, atomic_write_text, is_temp_name
+from adjcap.lavis_env import runtime_env as lavis_runtime_env
 from adjcap.pipeline import index_arrays, load_benchmark_corpus
 from jobs.encode_corpus import _getter, ensure_index
 from jobs.ray_session import pool_resources, ray_session
@@ -116,15 +118,18 @@ def extract_features(cfg: Config, run_dir: Path, records: dict[str, list[Record]
     ]
     ds = ray.data.from_items(items, override_num_blocks=max(1, min(len(items) // bs, 200)))
     ds = ds.map_batches(decode_batch, batch_size=bs, batch_format="numpy", num_cpus=cfg.ray.decode_cpus)
-    for actor, kwargs, pool in (
-        (RetrieverActor, {"cfg": cfg_dict, "shared_index": shared_index}, "retriever"),
-        (VerifierActor, {"cfg": cfg_dict}, "verifier"),
-        (CaptionerActor, {"cfg": cfg_dict}, "captioner"),
-        (ScorerActor, {"cfg": cfg_dict}, "scorer"),
+    lavis = cfg.verifier.enabled and cfg.verifier.backend == "lavis"  # LAVIS pools run in their own env
+    lavis_env = {"runtime_env": lavis_runtime_env(cfg.cache_dir)} if lavis else {}
+    for actor, kwargs, pool, env in (
+        (RetrieverActor, {"cfg": cfg_dict, "shared_index": shared_index}, "retriever", {}),
+        (LavisVerifierActor if lavis else VerifierActor, {"cfg": cfg_dict}, "verifier", lavis_env),
+        (CaptionerActor, {"cfg": cfg_dict}, "captioner", {}),
+        *([(LavisScorerActor, {"cfg": cfg_dict}, "scorer", lavis_env)] if lavis else []),
+        (ScorerActor, {"cfg": cfg_dict}, "scorer", {}),
     ):
         ds = ds.map_batches(
             actor, fn_constructor_kwargs=kwargs, batch_size=bs, batch_format="numpy",
-            compute=ActorPoolStrategy(size=w), **pool_resources(cfg, pool),
+            compute=ActorPoolStrategy(size=w), **pool_resources(cfg, pool), **env,
         )
 
     buffers: dict[str, list[dict]] = defaultdict(list)

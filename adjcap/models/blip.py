@@ -89,6 +89,8 @@ class ImageMemo:
 class Verifier:
     """A BLIP ITM model with its tokenizer and image processor on one device in one dtype."""
 
+    backend = "transformers"
+
     def __init__(
         self,
         model: Any,
@@ -464,6 +466,9 @@ def load_verifier(
 
 def load_verifier_from_config(cfg: Any, *, device: str = "auto", resolve: Any = None) -> Verifier:
     """Load from a ``VerifierCfg``; ``resolve`` expands ``{cache}``/``{data}`` (pass ``Config.resolve``)."""
+    if getattr(cfg, "backend", "transformers") != "transformers":
+        raise ValueError(f"verifier.backend='{cfg.backend}' runs in its own environment inside the Ray job "
+                         "(adjcap run-job); use verifier.backend='transformers' here")
     model = resolve(cfg.model) if resolve is not None else cfg.model
     return load_verifier(
         model,
@@ -473,7 +478,7 @@ def load_verifier_from_config(cfg: Any, *, device: str = "auto", resolve: Any = 
         first_token=getattr(cfg, "itm_first_token", "enc"),
         caption_preprocess=getattr(cfg, "caption_preprocess", "lavis"),
         image_batch_size=cfg.batch_size,
-        tokenizer=getattr(cfg, "tokenizer", "bert-base-uncased"),
+        tokenizer=resolve(cfg.tokenizer) if resolve is not None else cfg.tokenizer,
     )
 
 
