@@ -225,8 +225,8 @@ def build_itm_model(sd: Mapping[str, torch.Tensor], path: str | os.PathLike = "<
     every model tensor comes from the file and every file tensor is used or known-unused."""
     from transformers import BlipForImageTextRetrieval
 
+    hf, _ = lavis_to_transformers(sd, path)  # first: a foreign file is named by its own keys
     config = infer_blip_config(sd, path)
-    hf, _ = lavis_to_transformers(sd, path)
     with torch.device("meta"):
         net = BlipForImageTextRetrieval(config)
     expected = net.state_dict()
