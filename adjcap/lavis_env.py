@@ -131,18 +131,38 @@ def build(cache_dir: str | os.PathLike, *, force: bool = False, echo=print) -> P
         return d
 
 
-def runtime_env(cache_dir: str | os.PathLike) -> dict:
-    """Ray ``runtime_env`` for a LAVIS pool: the environment's python and this checkout's code.
-
-    ``py_executable`` starts the pool's workers with the LAVIS venv's python; ``py_modules`` ships the
-    adjcap and actors packages (the current code, wherever adjcap is installed) onto their path.
-    """
+def code_dir(cache_dir: str | os.PathLike) -> Path:
+    """A directory holding only links to this adjcap's ``adjcap`` and ``actors`` packages, for the LAVIS
+    workers' PYTHONPATH: wherever adjcap is installed, nothing else of this environment (transformers 5,
+    ...) can shadow the LAVIS environment's packages."""
     import adjcap
 
     root = Path(adjcap.__file__).resolve().parent.parent
+    d = env_dir(cache_dir) / "adjcap-code"
+    d.mkdir(parents=True, exist_ok=True)
+    for pkg in ("adjcap", "actors"):
+        link = d / pkg
+        if link.is_symlink() and Path(os.readlink(link)) == root / pkg:
+            continue
+        tmp = d / f".{pkg}.{os.getpid()}"
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(root / pkg, target_is_directory=True)
+        os.replace(tmp, link)
+    return d
+
+
+def runtime_env(cache_dir: str | os.PathLike) -> dict:
+    """Ray ``runtime_env`` for a LAVIS pool (actor level; merged with the job's).
+
+    ``py_executable`` starts the pool's workers with the LAVIS venv's python (Ray 2.60's py_executable
+    plugin; a pip/virtualenv runtime_env would rebuild the environment per Ray session and node, and
+    ``py_modules`` with local directories is accepted only at the job level). PYTHONPATH, which overrides
+    the job's, is :func:`code_dir`: this adjcap's code and nothing else.
+    """
+    py = env_python(cache_dir)
     return {
-        "py_executable": str(env_python(cache_dir)),
-        "py_modules": [str(root / "adjcap"), str(root / "actors")],
-        "env_vars": {"HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "0"),
+        "py_executable": str(py),
+        "env_vars": {"PYTHONPATH": str(code_dir(cache_dir)),
+                     "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "0"),
                      "TRANSFORMERS_OFFLINE": os.environ.get("TRANSFORMERS_OFFLINE", "0")},
     }

@@ -134,6 +134,9 @@ def test_ray_actors_of_both_backends_agree(tiny, tmp_path):
     from adjcap.config import load_config
     from adjcap.stages import ImageState
 
+    import importlib.util
+
+    assert importlib.util.find_spec("lavis") is None  # so the LAVIS pools can only have run in the LAVIS env
     pth, tok, _ = tiny
     cfg = load_config("demo", [f"paths.cache_dir={_cache()}", f"verifier.model={pth}", f"verifier.tokenizer={tok}",
                                "verifier.keep=3", "device=cpu"])
