@@ -198,6 +198,19 @@ def demo(
     _run(lambda: job.main(cfg, run_dir))
 
 
+@app.command("lavis-env")
+def lavis_env_cmd(
+    preset: str = PRESET,
+    sets: Optional[List[str]] = SET,
+    force: bool = typer.Option(False, "--force", help="rebuild even when it is built"),
+):
+    """Build the isolated salesforce-lavis environment of verifier.backend=lavis (under {cache}/envs)."""
+    from adjcap import lavis_env
+
+    cfg = _cfg(preset, sets, None)
+    _run(lambda: typer.echo(lavis_env.build(cfg.cache_dir, force=force)))
+
+
 @app.command("doctor")
 def doctor(preset: str = PRESET, sets: Optional[List[str]] = SET):
     """Report Python, torch, CUDA/ROCm, Ray, Java, SPICE jars and which weights are found."""

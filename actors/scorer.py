@@ -17,7 +17,8 @@ class ScorerActor:
         # both towers: stage 1's image embedding normally rides in the state, but an image whose
         # embedding is missing is re-encoded here
         self.encoder = load_retrieval_encoder(cfg.retrieval.encoder, cfg.device)
-        self.verifier = load_verifier(cfg.verifier, cfg.device)
+        # the lavis backend scores candidates in its own pool (actors.lavis) ahead of this one
+        self.verifier = None if cfg.verifier.backend == "lavis" else load_verifier(cfg.verifier, cfg.device)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         states = unpack(batch)

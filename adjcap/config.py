@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import os
 import tomllib
-
-import tomli_w
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -85,6 +83,15 @@ class VerifierCfg(_Strict):
     )
     caption_preprocess: Literal["lavis", "none"] = Field(
         "lavis", description="LAVIS pre_caption cleaning (lower case, drop .!\"()*#:;~, 50 words) before tokenising"
+    )
+    backend: Literal["transformers", "lavis"] = Field(
+        "transformers",
+        description="'transformers' (BlipForImageTextRetrieval in this environment) or 'lavis' (salesforce-lavis's "
+        "own blip_image_text_matching in its isolated environment, built by `adjcap lavis-env`)",
+    )
+    tokenizer: str = Field(
+        "bert-base-uncased",
+        description="BERT tokenizer (hub id or local directory) of a LAVIS .pth verifier.model; [DEC], [ENC] are appended",
     )
 
 
@@ -325,6 +332,8 @@ class Config(_Strict):
         return flat
 
     def to_toml(self) -> str:
+        import tomli_w  # only where configs are written (not needed in the LAVIS pools' environment)
+
         return tomli_w.dumps(self.model_dump(mode="json", exclude_none=True))
 
 

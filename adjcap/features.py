@@ -52,6 +52,7 @@ FEATURE_SCHEMA = pa.schema(
         ("entities", pa.list_(pa.string())),
         ("prompt", pa.string()),
         ("candidates", pa.list_(CANDIDATE)),
+        ("verifier_backend", pa.string()),  # "transformers" or "lavis"; null without a verifier
     ]
 )
 
@@ -71,6 +72,7 @@ def empty_row(image_id: str, benchmark: str, split: str, domain: str | None, err
         "entities": [],
         "prompt": None,
         "candidates": [],
+        "verifier_backend": None,
     }
 
 

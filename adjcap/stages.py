@@ -45,6 +45,7 @@ class ImageState:
     candidates: list[dict] = field(default_factory=list)
     retrieval_embedding: np.ndarray | None = None  # stage 1 image embedding, reused by stage 4
     verifier_memo: Any = None  # stage 2 image encoding, reused by stage 4
+    verifier_backend: str | None = None  # which verifier backend scored this image (None: no verifier)
 
     @property
     def ok(self) -> bool:
@@ -59,6 +60,7 @@ class ImageState:
                 entities=list(self.entities),
                 prompt=self.prompt,
                 candidates=self.candidates,
+                verifier_backend=self.verifier_backend,
             )
         return row
 
@@ -175,6 +177,7 @@ def verify(states: list[ImageState], verifier, keep: int) -> list[ImageState]:
             # only the vision-encoder output travels to stage 4; cross-attention K/V are recomputed
             # there from it (cheap), which keeps the per-image state small between Ray pools
             s.verifier_memo = memo.image_embeds[i].detach().cpu()
+            s.verifier_backend = getattr(verifier, "backend", "transformers")
 
     return _guarded("verify", run, states)
 
@@ -307,7 +310,23 @@ def score(states: list[ImageState], encoder, verifier) -> list[ImageState]:
             start += n
             for j, c in enumerate(s.candidates):
                 c["retrieval_cosine"] = float(cos[j])
-                c["verifier"] = float(probs[i][j]) if probs is not None else math.nan
+                # without a verifier here, keep a score an earlier pool set (the lavis backend's scorer)
+                c["verifier"] = float(probs[i][j]) if probs is not None else c.get("verifier", math.nan)
+
+    return _guarded("score", run, states)
+
+
+def score_verifier(states: list[ImageState], verifier) -> list[ImageState]:
+    """The verifier half of stage 4 alone (the ``lavis`` backend's own pool): every candidate's verifier
+    score, reusing the stage-2 image encoding when present."""
+
+    def run(batch: list[ImageState]) -> None:
+        with torch.inference_mode():
+            probs = verifier.score(_memo_for(verifier, batch), [[c["text"] for c in s.candidates] for s in batch])
+        for s, p in zip(batch, probs):
+            for c, v in zip(s.candidates, p):
+                c["verifier"] = float(v)
+            s.verifier_backend = getattr(verifier, "backend", "transformers")
 
     return _guarded("score", run, states)
 

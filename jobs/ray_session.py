@@ -130,4 +130,5 @@ def cpu_share(cfg: Config) -> float:
     total = float(ray.cluster_resources().get("CPU", 1.0))
     # Ray Data stalls when its operators' requests add up to every CPU: keep 20% headroom
     room = max(0.8 * total - cfg.ray.decode_cpus, 0.1)
-    return round(min(float(cfg.ray.cpu_share), room / (POOLS * cfg.ray.workers)), 4)
+    pools = POOLS + (cfg.verifier.enabled and cfg.verifier.backend == "lavis")  # + the LAVIS scorer pool
+    return round(min(float(cfg.ray.cpu_share), room / (pools * cfg.ray.workers)), 4)

@@ -15,6 +15,7 @@ from ray.data import ActorPoolStrategy
 
 from actors.captioner import CaptionerActor
 from actors.decode import decode_batch
+from actors.lavis import LavisScorerActor, LavisVerifierActor
 from actors.retriever import RetrieverActor
 from actors.scorer import ScorerActor
 from actors.verifier import VerifierActor
@@ -23,16 +24,20 @@ from adjcap.data.benchmarks import read_benchmark, split_annotations
 from adjcap.data.records import Record
 from adjcap.features import rows_to_table
 from adjcap.index import benchmark_corpus, index_arrays
+from adjcap.lavis_env import runtime_env as lavis_runtime_env
 from adjcap.rundir import RunDir
 from jobs.encode_corpus import index_for
 from jobs.ray_session import pool_resources
 
-POOLS = (
-    (RetrieverActor, "retriever"),
-    (VerifierActor, "verifier"),
-    (CaptionerActor, "captioner"),
-    (ScorerActor, "scorer"),
-)
+def pools(cfg: Config) -> list[tuple[type, str, dict]]:
+    """(actor class, pool name, extra map_batches options) in stage order. With the LAVIS verifier
+    backend, stage 2 and the verifier half of stage 4 run in LAVIS's own environment."""
+    if not (cfg.verifier.enabled and cfg.verifier.backend == "lavis"):
+        return [(RetrieverActor, "retriever", {}), (VerifierActor, "verifier", {}),
+                (CaptionerActor, "captioner", {}), (ScorerActor, "scorer", {})]
+    env = {"runtime_env": lavis_runtime_env(cfg.paths.cache_dir)}
+    return [(RetrieverActor, "retriever", {}), (LavisVerifierActor, "verifier", env),
+            (CaptionerActor, "captioner", {}), (LavisScorerActor, "scorer", env), (ScorerActor, "scorer", {})]
 
 
 def read_records(cfg: Config) -> dict[str, list[Record]]:
@@ -82,11 +87,11 @@ def extract_features(cfg: Config, run: RunDir, records: dict[str, list[Record]],
     ]
     ds = ray.data.from_items(items, override_num_blocks=max(1, min(len(items) // bs, 200)))
     ds = ds.map_batches(decode_batch, batch_size=bs, batch_format="numpy", num_cpus=cfg.ray.decode_cpus)
-    for actor, pool in POOLS:
+    for actor, pool, env in pools(cfg):
         kwargs = {"cfg": cfg, "index_ref": index_ref} if pool == "retriever" else {"cfg": cfg}
         ds = ds.map_batches(
             actor, fn_constructor_kwargs=kwargs, batch_size=bs, batch_format="numpy",
-            compute=ActorPoolStrategy(size=cfg.ray.workers), **pool_resources(cfg, pool),
+            compute=ActorPoolStrategy(size=cfg.ray.workers), **pool_resources(cfg, pool), **env,
         )
 
     buffers: dict[str, list[dict]] = defaultdict(list)

@@ -37,7 +37,7 @@ from PIL import Image
 
 from adjcap.config import VerifierCfg
 from adjcap.models.precision import dtype_name, pick_device, pick_dtype
-from adjcap.models.sources import ModelUnavailableError, hub_or_dir
+from adjcap.models.sources import ModelUnavailableError, hf_offline, hub_or_dir
 
 DEFAULT_VERIFIER = "Salesforce/blip-itm-large-coco"
 FLICKR_VERIFIER = "Salesforce/blip-itm-large-flickr"
@@ -86,6 +86,8 @@ class ImageMemo:
 
 class Verifier:
     """A BLIP ITM model with its tokenizer and image processor on one device in one dtype."""
+
+    backend = "transformers"
 
     def __init__(
         self,
@@ -357,22 +359,31 @@ def load_verifier(
     image_batch_size: int = 16,
     pair_batch_size: int = 256,
     cache_dir: str | None = None,
+    tokenizer: str = "bert-base-uncased",
 ) -> Verifier:
-    """Load a BLIP ITM verifier from a Hugging Face id or a local save_pretrained directory."""
+    """Load a BLIP ITM verifier from a Hugging Face id, a local save_pretrained directory or a LAVIS
+    ``.pth`` checkpoint (converted at load time; ``tokenizer`` is its BERT tokenizer)."""
     from transformers import AutoTokenizer, BlipForImageTextRetrieval, BlipImageProcessor
+
+    from adjcap.models.blip_lavis import LavisEvalTransform, load_lavis_checkpoint
 
     dev = pick_device(device)
     dtype = pick_dtype(precision, dev)
+    if str(model).endswith(".pth"):  # a LAVIS checkpoint: renamed to the transformers layout, strictly
+        net, tok, image_processor, model_id = load_lavis_checkpoint(
+            str(model), tokenizer=tokenizer, cache_dir=cache_dir, local_files_only=hf_offline())
+        return _verifier(net, tok, image_processor, model_id, dev, dtype, max_text_tokens, first_token,
+                         caption_preprocess, image_batch_size, pair_batch_size)
     src = hub_or_dir(model, what="BLIP ITM verifier", config_key="verifier.model", cache_dir=cache_dir)
     try:
         with quiet_progress():
             net = BlipForImageTextRetrieval.from_pretrained(
                 src.source, dtype=dtype, cache_dir=cache_dir, local_files_only=src.local_only
             )
-        tokenizer = AutoTokenizer.from_pretrained(src.source, cache_dir=cache_dir, local_files_only=src.local_only)
-        image_processor = BlipImageProcessor.from_pretrained(
-            src.source, cache_dir=cache_dir, local_files_only=src.local_only
-        )
+        tok = AutoTokenizer.from_pretrained(src.source, cache_dir=cache_dir, local_files_only=src.local_only)
+        # LAVIS's eval transform (PIL bicubic squash, /255, normalise) with this processor's size/mean/std
+        image_processor = LavisEvalTransform.like(
+            BlipImageProcessor.from_pretrained(src.source, cache_dir=cache_dir, local_files_only=src.local_only))
     except OSError as e:
         if src.is_dir:
             raise FileNotFoundError(f"{src.source}: incomplete verifier directory ({e})") from e
@@ -380,14 +391,20 @@ def load_verifier(
             f"BLIP ITM verifier '{src.source}' could not be loaded ({str(e).splitlines()[0]}): download it with "
             f"`huggingface-cli download {src.source} --local-dir DIR` and set verifier.model=DIR"
         ) from e
+    return _verifier(net, tok, image_processor, src.model_id, dev, dtype, max_text_tokens, first_token,
+                     caption_preprocess, image_batch_size, pair_batch_size)
+
+
+def _verifier(net, tok, image_processor, model_id, dev, dtype, max_text_tokens, first_token, caption_preprocess,
+              image_batch_size, pair_batch_size) -> Verifier:
     net = net.to(device=dev, dtype=dtype).eval()
     for p in net.parameters():
         p.requires_grad_(False)
     return Verifier(
         net,
-        tokenizer,
+        tok,
         image_processor,
-        model_id=src.model_id,
+        model_id=model_id,
         device=dev,
         dtype=dtype,
         max_text_tokens=max_text_tokens,
@@ -399,7 +416,10 @@ def load_verifier(
 
 
 def load_verifier_from_config(cfg: VerifierCfg, *, device: str = "auto") -> Verifier:
-    """Load from a resolved ``VerifierCfg``."""
+    """Load from a resolved ``VerifierCfg`` (the transformers backend)."""
+    if cfg.backend != "transformers":
+        raise ValueError(f"verifier.backend='{cfg.backend}' runs in its own environment inside the Ray job "
+                         "(adjcap run-job); use verifier.backend='transformers' here")
     return load_verifier(
         cfg.model,
         device=device,
@@ -408,4 +428,5 @@ def load_verifier_from_config(cfg: VerifierCfg, *, device: str = "auto") -> Veri
         first_token=cfg.itm_first_token,
         caption_preprocess=cfg.caption_preprocess,
         image_batch_size=cfg.batch_size,
+        tokenizer=cfg.tokenizer,
     )

@@ -1,0 +1,41 @@
+"""The ``lavis`` verifier backend's pools, run by Ray in the isolated LAVIS environment
+(``adjcap.lavis_env.runtime_env``): LAVIS's own BLIP ITM verifies the L retrieved (stage 2) and scores
+the N beam candidates (the verifier half of stage 4; the retrieval cosine stays in the scorer pool).
+Imports only what that environment has: adjcap's stage code and the LAVIS-side model module."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from actors.transport import pack, unpack
+from adjcap import stages
+from adjcap.config import Config
+from adjcap.models.lavis_itm import load_lavis_verifier
+
+
+def _load(cfg: Config):
+    """``cfg`` resolved."""
+    v = cfg.verifier
+    return load_lavis_verifier(v.model, tokenizer=v.tokenizer, device=cfg.device, image_batch_size=v.batch_size)
+
+
+class LavisVerifierActor:
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.verifier = _load(cfg)
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        states = unpack(batch)
+        stages.verify(states, self.verifier, self.cfg.verifier.keep)
+        return pack(states)
+
+
+class LavisScorerActor:
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.verifier = _load(cfg)
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        states = unpack(batch)
+        stages.score_verifier(states, self.verifier)
+        return pack(states)

@@ -1,0 +1,168 @@
+"""The isolated environment of the ``lavis`` verifier backend: a virtualenv under ``{cache}/envs``.
+
+salesforce-lavis 1.0.2 cannot share adjcap's environment (it needs transformers < 4.27, whose
+``lavis/models/med.py`` helpers transformers 5.x removed, and timm 0.4.12), so it gets its own venv,
+built with plain pip from the same package sources as this one (pip's own configuration applies).
+Ray starts the LAVIS pools' workers with that venv's python (``runtime_env={"py_executable": ...}``).
+
+What goes in, and why:
+
+* **bridge packages at this environment's exact versions**: ray[data], torch, torchvision, numpy,
+  pyarrow, pillow, pydantic. Ray workers of the two environments exchange pickled per-image states
+  (PIL images, numpy arrays, torch tensors) and Arrow blocks, and the LAVIS actor runs adjcap's own
+  stage code (``adjcap.stages``: pydantic config, Arrow schema); a Ray worker must run the driver's Ray.
+* ``salesforce-lavis==1.0.2`` with ``--no-deps``: its declared requirements include streamlit,
+  plotly, opencv 4.5.5.64 (no wheel for Python 3.11), pre-commit and more that ITM never touches.
+* what the ITM path uses: transformers 4.26.1 (LAVIS pins < 4.27), tokenizers 0.13.3, a
+  huggingface-hub that 4.26 accepts, timm 0.4.12, fairscale 0.4.4, omegaconf, iopath, ftfy;
+* what ``import lavis`` imports at module level though ITM never calls it: pandas, decord, webdataset,
+  opencv-python-headless (a current one), einops, spacy, pycocoevalcap.
+
+The directory name hashes the Python version and the full requirement list, so a change of either
+builds a new environment beside the old one. A build is complete when its marker file exists (written
+last, atomically); an incomplete directory is removed and rebuilt. Builds take a file lock.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+LAVIS_VERSION = "1.0.2"
+BRIDGE = ("ray", "torch", "torchvision", "numpy", "pyarrow", "pillow", "pydantic")
+ITM_DEPS = (
+    "transformers==4.26.1",
+    "tokenizers==0.13.3",
+    "huggingface-hub>=0.11,<0.26",
+    "timm==0.4.12",
+    "fairscale==0.4.4",
+    "omegaconf",
+    "iopath",
+    "ftfy",
+)
+IMPORT_DEPS = ("pandas", "decord", "webdataset", "opencv-python-headless", "einops>=0.4.1", "spacy", "pycocoevalcap")
+MARKER = "adjcap-lavis-env.json"
+SMOKE = "import lavis.models.blip_models.blip_image_text_matching, lavis.processors.blip_processors, ray.data, pydantic"
+
+
+class LavisEnvError(FileNotFoundError):
+    """The LAVIS environment is missing or could not be built; the message says what to do."""
+
+
+def _pin(dist: str) -> str:
+    version = metadata.version(dist).split("+")[0]  # torch 2.14.1+cu130 -> torch==2.14.1 (same index)
+    return f"{'ray[data]' if dist == 'ray' else dist}=={version}"
+
+
+def requirements() -> list[str]:
+    """Everything the LAVIS environment gets, bridge packages pinned to this environment's versions."""
+    return [*(_pin(d) for d in BRIDGE), *ITM_DEPS, *IMPORT_DEPS]
+
+
+def env_dir(cache_dir: str | os.PathLike) -> Path:
+    """``{cache}/envs/lavis-<hash of python version + requirements>``."""
+    key = json.dumps({"python": sys.version.split()[0], "lavis": LAVIS_VERSION, "requirements": requirements()})
+    return Path(cache_dir).expanduser() / "envs" / f"lavis-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
+def env_python(cache_dir: str | os.PathLike) -> Path:
+    """The LAVIS environment's python; a one-line error when it is not built."""
+    d = env_dir(cache_dir)
+    if not (d / MARKER).is_file():
+        raise LavisEnvError(f"{d}: the LAVIS environment is not built; run `adjcap lavis-env` "
+                            "(verifier.backend='lavis' needs it)")
+    return d / "bin" / "python"
+
+
+def status(cache_dir: str | os.PathLike) -> str:
+    d = env_dir(cache_dir)
+    marker = d / MARKER
+    if marker.is_file():
+        info = json.loads(marker.read_text())
+        return f"built ({d}, {info.get('seconds', 0):.0f}s build)"
+    return f"not built ({d}; `adjcap lavis-env` builds it)"
+
+
+def _run(cmd: list[str], log: Path) -> None:
+    with open(log, "a") as f:
+        f.write("$ " + " ".join(cmd) + "\n")
+        f.flush()
+        done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
+    if done.returncode:
+        tail = log.read_text().strip().splitlines()[-1:] or ["(no output)"]
+        raise LavisEnvError(f"{log}: `{' '.join(cmd[:4])} ...` failed ({tail[0]}); see the log")
+
+
+def build(cache_dir: str | os.PathLike, *, force: bool = False, echo=print) -> Path:
+    """Build (or reuse) the LAVIS environment; returns its directory."""
+    d = env_dir(cache_dir)
+    d.parent.mkdir(parents=True, exist_ok=True)
+    with open(d.parent / f"{d.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (d / MARKER).is_file() and not force:
+            return d
+        if d.exists():
+            shutil.rmtree(d)
+        t0 = time.time()
+        log = d.parent / f"{d.name}.log"
+        log.write_text("")
+        base = getattr(sys, "_base_executable", sys.executable)
+        echo(f"building the LAVIS environment in {d} (log: {log})")
+        _run([base, "-m", "venv", str(d)], log)
+        py = str(d / "bin" / "python")
+        _run([py, "-m", "pip", "install", "--disable-pip-version-check", *requirements()], log)
+        _run([py, "-m", "pip", "install", "--disable-pip-version-check", "--no-deps",
+              f"salesforce-lavis=={LAVIS_VERSION}"], log)
+        _run([py, "-W", "ignore", "-c", SMOKE], log)
+        info = {"lavis": LAVIS_VERSION, "requirements": requirements(), "python": sys.version.split()[0],
+                "seconds": round(time.time() - t0, 1)}
+        tmp = d / f".{MARKER}.tmp"
+        tmp.write_text(json.dumps(info, indent=1) + "\n")
+        os.replace(tmp, d / MARKER)
+        echo(f"LAVIS environment built in {info['seconds']:.0f}s")
+        return d
+
+
+def code_dir(cache_dir: str | os.PathLike) -> Path:
+    """A directory holding only links to this adjcap's ``adjcap`` and ``actors`` packages, for the LAVIS
+    workers' PYTHONPATH: wherever adjcap is installed, nothing else of this environment (transformers 5,
+    ...) can shadow the LAVIS environment's packages."""
+    import adjcap
+
+    root = Path(adjcap.__file__).resolve().parent.parent
+    d = env_dir(cache_dir) / "adjcap-code"
+    d.mkdir(parents=True, exist_ok=True)
+    for pkg in ("adjcap", "actors"):
+        link = d / pkg
+        if link.is_symlink() and Path(os.readlink(link)) == root / pkg:
+            continue
+        tmp = d / f".{pkg}.{os.getpid()}"
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(root / pkg, target_is_directory=True)
+        os.replace(tmp, link)
+    return d
+
+
+def runtime_env(cache_dir: str | os.PathLike) -> dict:
+    """Ray ``runtime_env`` for a LAVIS pool (actor level; merged with the job's).
+
+    ``py_executable`` starts the pool's workers with the LAVIS venv's python (Ray 2.60's py_executable
+    plugin; a pip/virtualenv runtime_env would rebuild the environment per Ray session and node, and
+    ``py_modules`` with local directories is accepted only at the job level). PYTHONPATH, which overrides
+    the job's, is :func:`code_dir`: this adjcap's code and nothing else.
+    """
+    py = env_python(cache_dir)
+    return {
+        "py_executable": str(py),
+        "env_vars": {"PYTHONPATH": str(code_dir(cache_dir)),
+                     "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "0"),
+                     "TRANSFORMERS_OFFLINE": os.environ.get("TRANSFORMERS_OFFLINE", "0")},
+    }
