@@ -6,7 +6,7 @@ validated (unknown keys and bad values are errors that name the key), and writte
 directory as ``config.toml`` so that ``adjcap run-job --config runs/x/config.toml`` re-runs it as is.
 
 Strings that are paths may use the placeholders ``{cache}`` (``paths.cache_dir``) and ``{data}``
-(``paths.data_dir``); :meth:`Config.resolve` expands them.
+(``paths.data_dir``); :meth:`Config.resolved` expands them once, at the edge.
 """
 
 from __future__ import annotations
@@ -261,15 +261,6 @@ class Config(_Strict):
         return v
 
     # ---- helpers -------------------------------------------------------------------------
-    def resolve(self, value: str | None) -> str | None:
-        """Expand ``{cache}``, ``{data}`` and ``~`` in a path-like string; other strings pass."""
-        if value is None:
-            return None
-        out = value.replace("{cache}", self.paths.cache_dir).replace("{data}", self.paths.data_dir)
-        if out.startswith("~"):
-            out = os.path.expanduser(out)
-        return out
-
     def resolved(self) -> "Config":
         """A copy with ``{cache}``, ``{data}`` and a leading ``~`` expanded in every string, once, at
         the edge; everything below takes typed sections whose paths are ready to open. The saved
@@ -288,15 +279,6 @@ class Config(_Strict):
             return v
 
         return Config.model_validate(expand(self.model_dump(mode="python")))
-
-    def path(self, value: str) -> Path:
-        resolved = self.resolve(value)
-        assert resolved is not None
-        return Path(resolved)
-
-    @property
-    def cache_dir(self) -> Path:
-        return self.path(self.paths.cache_dir)
 
     def benchmark_cfg(self, name: str | None = None) -> BenchmarkCfg:
         name = name or self.benchmark

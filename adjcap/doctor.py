@@ -78,7 +78,7 @@ def report(cfg: Config) -> str:
         lines.append(f"  verifier           {_model_status(cfg, cfg.verifier.model, 'hf')}")
     from adjcap import lavis_env
 
-    lines.append(f"  LAVIS environment  {lavis_env.status(cfg.cache_dir)}"
+    lines.append(f"  LAVIS environment  {lavis_env.status(cfg.paths.cache_dir)}"
                  f"{' (verifier.backend=lavis)' if cfg.verifier.backend == 'lavis' else ''}")
     lines.append(f"  IFCap checkpoint   {_model_status(cfg, cfg.captioner.checkpoint, 'file')}")
     lines.append(f"  IFCap CLIP         {cfg.captioner.clip.model} / {_model_status(cfg, cfg.captioner.clip.pretrained, 'clip')}")

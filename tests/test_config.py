@@ -96,5 +96,10 @@ def test_resolved_config_round_trips_through_toml(tmp_path):
 
 def test_placeholders_expand(tmp_path):
     cfg = load_config("demo", [f"paths.cache_dir={tmp_path}"])
-    assert cfg.resolve(cfg.verifier.model) == f"{tmp_path}/tiny/blip-itm"
-    assert isinstance(Config().resolve("~/x"), str) and not Config().resolve("~/x").startswith("~")
+    r = cfg.resolved()
+    assert r.verifier.model == f"{tmp_path}/tiny/blip-itm"
+    assert r.benchmarks["demo"].images == f"{tmp_path}/demo/images"
+    assert cfg.verifier.model == "{cache}/tiny/blip-itm"  # the config itself keeps its placeholders
+    home = Config(paths={"cache_dir": "~/c", "data_dir": "~/d"}).resolved()
+    assert not home.paths.cache_dir.startswith("~") and not home.captioner.checkpoint.startswith(("~", "{"))
+    assert r.resolved() == r  # idempotent

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import json
 import random
 import re
@@ -134,12 +136,12 @@ def test_swapped_negative_contradicts_the_scene():
 
 @pytest.fixture(scope="module")
 def world(demo_cfg):
-    root = demo_cfg.cache_dir / "tiny"
+    root = Path(demo_cfg.resolved().paths.cache_dir) / "tiny"
     return {
         "root": root,
         "log": json.loads((root / "TRAINING.json").read_text()),
         "held": render_pool(demo_cfg.seed, 200, HELDOUT_POOL),
-        "corpus": demo_corpus_texts(demo_cfg.cache_dir / "demo"),
+        "corpus": demo_corpus_texts(Path(demo_cfg.resolved().paths.cache_dir) / "demo"),
     }
 
 
