@@ -102,12 +102,27 @@ def test_user_jars_are_verified_and_a_zip_in_spice_jars_is_used(tmp_path, monkey
     cfg = SpiceConfig(work_dir=tmp_path / "run", corenlp_dir=jars)
     with pytest.raises(SpiceUnavailable, match="not a verified copy of stanford-corenlp-3.6.0"):
         locate_corenlp(cfg)
-    for jar in CORENLP_JARS:
-        (jars / jar).unlink()
+    # the zip beside them (its digest pinned) is used instead: the jars come from it
     zpath = _fake_corenlp_zip(jars / f"{CORENLP_ZIP_DIR}.zip")
     _pin(monkeypatch, **{f"{CORENLP_ZIP_DIR}.zip": {"sha1": [_sha(zpath, "sha1")]}})
     core, _ = locate_corenlp(cfg)
     assert core == tmp_path / "run" / "spice" / "lib" / CORENLP_JARS[0]
+
+
+def test_jars_extracted_by_adjcap_into_a_private_dir_are_accepted_there(tmp_path, monkeypatch):
+    """What `adjcap prepare spice` can do: extract_corenlp into {data}/spice/lib leaves a manifest."""
+    from adjcap.metrics.spice import extract_corenlp
+
+    zpath = _fake_corenlp_zip(tmp_path / "corenlp.zip")
+    _pin(monkeypatch, **{f"{CORENLP_ZIP_DIR}.zip": {"sha1": [_sha(zpath, "sha1")]}})
+    dest = tmp_path / "data" / "spice" / "lib"
+    dest.mkdir(parents=True, mode=0o700)
+    extract_corenlp(zpath, dest, source=str(zpath))
+    cfg = SpiceConfig(work_dir=tmp_path / "run", corenlp_dir=dest)
+    assert locate_corenlp(cfg)[0] == dest / CORENLP_JARS[0]
+    os.chmod(dest, 0o777)  # a manifest in a directory others can write is not trusted
+    with pytest.raises(SpiceUnavailable):
+        locate_corenlp(cfg)
 
 
 def test_a_shared_spice_dir_is_refused(tmp_path):

@@ -183,7 +183,11 @@ def locate_corenlp(cfg: SpiceConfig) -> tuple[Path, Path]:
     if cfg.corenlp_dir:
         d = Path(os.path.expanduser(str(cfg.corenlp_dir)))
         if _has_jars(d):
-            return _verified(d, _private_manifest(lib))
+            try:  # pinned digests, or the manifest adjcap wrote when it extracted them (there or in lib)
+                return _verified(d, {**_private_manifest(lib), **read_manifest(d)})
+            except SpiceUnavailable:
+                if not (d / CORENLP_ZIP).is_file():
+                    raise
         if (d / CORENLP_ZIP).is_file():
             return _from_zip(d / CORENLP_ZIP, lib)
         looked.append(d)

@@ -67,6 +67,17 @@ def private_dir(path: str | Path) -> Path:
     return p
 
 
+def is_private_dir(path: str | Path) -> bool:
+    """A real directory (not a symlink) of the effective user that no one else can write (checked
+    only; nothing is changed)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return (stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
+            and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+
+
 def check_not_writable_by_others(path: str | Path) -> None:
     """``path`` and its directory must belong to the effective user or root and be writable by
     nobody else (so what was verified is what Java later reads)."""
@@ -115,9 +126,10 @@ def read_manifest(lib_dir: Path) -> dict[str, dict[str, frozenset[str]]]:
     unless the directory is private and the manifest is the user's own file."""
     m = lib_dir / MANIFEST_NAME
     try:
-        private_dir(lib_dir) if lib_dir.is_dir() else None
         st = os.lstat(m)
-    except (OSError, UntrustedFile):
+    except OSError:
+        return {}
+    if not is_private_dir(lib_dir):
         return {}
     if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         return {}
