@@ -247,9 +247,10 @@ def server(world):
 
 
 @pytest.fixture
-def sources(tmp_path):
+def sources(tmp_path, world):
+    """The counts of this world, and the sha1 of its CoreNLP zip in place of the published one."""
     p = tmp_path / "sources.toml"
-    p.write_text(SOURCES_TOML)
+    p.write_text(SOURCES_TOML + f'[spice]\nsha1 = "{hashlib.sha1(world[CORENLP]).hexdigest()}"\n')
     return p
 
 
@@ -290,8 +291,14 @@ def test_full_prepare_lays_out_everything_where_the_presets_look(tmp_path, serve
                               data / "coco/val2014", split)
         assert sorted(Path(r.image_path).name for r in recs) == sorted(names)
     assert sorted(p.name for p in (data / "nocaps/val").iterdir()) == ["0.jpg", "1.jpg", "2.jpg"]
-    assert sorted(p.name for p in (data / "spice/lib").iterdir()) == [
+    assert sorted(p.name for p in (data / "spice/lib").glob("*.jar")) == [
         "stanford-corenlp-3.6.0-models.jar", "stanford-corenlp-3.6.0.jar"]
+    # SPICE will run these jars: extracted from a zip whose sha1 was checked, recorded in a private manifest
+    from adjcap.metrics.trust import read_manifest
+
+    assert sorted(read_manifest(data / "spice/lib")) == ["stanford-corenlp-3.6.0-models.jar",
+                                                         "stanford-corenlp-3.6.0.jar"]
+    assert (data / "spice/lib").stat().st_mode & 0o077 == 0
     # entities finds the NLTK data in {data}/nltk_data through ADJCAP_DATA
     import nltk
 
@@ -525,8 +532,9 @@ def _hf_cache_with(cache: Path, repo: str, files_dir: Path) -> None:
 
 
 def test_models_in_the_hf_cache_are_found_without_network(tmp_path, sources, monkeypatch):
-    from adjcap.models.blip import build_tiny_blip, load_verifier
-    from adjcap.models.clip import build_tiny_clip
+    from adjcap.demo.tiny_blip import build_tiny_blip
+    from adjcap.models.blip import load_verifier
+    from adjcap.demo.tiny_clip import build_tiny_clip
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     cache = tmp_path / "hf"
@@ -585,3 +593,11 @@ def test_cli_prepare_errors_are_one_line(tmp_path, server, sources):
     r = CliRunner().invoke(app, ["prepare", "nltk", "--dry-run", "--data", str(tmp_path / "d2"), "--sources",
                                  str(sources), "--mirror", "http://127.0.0.1:9"])
     assert r.exit_code == 0 and "punkt_tab" in r.output and "total to fetch" in r.output
+
+
+def test_a_corenlp_zip_whose_sha1_differs_is_refused(tmp_path, server, sources):
+    sources.write_text(SOURCES_TOML + '[spice]\nsha1 = "' + "0" * 40 + '"\n')
+    data = tmp_path / "d"
+    with pytest.raises(PrepareError, match="sha1 differs"):
+        run(["spice"], opts(data, sources, server), say=quiet(), stream=io.StringIO())
+    assert not (data / "spice/lib/stanford-corenlp-3.6.0.jar").exists()

@@ -7,6 +7,7 @@ import os
 import shutil
 from pathlib import Path
 
+from adjcap.metrics.trust import file_digest, private_dir, write_manifest
 from adjcap.prepare.errors import PrepareError
 from adjcap.prepare.extract import extract
 from adjcap.prepare.steps.archives import archive_plan, install_archive
@@ -85,18 +86,26 @@ class SpiceStep:
         item = ctx.item(url, archive, size=src.get("size"), sha256=src.get("sha256"), approx=src.get("approx_bytes"))
         ctx.fetch([item], [url], self.name, "spice CoreNLP zip")
         bad = zip_problem(archive)
+        want_sha1 = src.get("sha1")
+        if not bad and want_sha1 and file_digest(archive, "sha1") != want_sha1:
+            bad = f"sha1 differs from the published {want_sha1}"
         if bad:
             archive.unlink(missing_ok=True)
             raise PrepareError(f"{ctx.source_of(item)}: {bad}; the archive was removed - run again")
         tmp, hashes = extract(archive, final.parent, members=members)
         try:
-            final.mkdir(parents=True, exist_ok=True)
+            final.parent.mkdir(parents=True, exist_ok=True)
+            private_dir(final.parent)
+            final.mkdir(mode=0o700, parents=True, exist_ok=True)
+            private_dir(final)
             for m in members:
                 os.replace(tmp / m, final / os.path.basename(m))
                 sha, n = hashes[m]
                 ctx.lock.record_file(ctx.rel(final / os.path.basename(m)), sha, n, self.name, ctx.source_of(item))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+        # SPICE runs only jars it can trust: record what was extracted from the verified zip
+        write_manifest(final, [os.path.basename(m) for m in members])
         archive.unlink(missing_ok=True)
         return f"CoreNLP jars laid out in {final}"
 
