@@ -153,10 +153,10 @@ def test_ray_actors_of_both_backends_agree(tiny, tmp_path):
         c = cfg.model_copy(update={"verifier": cfg.verifier.model_copy(update={"backend": backend})})
         ds = ray.data.from_items([{"image_id": k, "state": v} for k, v in zip(batch["image_id"], batch["state"])])
         env = {"runtime_env": lavis_env.runtime_env(_cache())} if backend == "lavis" else {}
-        ds = ds.map_batches(actor, fn_constructor_kwargs={"cfg": c.model_dump(mode="json")}, batch_size=8,
+        ds = ds.map_batches(actor, fn_constructor_kwargs={"cfg": c.resolved()}, batch_size=8,
                             batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=1), num_cpus=0.5, **env)
         if backend == "lavis":
-            ds = ds.map_batches(LavisScorerActor, fn_constructor_kwargs={"cfg": c.model_dump(mode="json")},
+            ds = ds.map_batches(LavisScorerActor, fn_constructor_kwargs={"cfg": c.resolved()},
                                 batch_size=8, batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=1),
                                 num_cpus=0.5, **env)
         out = [pickle.loads(b) for r in ds.take_all() for b in [r["state"]]]
