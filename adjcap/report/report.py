@@ -61,10 +61,16 @@ def metrics_table(run: RunData, label: str) -> Table:
             cs = (m.get("clipscore") or {}).get("CLIPScore")
             ch = (m.get("chair") or {}).get("CHAIR_s")
             tab.rows.append([proto, picker, *(sc.get(c) for c in PAPER_COLUMNS), cs, ch])
+        for picker, why in sorted(run.not_applicable.get(proto, {}).items()):
+            if picker not in run.pickers(proto):
+                tab.rows.append([proto, f"{picker}: not applicable ({why})", *([None] * 7)])
     bold_best(tab, [2, 3, 4, 5, 6, 7, 8], lower_is_better={8})
     notes = _spice_notes(run)
     if notes:
         tab.caption = "SPICE: " + notes
+    if any(run.not_applicable.values()):
+        tab.caption = (tab.caption + " " if tab.caption else "") + (
+            "Pickers marked 'not applicable' could not run on this run's features (their inputs are absent).")
     return tab
 
 
