@@ -132,8 +132,11 @@ def encode_corpus(
 def fit(
     run: Path = typer.Option(..., "--run", help="run directory with features/"),
     sets: Optional[List[str]] = SET,
+    heads: Optional[Path] = typer.Option(None, "--heads",
+                                         help="apply heads fitted in another run (e.g. runs/A/heads) instead of fitting"),
 ):
-    """Fit the rerankers per protocol on a run's feature tables and write predictions."""
+    """Fit the rerankers per protocol on a run's feature tables and write predictions
+    (or, with --heads, apply heads fitted on another benchmark)."""
     from jobs import fit as job
 
     rd = RunDir(run)
@@ -141,7 +144,7 @@ def fit(
         typer.secho(f"error: {rd.config_path} not found: is {run} a run directory?", fg="red", err=True)
         raise typer.Exit(2)
     cfg = _cfg(None, sets, rd.config_path)
-    _run(lambda: job.main(cfg.resolved(), rd))
+    _run(lambda: job.main(cfg.resolved(), rd, heads_dir=heads))
 
 
 @app.command("evaluate")
