@@ -181,11 +181,14 @@ def evaluate(
 def report(
     run: List[Path] = typer.Option(..., "--run", help="run directory (repeat to compare runs side by side)"),
     out: Optional[Path] = typer.Option(None, help="output directory (default: the first run)"),
+    baseline: Optional[Path] = typer.Option(
+        None, "--baseline", help="the run the CHAIR and cross-domain IFCap columns compare against (e.g. the ifcap "
+        "run); default: each run's own LM-only pick"),
 ):
     """Write report.md, LaTeX tables, plots and the qualitative HTML gallery."""
     from jobs import evaluate as job
 
-    _run(lambda: job.report(run, out))
+    _run(lambda: job.report(run, out, baseline))
 
 
 @app.command("demo")

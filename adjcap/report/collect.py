@@ -55,6 +55,8 @@ class RunData:
         if not protos:
             return None
         proto = self.protocol if self.protocol in protos else protos[0]
+        if self.picker == LM_PICKER and LM_PICKER in self.pickers(proto):
+            return proto, LM_PICKER  # a run configured to pick by the LM (IFCap): its headline is that pick
         picker = self.adjudicated_picker(proto) or (LM_PICKER if LM_PICKER in self.pickers(proto) else None)
         return (proto, picker) if picker else None
 
