@@ -104,6 +104,30 @@ def test_output_scorer_and_clipscore_encoders_are_their_own(demo_cfg, models, te
                                    [c["clipscore_cosine"] for c in old["candidates"]], atol=1e-5)
 
 
+def test_captioner_batch_size_reaches_the_beam_search(demo_cfg, models, test_records):
+    """captioner.batch_size is the fast beam's chunk size (images decoded together)."""
+    from adjcap.models.roles import CaptionerRole
+
+    real = models.captioner.captioner
+    seen = []
+
+    class Recording:  # the real captioner, with the batch size it is asked for noted
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def generate(self, *args, **kwargs):
+            seen.append((len(args[0]), kwargs.get("batch_size")))
+            return real.generate(*args, **kwargs)
+
+    cfg = demo_cfg.model_copy(deep=True)
+    cfg.captioner.batch_size = 2
+    role = CaptionerRole(Recording(), models.captioner.clip, models.captioner.vocabulary)
+    rows = run_pipeline(test_records[:3], cfg, type(models)(**{**models.__dict__, "captioner": role}), batch_size=3)
+    assert seen == [(3, 2)]
+    whole = run_pipeline(test_records[:3], demo_cfg, models, batch_size=3)
+    assert [[c["text"] for c in r["candidates"]] for r in rows] == [[c["text"] for c in r["candidates"]] for r in whole]
+
+
 def test_bad_image_becomes_an_error_row_and_others_survive(demo_cfg, models, test_records, tmp_path):
     broken = tmp_path / "broken.jpg"
     broken.write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
