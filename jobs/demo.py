@@ -27,7 +27,8 @@ def on_demo_world(cfg: Config) -> Config:
     """``cfg``'s method settings (verifier on/off, L, k, K, beam, decoder, entity mode, picker, protocol,
     splits, precision) on the demo world: the demo preset's model and data keys replace ``cfg``'s;
     ``paths``, ``limit`` and the name are kept. An output scorer of its own (``scorer.encoder``)
-    becomes the demo's other tiny CLIP (the captioner's), so the swap is still a swap."""
+    becomes the demo's captioner CLIP, loaded apart from the retrieval encoder, so the path that does
+    not reuse stage 1's image embedding still runs (the demo's two tiny CLIP files hold the same weights)."""
     demo = load_config("demo").model_dump(mode="json")
     data = cfg.model_dump(mode="json")
     for key in DEMO_WORLD_KEYS:

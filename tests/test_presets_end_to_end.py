@@ -92,7 +92,7 @@ def test_on_demo_world_keeps_the_method_and_swaps_the_models(demo_cfg):
             a, b = getattr(a, part), getattr(b, part)
         assert a == b, key
     swap = on_demo_world(load_config("output-scorer-vitb32"))
-    assert swap.scorer.encoder == load_config("demo").captioner.clip  # still a different CLIP than stage 1
+    assert swap.scorer.encoder == load_config("demo").captioner.clip  # loaded apart from stage 1's encoder
 
 
 @pytest.mark.parametrize("name", PRESETS)
