@@ -4,7 +4,7 @@ The paper computes it with one fixed encoder, ViT-bigG/14 (``eval.clipscore``), 
 stores, for every beam candidate, that encoder's cosine between the image and the candidate
 (``candidates[j].clipscore_cosine``), so the CLIPScore of any picker's choice needs no re-encoding:
 :func:`clipscore_from_features`. Feature tables written before that column existed fall back to
-``retrieval_cosine`` (the run's own output scorer; the result says which). :func:`clipscore` works
+``retrieval_cosine`` (the run's own output scorer; the result's ``source`` says which). :func:`clipscore` works
 from raw embeddings.
 """
 
@@ -89,10 +89,9 @@ def clipscore_from_features(
     by_id: dict[str, Mapping[str, Any]] = {}
     for r in _rows(feature_rows):
         by_id[str(r["image_id"])] = r
-    field_name = "clipscore_cosine"
-    first = next((r["candidates"][0] for r in by_id.values() if r.get("candidates")), None)
-    if first is not None and "clipscore_cosine" not in first:
-        field_name = "retrieval_cosine"
+    # tables written before the CLIPScore encoder had its own field hold no clipscore_cosine values
+    has_own = any(c.get("clipscore_cosine") is not None for r in by_id.values() for c in (r.get("candidates") or []))
+    field_name = "clipscore_cosine" if has_own else "retrieval_cosine"
     per: dict[Hashable, float] = {}
     missing = 0
     for img, pick in picks.items():
