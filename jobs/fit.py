@@ -17,14 +17,13 @@ Ray task holding one GPU of the cluster; outside one, this machine's GPU; otherw
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import ray
 import torch
 
 from adjcap.config import Config
-from pathlib import Path
-
 from adjcap.rerank import Heads, applicability, fit_device, load_features, load_heads, pick, run_protocol, save_heads
 from adjcap.rundir import RunDir
 from jobs.ray_session import has_gpus
