@@ -132,8 +132,11 @@ def encode_corpus(
 def fit(
     run: Path = typer.Option(..., "--run", help="run directory with features/"),
     sets: Optional[List[str]] = SET,
+    heads: Optional[Path] = typer.Option(None, "--heads",
+                                         help="apply heads fitted in another run (e.g. runs/A/heads) instead of fitting"),
 ):
-    """Fit the rerankers per protocol on a run's feature tables and write predictions."""
+    """Fit the rerankers per protocol on a run's feature tables and write predictions
+    (or, with --heads, apply heads fitted on another benchmark)."""
     from jobs import fit as job
 
     rd = RunDir(run)
@@ -141,7 +144,7 @@ def fit(
         typer.secho(f"error: {rd.config_path} not found: is {run} a run directory?", fg="red", err=True)
         raise typer.Exit(2)
     cfg = _cfg(None, sets, rd.config_path)
-    _run(lambda: job.main(cfg.resolved(), rd))
+    _run(lambda: job.main(cfg.resolved(), rd, heads_dir=heads))
 
 
 @app.command("evaluate")
@@ -178,11 +181,14 @@ def evaluate(
 def report(
     run: List[Path] = typer.Option(..., "--run", help="run directory (repeat to compare runs side by side)"),
     out: Optional[Path] = typer.Option(None, help="output directory (default: the first run)"),
+    baseline: Optional[Path] = typer.Option(
+        None, "--baseline", help="the run the CHAIR and cross-domain IFCap columns compare against (e.g. the ifcap "
+        "run); default: each run's own LM-only pick"),
 ):
     """Write report.md, LaTeX tables, plots and the qualitative HTML gallery."""
     from jobs import evaluate as job
 
-    _run(lambda: job.report(run, out))
+    _run(lambda: job.report(run, out, baseline))
 
 
 @app.command("demo")

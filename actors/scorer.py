@@ -1,5 +1,6 @@
-"""Scorer pool: retrieval-encoder text tower + BLIP ITM score every beam candidate (stage 4).
-Its output states are final: images and intermediate encodings are dropped."""
+"""Scorer pool: the output-scorer encoder, the CLIPScore encoder (when it differs) and BLIP ITM score
+every beam candidate (stage 4). Its output states are final: images and intermediate encodings are
+dropped."""
 
 from __future__ import annotations
 
@@ -8,19 +9,19 @@ from typing import Any
 from actors.transport import pack, unpack
 from adjcap import stages
 from adjcap.config import Config
-from adjcap.models.roles import load_retrieval_encoder, load_verifier
+from adjcap.models.roles import load_scorer
 
 
 class ScorerActor:
     def __init__(self, cfg: Config):
         self.cfg = cfg
-        # both towers: stage 1's image embedding normally rides in the state, but an image whose
-        # embedding is missing is re-encoded here
-        self.encoder = load_retrieval_encoder(cfg.retrieval.encoder, cfg.device)
-        # the lavis backend scores candidates in its own pool (actors.lavis) ahead of this one
-        self.verifier = None if cfg.verifier.backend == "lavis" else load_verifier(cfg.verifier, cfg.device)
+        # the lavis backend scores candidates with the verifier in its own pool (actors.lavis) ahead of this one
+        lavis = {"verifier": None} if cfg.verifier.backend == "lavis" else None
+        self.role = load_scorer(cfg.retrieval.encoder, cfg.scorer_encoder(), cfg.eval.clipscore, cfg.verifier,
+                                cfg.device, loaded=lavis)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         states = unpack(batch)
-        stages.score(states, self.encoder, self.verifier)
+        r = self.role
+        stages.score(states, r.output, r.verifier, r.clipscore, reuse_image_embedding=r.reuse_stage1)
         return pack(states, drop_image=True)

@@ -56,7 +56,9 @@ class EncoderCfg(_Strict):
 
     model: str = "ViT-bigG-14"
     pretrained: str | None = "laion2b_s39b_b160k"
-    precision: Precision = "auto"
+    precision: Precision = Field(
+        "fp32", description="fp32 as the paper (auto = bf16/fp16 on a GPU, fp32 on CPU); root `precision` overrides"
+    )
     image_batch_size: int = Field(32, gt=0)
     text_batch_size: int = Field(512, gt=0)
 
@@ -76,7 +78,7 @@ class VerifierCfg(_Strict):
     model: str = "Salesforce/blip-itm-large-coco"
     keep: int = Field(5, gt=0, description="k: verified captions kept out of the L retrieved")
     max_text_tokens: int = Field(35, gt=0, description="LAVIS truncates ITM text at 35 tokens")
-    precision: Precision = "auto"
+    precision: Precision = Field("fp32", description="fp32 as the paper; root `precision` overrides")
     batch_size: int = Field(16, gt=0, description="images per verifier call")
     itm_first_token: Literal["enc", "cls"] = Field(
         "enc", description="first ITM text token: [ENC] as LAVIS/BLIP do, or [CLS] as the transformers example"
@@ -133,6 +135,10 @@ class CaptionerCfg(_Strict):
 class ScorerCfg(_Strict):
     lm_feature: Literal["mean", "sum"] = Field(
         "mean", description="LM log-prob used as a feature; 'mean' is what the beam itself ranks by"
+    )
+    encoder: EncoderCfg | None = Field(
+        None, description="output scorer: the CLIP of the stage-4 cosine s_R; None = the retrieval encoder "
+        "(stage 1's image embedding is then reused)"
     )
     batch_size: int = Field(16, gt=0)
 
@@ -233,6 +239,11 @@ class EvalCfg(_Strict):
     java: str = "java"
     java_mem: str = "8G"
     clipscore_w: float = 2.5
+    clipscore: EncoderCfg = Field(
+        default_factory=EncoderCfg,
+        description="the fixed CLIPScore encoder (the paper's ViT-bigG-14 laion2b_s39b_b160k), the same for every run; "
+        "its cosines are computed in stage 4 (reusing the output scorer's when it is the same encoder)",
+    )
 
 
 class Config(_Strict):
@@ -243,6 +254,11 @@ class Config(_Strict):
     benchmark: str = "coco"
     splits: list[str] = Field(default_factory=lambda: ["val", "test"])
     limit: int | None = Field(None, gt=0, description="only the first N images of each split")
+    precision: Precision | None = Field(
+        None, description="one switch for every frozen encoder (retrieval, output scorer, CLIPScore, the "
+        "captioner's CLIP) and the verifier; None = each section's own (fp32, the paper's). bf16 = speed mode. "
+        "The captioner's GPT-2 keeps captioner.precision"
+    )
     paths: PathsCfg = Field(default_factory=PathsCfg)
     retrieval: RetrievalCfg = Field(default_factory=RetrievalCfg)
     verifier: VerifierCfg = Field(default_factory=VerifierCfg)
@@ -278,7 +294,17 @@ class Config(_Strict):
                 return [expand(x) for x in v]
             return v
 
-        return Config.model_validate(expand(self.model_dump(mode="python")))
+        data = expand(self.model_dump(mode="python"))
+        if self.precision is not None:
+            for section in (data["retrieval"]["encoder"], data["verifier"], data["captioner"]["clip"],
+                            data["eval"]["clipscore"], data["scorer"]["encoder"]):
+                if section is not None:
+                    section["precision"] = self.precision
+        return Config.model_validate(data)
+
+    def scorer_encoder(self) -> EncoderCfg:
+        """The output scorer's encoder (stage-4 cosine): ``scorer.encoder`` or the retrieval encoder."""
+        return self.scorer.encoder or self.retrieval.encoder
 
     def benchmark_cfg(self, name: str | None = None) -> BenchmarkCfg:
         name = name or self.benchmark
@@ -300,6 +326,9 @@ class Config(_Strict):
             "retrieval": self.retrieval.model_dump(mode="json"),
             "verifier": self.verifier.model_dump(mode="json"),
             "captioner": self.captioner.model_dump(mode="json"),
+            "scorer": {"encoder": self.scorer_encoder().model_dump(mode="json")},
+            "eval": {"clipscore": self.eval.clipscore.model_dump(mode="json")},
+            "precision": self.precision,
         }
         flat: dict[str, Any] = {}
 

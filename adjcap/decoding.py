@@ -21,6 +21,22 @@ identical to the reference but not bit-identical (differences ~1e-6), so a near-
 flip a beam.
 
 Greedy (spec 5.2): argmax per step, stop on the stop set, max_len tokens, text includes the stop token.
+
+Details that match the official code (run under transformers 4.19):
+
+* the reference beam runs GPT-2's full forward and takes the last position's logits, as the official
+  code does; asking GPT-2 for the last position only (``logits_to_keep=1``) changes the logits by up
+  to ~1e-5, so the reference search would no longer be bitwise the official one;
+* ``temperature <= 0`` falls back to 1.0 (the official ``temperature if temperature > 0 else 1.0``),
+  instead of dividing by zero (NaN scores);
+* decoded text gets transformers 4.19's ``clean_up_tokenization`` (:func:`clean_up_tokenization`:
+  ``" ."`` -> ``"."``, ``" ,"``, ``" 's"``, ``" n't"``, ...), which ``decode()`` applied by default
+  then and no longer does in transformers 5; released IFCap predictions never contain ``" ."``.
+  Only the text changes: token ids, scores and lengths are of the raw beam;
+* exact ties: beams are finally ordered by mean log-prob with a *stable* sort (equal means keep the
+  search's beam order, i.e. the order ``topk`` returned them in); the official code orders with
+  ``torch.argsort(descending=True)``, whose order among exactly equal values is unspecified. The two
+  can differ only on an exact float tie of two beams' means (observed once in 1200 beam sets).
 """
 
 from __future__ import annotations
@@ -36,6 +52,7 @@ __all__ = [
     "beam_search_fast",
     "beam_search_reference",
     "beams_to_candidates",
+    "clean_up_tokenization",
     "decode_prompts",
     "greedy_fast",
     "greedy_reference",
@@ -83,9 +100,27 @@ class Beam:
         return self.score_sum / len(self.tokens)
 
 
+# transformers 4.19 PreTrainedTokenizerBase.clean_up_tokenization, in its order
+_CLEAN_UP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+             (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
+
+
+def clean_up_tokenization(text: str) -> str:
+    """The space clean-up transformers 4.19's ``decode()`` applied (``" ."`` -> ``"."``, ``" ,"`` ->
+    ``","``, ``" 's"`` -> ``"'s"``, ``" n't"`` -> ``"n't"``, ...); no strip."""
+    for old, new in _CLEAN_UP:
+        text = text.replace(old, new)
+    return text
+
+
+def effective_temperature(temperature: float) -> float:
+    """The official fallback: a temperature <= 0 means 1.0."""
+    return float(temperature) if temperature > 0 else 1.0
+
+
 def _logp(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     # log(softmax) rather than log_softmax: this is what the official search computes
-    return (logits.float() / temperature).softmax(dim=-1).log()
+    return (logits.float() / effective_temperature(temperature)).softmax(dim=-1).log()
 
 
 def _check(gpt, prompts: Sequence[torch.Tensor], beam_width: int, max_len: int) -> None:
@@ -154,10 +189,11 @@ def beam_search_reference(
     lengths = torch.ones(w, device=dev)
     stopped = torch.zeros(w, dtype=torch.bool, device=dev)
     for _ in range(max_len):
-        logits = gpt(inputs_embeds=emb, use_cache=False, logits_to_keep=1).logits[:, -1, :]
+        # the full forward, as the official code (logits_to_keep=1 would change the logits by ~1e-5)
+        logits = gpt(inputs_embeds=emb, use_cache=False).logits[:, -1, :]
         logp = _logp(logits, temperature)
         if use_neg:
-            neg_logp = _logp(gpt(inputs_embeds=neg, use_cache=False, logits_to_keep=1).logits[:, -1, :], temperature)
+            neg_logp = _logp(gpt(inputs_embeds=neg, use_cache=False).logits[:, -1, :], temperature)
             logp = (1.0 + lam) * logp - lam * neg_logp
         if scores is None:
             scores, nxt = logp[0].topk(w)
@@ -434,12 +470,13 @@ def greedy_fast(
 
 
 def beams_to_candidates(beams: Sequence[Beam], tokenizer) -> list[Candidate]:
-    """Decoded texts (ids up to and including the stop token, no strip) + scores, in beam order."""
+    """Decoded texts (ids up to and including the stop token, transformers 4.19's clean-up, no
+    strip) + scores, in beam order."""
     out = []
     for rank, b in enumerate(beams):
         out.append(
             Candidate(
-                text=tokenizer.decode(b.tokens),
+                text=clean_up_tokenization(tokenizer.decode(b.tokens)),
                 lm_logprob_sum=float(b.score_sum),
                 lm_logprob_mean=float(b.score_mean),
                 n_tokens=b.length,

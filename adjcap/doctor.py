@@ -83,6 +83,9 @@ def report(cfg: Config) -> str:
     lines.append(f"  IFCap checkpoint   {_model_status(cfg, cfg.captioner.checkpoint, 'file')}")
     lines.append(f"  IFCap CLIP         {cfg.captioner.clip.model} / {_model_status(cfg, cfg.captioner.clip.pretrained, 'clip')}")
     lines.append(f"  GPT-2 tokenizer    {_model_status(cfg, cfg.captioner.tokenizer, 'hf')}")
+    for role, enc in (("output scorer", cfg.scorer.encoder), ("CLIPScore enc.", cfg.eval.clipscore)):
+        if enc is not None:
+            lines.append(f"  {role:18s} {enc.model} / {_model_status(cfg, enc.pretrained, 'clip')}")
     b = cfg.benchmarks.get(cfg.benchmark)
     if b:
         for split in cfg.splits:

@@ -35,8 +35,9 @@ CANDIDATE = pa.struct(
         ("lm_logprob_mean", pa.float32()),
         ("n_tokens", pa.int32()),
         ("beam_rank", pa.int32()),  # 0 = the LM's (beam search's) own first choice
-        ("retrieval_cosine", pa.float32()),
+        ("retrieval_cosine", pa.float32()),  # output scorer (scorer.encoder) cosine with the image
         ("verifier", pa.float32()),
+        ("clipscore_cosine", pa.float32()),  # CLIPScore encoder (eval.clipscore) cosine with the image
     ]
 )
 

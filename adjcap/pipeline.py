@@ -21,6 +21,7 @@ class Models:
     corpus_texts: Sequence[str]
     verifier: Any
     captioner: roles.CaptionerRole
+    scorer: roles.ScorerRole
 
 
 def load_models(cfg: Config, benchmark: str | None = None) -> Models:
@@ -32,8 +33,10 @@ def load_models(cfg: Config, benchmark: str | None = None) -> Models:
     out = ensure_index(cfg.retrieval, cfg.paths.cache_dir, corpus, encode_shards_in_process(retrieval))
     index = CaptionIndex.load(out, device=cfg.device, encoder_id=encoder_identity(cfg.retrieval.encoder),
                               corpus_fingerprint=corpus.fingerprint)
-    return Models(retrieval, index, corpus.texts, roles.load_verifier(cfg.verifier, cfg.device),
-                  roles.load_captioner(cfg.captioner, cfg.device))
+    verifier = roles.load_verifier(cfg.verifier, cfg.device)
+    scorer = roles.load_scorer(cfg.retrieval.encoder, cfg.scorer_encoder(), cfg.eval.clipscore, cfg.verifier,
+                               cfg.device, loaded={"retrieval": retrieval, "verifier": verifier})
+    return Models(retrieval, index, corpus.texts, verifier, roles.load_captioner(cfg.captioner, cfg.device), scorer)
 
 
 def process_states(states: list[stages.ImageState], models: Models, cfg: Config) -> list[stages.ImageState]:
@@ -42,7 +45,8 @@ def process_states(states: list[stages.ImageState], models: Models, cfg: Config)
     stages.retrieve(states, models.retrieval, models.index, models.corpus_texts, cfg.retrieval.top_l)
     stages.verify(states, models.verifier, cfg.verifier.keep)
     stages.caption(states, c.captioner, c.clip, cfg.captioner, c.vocabulary)
-    stages.score(states, models.retrieval, models.verifier)
+    sc = models.scorer
+    stages.score(states, sc.output, sc.verifier, sc.clipscore, reuse_image_embedding=sc.reuse_stage1)
     return states
 
 

@@ -8,7 +8,8 @@ are passed through untouched.
     retrieve  : retrieval-encoder image tower + caption index   -> retrieved (L), retrieval image embedding
     verify    : BLIP ITM on the L retrieved                     -> verified (k), verifier image memo
     caption   : IFCap (CLIP ViT-B/32 + mapping net + GPT-2)     -> entities, prompt, beam of N candidates
-    score     : retrieval-encoder text tower + BLIP ITM         -> per-candidate retrieval cosine, verifier
+    score     : output-scorer encoder + BLIP ITM (+ CLIPScore encoder) -> per-candidate retrieval cosine,
+                verifier, CLIPScore cosine
 
 The Ray actors (``actors/``) and :func:`adjcap.pipeline.run_pipeline` call exactly these functions.
 """
@@ -239,6 +240,7 @@ def caption(
             beams = captioner.generate(
                 img.float(), [f.float() for f in feats], entity_lists,
                 decoder=ccfg.decoder, beam_width=ccfg.beam_width, max_len=ccfg.max_len, search=ccfg.search,
+                batch_size=ccfg.batch_size,
                 negative_retrieved_feats=negatives, contrastive_lambda=ccfg.contrastive_lambda,
             )
         for s, ents, beam in zip(batch, entity_lists, beams):
@@ -253,6 +255,7 @@ def caption(
                     "beam_rank": int(c.beam_rank),
                     "retrieval_cosine": math.nan,
                     "verifier": math.nan,
+                    "clipscore_cosine": math.nan,
                 }
                 for c in beam
             ]
@@ -284,32 +287,45 @@ def _tagger(spec: str):
 # --------------------------------------------------------------------------------------------
 
 
-def score(states: list[ImageState], encoder, verifier) -> list[ImageState]:
-    """Per candidate: retrieval-encoder cosine with the image (reusing the stage-1 image embedding)
-    and the verifier score (reusing the stage-2 image encoding when present)."""
+def score(states: list[ImageState], encoder, verifier, clipscore_encoder=None, *,
+          reuse_image_embedding: bool = True) -> list[ImageState]:
+    """Per candidate: the output scorer's cosine with the image (``encoder``; with
+    ``reuse_image_embedding`` it is the retrieval encoder and the stage-1 image embedding is reused),
+    the verifier score (reusing the stage-2 image encoding when present), and the CLIPScore
+    encoder's cosine (``clipscore_encoder``; None: it is the output scorer, whose cosine is reused)."""
+
+    def cosines(enc, batch: list[ImageState], flat: list[str], reuse: bool) -> list[np.ndarray]:
+        temb = _np(enc.encode_texts(flat, normalize=True)).astype(np.float32) if flat else None
+        if reuse:
+            missing = [s for s in batch if s.retrieval_embedding is None]
+            if missing:
+                emb = _np(enc.encode_images(_images(missing), normalize=True)).astype(np.float32)
+                for s, e in zip(missing, emb):
+                    s.retrieval_embedding = e
+            img = [s.retrieval_embedding for s in batch]
+        else:
+            img = list(_np(enc.encode_images(_images(batch), normalize=True)).astype(np.float32))
+        out, start = [], 0
+        for s, e in zip(batch, img):
+            n = len(s.candidates)
+            out.append(temb[start : start + n] @ e if n else np.zeros(0, np.float32))
+            start += n
+        return out
 
     def run(batch: list[ImageState]) -> None:
         with torch.inference_mode():
             texts = [[c["text"] for c in s.candidates] for s in batch]
             flat = [t for ts in texts for t in ts]
-            if flat:
-                temb = _np(encoder.encode_texts(flat, normalize=True)).astype(np.float32)
-            missing = [s for s in batch if s.retrieval_embedding is None]
-            if missing:
-                emb = _np(encoder.encode_images(_images(missing), normalize=True)).astype(np.float32)
-                for s, e in zip(missing, emb):
-                    s.retrieval_embedding = e
+            cos = cosines(encoder, batch, flat, reuse_image_embedding)
+            cs = cos if clipscore_encoder is None else cosines(clipscore_encoder, batch, flat, False)
             probs = None
             if verifier is not None:
                 memo = _memo_for(verifier, batch)
                 probs = verifier.score(memo, texts)
-        start = 0
         for i, s in enumerate(batch):
-            n = len(s.candidates)
-            cos = temb[start : start + n] @ s.retrieval_embedding if n else np.zeros(0)
-            start += n
             for j, c in enumerate(s.candidates):
-                c["retrieval_cosine"] = float(cos[j])
+                c["retrieval_cosine"] = float(cos[i][j])
+                c["clipscore_cosine"] = float(cs[i][j])
                 # without a verifier here, keep a score an earlier pool set (the lavis backend's scorer)
                 c["verifier"] = float(probs[i][j]) if probs is not None else c.get("verifier", math.nan)
 

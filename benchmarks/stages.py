@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from adjcap import stages  # noqa: E402
 from adjcap.config import load_config  # noqa: E402
-from adjcap.models.roles import CaptionerRole  # noqa: E402
+from adjcap.models.roles import CaptionerRole, ScorerRole  # noqa: E402
 from adjcap.pipeline import Models, load_models  # noqa: E402
 
 
@@ -109,7 +109,8 @@ def real(args) -> None:
     index = CaptionIndex.from_arrays(vecs, device="cuda", precision="fp16")
     corpus = captions(4096)
     corpus_texts = [corpus[i % len(corpus)] for i in range(n)]
-    models = Models(retrieval, index, corpus_texts, verifier, CaptionerRole(captioner, clip))
+    models = Models(retrieval, index, corpus_texts, verifier, CaptionerRole(captioner, clip),
+                    ScorerRole(retrieval, True, None, verifier))
     images = [Image.fromarray(rng.integers(0, 255, (480, 640, 3), dtype=np.uint8)) for _ in range(16)]
 
     def factory(k: int):

@@ -38,8 +38,8 @@ def evaluate_file(eval_cfg: EvalCfg, predictions: Path, references: Path, fmt: s
     return result
 
 
-def report(runs: list[Path], out: Path | None) -> dict:
-    written = write_report([Path(r) for r in runs], out)
+def report(runs: list[Path], out: Path | None, baseline: Path | None = None) -> dict:
+    written = write_report([Path(r) for r in runs], out, baseline=baseline)
     print(f"report: {written['markdown']}")
     print(f"gallery: {written['html']}")
     return written

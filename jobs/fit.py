@@ -8,34 +8,39 @@ alone, so the report can show the paper's ablation rows side by side. A picker w
 absent (e.g. ``verifier`` on a run without a verifier) is skipped and listed under
 ``not_applicable`` in fit/<protocol>.json.
 
+Heads fitted elsewhere (``adjcap fit --run B --heads A/heads``: fit on one benchmark, apply to
+another) are applied instead of fitting; only the apply split is then read, and the heads are saved
+into this run with a note of where they came from.
+
 Where the fit runs: ``rerank.device`` (auto) picks CUDA when a GPU is there - inside a Ray session, a
 Ray task holding one GPU of the cluster; outside one, this machine's GPU; otherwise this CPU."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import ray
 import torch
 
 from adjcap.config import Config
-from adjcap.rerank import applicability, fit_device, load_features, pick, run_protocol, save_heads
+from adjcap.rerank import Heads, applicability, fit_device, load_features, load_heads, pick, run_protocol, save_heads
 from adjcap.rundir import RunDir
 from jobs.ray_session import has_gpus
 
 
-def needed_splits(cfg: Config) -> list[str]:
+def needed_splits(cfg: Config, heads_given: bool = False) -> list[str]:
     r = cfg.rerank
     needed = {r.apply_split}
-    if r.protocol == "inductive" or r.select:
+    if (r.protocol == "inductive" and not heads_given) or r.select:
         needed.add(r.fit_split)
     return sorted(needed)
 
 
-def read_tables(cfg: Config, run: RunDir) -> dict[str, Any]:
+def read_tables(cfg: Config, run: RunDir, heads_given: bool = False) -> dict[str, Any]:
     r = cfg.rerank
     tables = {}
-    for split in needed_splits(cfg):
+    for split in needed_splits(cfg, heads_given):
         if not run.has_features(cfg.benchmark, split):
             raise FileNotFoundError(
                 f"{run.features_dir(cfg.benchmark, split)} has no features: protocol '{r.protocol}' needs the "
@@ -45,8 +50,11 @@ def read_tables(cfg: Config, run: RunDir) -> dict[str, Any]:
     return tables
 
 
-def fit_protocol(cfg: Config, tables: dict[str, Any]):
-    """Run the protocol where ``rerank.device`` says (see the module docstring)."""
+def fit_protocol(cfg: Config, tables: dict[str, Any], heads: Heads | None = None):
+    """Run the protocol where ``rerank.device`` says (see the module docstring); with ``heads``,
+    apply them instead of fitting."""
+    if heads is not None:
+        return run_protocol(cfg, tables, heads=heads, device="cpu")
     in_ray = ray.is_initialized()
     device = fit_device(cfg.rerank.device, has_gpus() if in_ray else torch.cuda.is_available())
     if device == "cuda" and in_ray:
@@ -56,12 +64,26 @@ def fit_protocol(cfg: Config, tables: dict[str, Any]):
     return run_protocol(cfg, tables, device=device)
 
 
-def main(cfg: Config, run: RunDir) -> dict[str, str]:
+def foreign_heads(cfg: Config, heads_dir: str | Path) -> Heads:
+    """Heads fitted in another run, checked against this config (architecture and LM feature)."""
+    heads = load_heads(heads_dir, cfg)
+    fitted_with = heads.meta.get("lm_feature")
+    if fitted_with and fitted_with != cfg.scorer.lm_feature:
+        raise ValueError(f"{heads_dir}: the heads were fitted with scorer.lm_feature={fitted_with!r} but this run "
+                         f"uses {cfg.scorer.lm_feature!r}; pass --set scorer.lm_feature={fitted_with}")
+    heads.meta["applied_from"] = str(heads_dir)
+    return heads
+
+
+def main(cfg: Config, run: RunDir, heads_dir: str | Path | None = None) -> dict[str, str]:
+    """``heads_dir``: apply heads fitted in another run (its ``heads/``) instead of fitting."""
     r = cfg.rerank
-    tables = read_tables(cfg, run)
-    result = fit_protocol(cfg, tables)
+    given = foreign_heads(cfg, heads_dir) if heads_dir is not None else None
+    tables = read_tables(cfg, run, heads_given=given is not None)
+    result = fit_protocol(cfg, tables, given)
     if result.heads is not None:
-        save_heads(run.heads_dir, result.heads, meta=result.summary())
+        meta = result.summary() | ({"applied_from": str(heads_dir)} if heads_dir is not None else {})
+        save_heads(run.heads_dir, result.heads, meta=meta)
 
     apply = load_features(tables[r.apply_split], lm_feature=cfg.scorer.lm_feature,
                           memory_tokens=r.memattend.memory_tokens)
@@ -87,6 +109,7 @@ def main(cfg: Config, run: RunDir) -> dict[str, str]:
             entries.append(e)
         written[name] = str(run.write_predictions(r.protocol, name, entries))
     print(f"fit: protocol {r.protocol}, picker {r.picker}"
+          + (f", heads from {heads_dir}" if heads_dir is not None else "")
           + (f", heads fit on {result.n_fit_images} images of '{result.fit_split}'" if result.heads is not None else "")
           + f"; predictions for {len(written)} pickers in {run.predictions_dir(r.protocol)}"
           + (f"; not applicable: {', '.join(f'{n} ({w})' for n, w in not_applicable.items())}" if not_applicable else ""))

@@ -54,6 +54,39 @@ def test_ablation_rows_differ_in_the_factor_they_name():
     assert r6.retrieval.encoder.model == "ViT-bigG-14" and r5.retrieval.encoder.model == r1.retrieval.encoder.model
 
 
+def test_paper_presets_run_fp32_and_precision_is_one_switch():
+    for name in list_presets():
+        cfg = load_config(name).resolved()
+        encoders = [cfg.retrieval.encoder, cfg.captioner.clip, cfg.eval.clipscore, cfg.scorer_encoder()]
+        assert all(e.precision == "fp32" for e in encoders) and cfg.verifier.precision == "fp32", name
+        assert cfg.captioner.precision == "fp32"
+    fast = load_config("output-scorer-vitb32", ["precision=bf16"])
+    assert fast.retrieval.encoder.precision == "fp32"  # the saved config keeps the sections as given
+    r = fast.resolved()
+    assert {e.precision for e in (r.retrieval.encoder, r.captioner.clip, r.eval.clipscore, r.scorer.encoder)} == {"bf16"}
+    assert r.verifier.precision == "bf16" and r.captioner.precision == "fp32"  # GPT-2 keeps its own
+    assert fast.feature_identity()["precision"] == "bf16" != load_config("headline").feature_identity()["precision"]
+    one = load_config("headline", ["verifier.precision=bf16"]).resolved()
+    assert one.verifier.precision == "bf16" and one.retrieval.encoder.precision == "fp32"
+
+
+def test_scorer_and_clipscore_encoders_are_their_own_settings():
+    head = load_config("headline")
+    assert head.scorer.encoder is None and head.scorer_encoder() == head.retrieval.encoder
+    assert (head.eval.clipscore.model, head.eval.clipscore.pretrained) == ("ViT-bigG-14", "laion2b_s39b_b160k")
+    ifcap = load_config("ifcap")  # scored with bigG CLIPScore although it retrieves with RN50x64
+    assert ifcap.eval.clipscore == head.eval.clipscore and ifcap.scorer_encoder().model == "RN50x64"
+    swap = load_config("output-scorer-vitb32")
+    assert (swap.scorer_encoder().model, swap.scorer_encoder().pretrained) == ("ViT-B-32", "openai")
+    assert swap.retrieval.encoder == head.retrieval.encoder
+    ids = swap.feature_identity(), load_config("training-free").feature_identity()
+    assert ids[0]["scorer.encoder.model"] == "ViT-B-32" and ids[1]["scorer.encoder.model"] == "ViT-bigG-14"
+    xf, xn = load_config("xdomain-flickr30k"), load_config("xdomain-nocaps")
+    assert xf.benchmark == "flickr30k" and xf.rerank.protocol == "transductive" and "flickr" in xf.captioner.checkpoint
+    assert xn.benchmark == "nocaps" and xn.captioner.entities.mode == "clip_classifier"
+    assert load_config("ablation-lm-sum").scorer.lm_feature == "sum"
+
+
 def test_overrides_parse_types_and_nested_keys():
     cfg = load_config("headline", ["verifier.model=x/y", "rerank.alpha=0.3", "captioner.beam_width=7",
                                    "verifier.enabled=false", 'splits=["test"]', "ray.gpu_share.verifier=0.5"])

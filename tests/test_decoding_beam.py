@@ -5,6 +5,7 @@ what spec 5.4 says (checked against teacher-forced log-probs)."""
 from __future__ import annotations
 
 import json
+import math
 import random
 from pathlib import Path
 
@@ -12,9 +13,12 @@ import pytest
 import torch
 
 from adjcap.decoding import (
+    Beam,
     Candidate,
+    beams_to_candidates,
     beam_search_fast,
     beam_search_reference,
+    clean_up_tokenization,
     greedy_fast,
     greedy_reference,
 )
@@ -146,7 +150,7 @@ def test_generate_returns_candidates(cap):
         assert [c.lm_logprob_mean for c in cs] == sorted((c.lm_logprob_mean for c in cs), reverse=True)
         for c in cs:
             assert isinstance(c, Candidate)
-            assert c.text == cap.tokenizer.decode(list(c.token_ids))  # no strip
+            assert c.text == clean_up_tokenization(cap.tokenizer.decode(list(c.token_ids)))  # no strip
             assert c.n_tokens == len(c.token_ids)
             assert c.lm_logprob_mean == pytest.approx(c.lm_logprob_sum / c.n_tokens)
             assert c.finished == c.text.endswith(".")
@@ -209,3 +213,82 @@ def test_contrastive_fast_matches_contrastive_reference(cap, lam):
     assert [[c.token_ids for c in cs] for cs in api] == [[tuple(b.tokens) for b in bs] for bs in fast]
     with pytest.raises(ValueError, match="beam decoder only"):
         cap.generate(x, r, ents, decoder="greedy", negative_retrieved_feats=neg_r, contrastive_lambda=lam)
+
+
+def test_clean_up_tokenization_is_transformers_4_19s():
+    raw = "a man 's dog , running on a beach . is n't it ? yes ! i 'm sure we 've seen they 're ' fine '"
+    assert clean_up_tokenization(raw) == (
+        "a man's dog, running on a beach. isn't it? yes! i'm sure we've seen they're'fine '")
+    assert clean_up_tokenization(" a cat .") == " a cat."  # no strip
+    assert clean_up_tokenization("plain text") == "plain text"
+
+
+def test_decoded_candidates_are_cleaned_up(cap):
+    ids = cap.tokenizer.encode(" a man 's dog on a beach , with a kite .")
+    assert cap.tokenizer.decode(ids) == " a man 's dog on a beach , with a kite ."  # transformers 5: raw
+    (c,) = beams_to_candidates([Beam(tokens=ids, score_sum=-3.0, finished=True)], cap.tokenizer)
+    assert c.text == " a man's dog on a beach, with a kite."
+    assert c.token_ids == tuple(ids) and c.n_tokens == len(ids)  # only the text changes
+    x, r, ents = make_inputs(8, seed=13)
+    out = cap.generate(x, r, ents, beam_width=5, max_len=MAX_LEN)
+    assert all(c.text == clean_up_tokenization(cap.tokenizer.decode(list(c.token_ids))) for cs in out for c in cs)
+
+
+@torch.no_grad()
+def official_beam(gpt, prompt, beam_width, max_len, stop_ids):
+    """The official procedure written out independently (spec/ifcap.md 5.1): full forward each step,
+    last position's logits, log(softmax), ordered by ``argsort(descending=True)`` at the end."""
+    wte = gpt.transformer.wte
+    stop = torch.tensor(list(stop_ids))
+    gen = prompt[None]
+    scores = tokens = None
+    seq_lengths = torch.ones(beam_width)
+    is_stopped = torch.zeros(beam_width, dtype=torch.bool)
+    for _ in range(max_len):
+        logits = gpt(inputs_embeds=gen).logits[:, -1, :]
+        logits = logits.softmax(-1).log()
+        if scores is None:
+            scores, next_tokens = logits.topk(beam_width, -1)
+            gen = gen.expand(beam_width, *gen.shape[1:])
+            next_tokens, scores = next_tokens.permute(1, 0), scores.squeeze(0)
+            tokens = next_tokens
+        else:
+            logits[is_stopped] = -float("inf")
+            logits[is_stopped, 0] = 0
+            scores_sum = scores[:, None] + logits
+            seq_lengths[~is_stopped] += 1
+            avg = scores_sum / seq_lengths[:, None]
+            avg, next_tokens = avg.view(-1).topk(beam_width, -1)
+            source = next_tokens // scores_sum.shape[1]
+            seq_lengths = seq_lengths[source]
+            next_tokens = (next_tokens % scores_sum.shape[1]).unsqueeze(1)
+            tokens = torch.cat((tokens[source], next_tokens), dim=1)
+            gen = gen[source]
+            scores = avg * seq_lengths
+            is_stopped = is_stopped[source]
+        gen = torch.cat((gen, wte(next_tokens.squeeze()).view(gen.shape[0], 1, -1)), dim=1)
+        is_stopped = is_stopped | torch.isin(next_tokens.squeeze(), stop)
+        if is_stopped.all():
+            break
+    order = (scores / seq_lengths).argsort(descending=True)
+    return [(tokens[i][: int(seq_lengths[i])].tolist(), float(scores[i])) for i in order]
+
+
+def test_reference_beam_is_bitwise_the_official_full_forward(cap, prompts):
+    for p in prompts[:8]:
+        ours = beam_search_reference(cap.gpt, p, beam_width=5, max_len=MAX_LEN, stop_ids=cap.stop_ids)
+        theirs = official_beam(cap.gpt, p, 5, MAX_LEN, cap.stop_ids)
+        assert [(b.tokens, b.score_sum) for b in ours] == theirs  # bitwise: == on the float sums
+
+
+@pytest.mark.parametrize("t", [0.0, -2.0])
+def test_temperature_at_or_below_zero_falls_back_to_one(cap, prompts, t):
+    p = prompts[1]
+    want = beam_search_reference(cap.gpt, p, beam_width=3, max_len=6, stop_ids=cap.stop_ids, temperature=1.0)
+    got = beam_search_reference(cap.gpt, p, beam_width=3, max_len=6, stop_ids=cap.stop_ids, temperature=t)
+    fast = beam_search_fast(cap.gpt, [p], beam_width=3, max_len=6, stop_ids=cap.stop_ids, temperature=t)[0]
+    greedy = greedy_reference(cap.gpt, p, max_len=6, stop_ids=cap.stop_ids, temperature=t)
+    assert [(b.tokens, b.score_sum) for b in got] == [(b.tokens, b.score_sum) for b in want]
+    assert all(math.isfinite(b.score_sum) for b in [*got, *fast, greedy])
+    hot = beam_search_reference(cap.gpt, p, beam_width=3, max_len=6, stop_ids=cap.stop_ids, temperature=2.0)
+    assert [b.score_sum for b in hot] != [b.score_sum for b in want]  # a real temperature still matters

@@ -48,3 +48,15 @@ def test_clipscore_from_feature_rows_by_index_and_text():
     assert r.to_dict()["CLIPScore"] == pytest.approx(0.5)
     none = clipscore_from_features(table, {"c": 0})
     assert none.mean is None and none.n_missing == 1
+    assert r.source == "retrieval_cosine"  # a table without CLIPScore-encoder cosines: the output scorer's
+
+
+def test_clipscore_uses_the_fixed_clipscore_encoders_cosine():
+    rows = [_row("a", [_cand("a dog", 0.30, 0), _cand("a cat", 0.40, 1)]),
+            _row("b", [_cand("a car", 0.10, 0)])]
+    for row, own in zip(rows, ([0.20, 0.50], [-0.3])):
+        for c, v in zip(row["candidates"], own):
+            c["clipscore_cosine"] = v
+    r = clipscore_from_features(rows_to_table(rows), {"a": 1, "b": 0})
+    assert r.source == "clipscore_cosine" and r.to_dict()["source"] == "clipscore_cosine"
+    assert r.per_image == pytest.approx({"a": 2.5 * 0.50, "b": 0.0})

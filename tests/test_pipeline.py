@@ -1,5 +1,6 @@
 """The single-process pipeline on the demo world with tiny models loaded through the real loaders."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -69,6 +70,65 @@ def test_stage4_reuses_the_stage1_embedding(demo_cfg, models, test_records):
         np.testing.assert_allclose(te @ ie, [c["retrieval_cosine"] for c in row["candidates"][:3]], atol=1e-4)
 
 
+def test_output_scorer_and_clipscore_encoders_are_their_own(demo_cfg, models, test_records):
+    """scorer.encoder and eval.clipscore: on the demo preset both are the retrieval CLIP, so the CLIPScore
+    cosine is the output cosine; with the captioner's CLIP as the output scorer, s_R is that encoder's
+    own cosine (image encoded again, not stage 1's embedding) while the CLIPScore cosine stays the
+    fixed encoder's."""
+    from adjcap.data.images import decode_image
+    from adjcap.models import roles
+
+    recs = test_records[:2]
+    rows = run_pipeline(recs, demo_cfg, models)
+    assert models.scorer.reuse_stage1 and models.scorer.clipscore is None
+    for row in rows:
+        assert [c["clipscore_cosine"] for c in row["candidates"]] == [c["retrieval_cosine"] for c in row["candidates"]]
+
+    cfg = demo_cfg.model_copy(deep=True)
+    cfg.scorer.encoder = cfg.captioner.clip.model_copy()
+    rcfg = cfg.resolved()
+    scorer = roles.load_scorer(rcfg.retrieval.encoder, rcfg.scorer_encoder(), rcfg.eval.clipscore, rcfg.verifier,
+                               "cpu", loaded={"retrieval": models.retrieval, "verifier": models.verifier})
+    assert not scorer.reuse_stage1 and scorer.clipscore is models.retrieval
+    assert scorer.output is not models.retrieval  # loaded on its own (the demo's two tiny CLIPs share weights)
+    m = type(models)(**{**models.__dict__, "scorer": scorer})
+    swapped = run_pipeline(recs, cfg, m)
+    for rec, row, old in zip(recs, swapped, rows):
+        img = decode_image(rec.image_path).image
+        texts = [c["text"] for c in row["candidates"][:3]]
+        for enc, key in ((scorer.output, "retrieval_cosine"), (models.retrieval, "clipscore_cosine")):
+            ie = enc.encode_images([img], normalize=True)[0].float().numpy()
+            te = enc.encode_texts(texts, normalize=True).float().numpy()
+            np.testing.assert_allclose(te @ ie, [c[key] for c in row["candidates"][:3]], atol=1e-4)
+        assert [c["text"] for c in row["candidates"]] == [c["text"] for c in old["candidates"]]
+        np.testing.assert_allclose([c["clipscore_cosine"] for c in row["candidates"]],
+                                   [c["clipscore_cosine"] for c in old["candidates"]], atol=1e-5)
+
+
+def test_captioner_batch_size_reaches_the_beam_search(demo_cfg, models, test_records):
+    """captioner.batch_size is the fast beam's chunk size (images decoded together)."""
+    from adjcap.models.roles import CaptionerRole
+
+    real = models.captioner.captioner
+    seen = []
+
+    class Recording:  # the real captioner, with the batch size it is asked for noted
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def generate(self, *args, **kwargs):
+            seen.append((len(args[0]), kwargs.get("batch_size")))
+            return real.generate(*args, **kwargs)
+
+    cfg = demo_cfg.model_copy(deep=True)
+    cfg.captioner.batch_size = 2
+    role = CaptionerRole(Recording(), models.captioner.clip, models.captioner.vocabulary)
+    rows = run_pipeline(test_records[:3], cfg, type(models)(**{**models.__dict__, "captioner": role}), batch_size=3)
+    assert seen == [(3, 2)]
+    whole = run_pipeline(test_records[:3], demo_cfg, models, batch_size=3)
+    assert [[c["text"] for c in r["candidates"]] for r in rows] == [[c["text"] for c in r["candidates"]] for r in whole]
+
+
 def test_bad_image_becomes_an_error_row_and_others_survive(demo_cfg, models, test_records, tmp_path):
     broken = tmp_path / "broken.jpg"
     broken.write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
@@ -88,7 +148,8 @@ def test_bad_image_becomes_an_error_row_and_others_survive(demo_cfg, models, tes
 def test_without_verifier_keeps_retrieval_order(demo_cfg, models, test_records):
     cfg = demo_cfg.model_copy(deep=True)
     cfg.verifier.enabled = False
-    m = type(models)(**{**models.__dict__, "verifier": None})
+    m = type(models)(**{**models.__dict__, "verifier": None,
+                        "scorer": dataclasses.replace(models.scorer, verifier=None)})
     rows = run_pipeline(test_records[:2], cfg, m)
     for row in rows:
         assert [v["retrieval_rank"] for v in row["verified"]] == list(range(cfg.verifier.keep))

@@ -154,3 +154,49 @@ def test_nocaps_run_reports_domains_and_cross_domain_table(tmp_path):
     assert (run / "tables" / "nocaps-run-nocaps.tex").exists()
     check_latex((run / "tables" / "nocaps-run-nocaps.tex").read_text())
     assert "<div class='noimg'>" in paths["html"].read_text()  # no images on this machine: placeholders
+
+
+def _chair_rows(md: str, title_part: str) -> list[list[str]]:
+    block = md[md.index(title_part):].split("\n\n")[1]
+    return [[c.strip() for c in line.strip("|").split("|")] for line in block.splitlines()[2:]]
+
+
+def test_named_baseline_run_fills_the_chair_comparison(tmp_path, report):
+    run_a, _ = report
+    base = tmp_path / "ifcap-run"  # the IFCap baseline run: its own pick is lm (training-free)
+    shutil.copytree(run_a, base)
+    (base / "config.toml").write_text(load_config("ifcap").to_toml())
+    (base / "predictions" / "training-free" / "lm.json").write_text(
+        (run_a / "predictions" / "training-free" / "fixed.json").read_text())  # a baseline unlike run_a's lm
+    evaluate_run(base)
+    paths = write_report([run_a, base], tmp_path / "out", embed_images=False, baseline=base)
+    md = paths["markdown"].read_text()
+    title = "run: reference-proxy CHAIR (inductive) against baseline ifcap-run (training-free/lm)"
+    assert title in md
+    rows = _chair_rows(md, title)
+    ours = json.loads((run_a / "metrics" / "inductive.json").read_text())["pickers"]
+    theirs = json.loads((base / "metrics" / "training-free.json").read_text())["pickers"]["lm"]["chair"]
+    assert rows[0][:4] == ["CHAIR_s % (lower is better)", f"{theirs['CHAIR_s']:.2f}",
+                           f"{ours['ensemble']['chair']['CHAIR_s']:.2f}", f"{ours['trifuse']['chair']['CHAIR_s']:.2f}"]
+    assert "ensemble (this run)" in md and "trifuse (this run)" in md
+    assert "| ifcap-run (baseline) | ifcap | training-free / lm |" in md
+    assert "ifcap-run: reference-proxy CHAIR" not in md  # the baseline is not compared with itself
+    # no baseline named: the old comparison with the run's own LM-only pick
+    plain = write_report([run_a], tmp_path / "plain", embed_images=False)["markdown"].read_text()
+    assert "against LM-only (this run)" in plain and "(baseline)" not in plain
+    with pytest.raises(ValueError, match="no metrics"):
+        empty = tmp_path / "empty"
+        empty.mkdir()
+        write_report([run_a], tmp_path / "x", baseline=empty)
+
+
+def test_not_applicable_pickers_are_listed(tmp_path, report):
+    run_a, _ = report
+    run = tmp_path / "noverifier"
+    shutil.copytree(run_a, run)
+    (run / "fit").mkdir(exist_ok=True)
+    (run / "fit" / "training-free.json").write_text(json.dumps(
+        {"protocol": "training-free", "not_applicable": {"verifier": "the feature table has no finite verifier scores"}}))
+    md = write_report([run], embed_images=False)["markdown"].read_text()
+    assert "| training-free | verifier: not applicable (the feature table has no finite verifier scores) |" in md
+    assert "could not run on this run's features" in md

@@ -1,9 +1,11 @@
 """CLIPScore (Hessel et al. 2021, reference-free): ``w * max(cos(image, caption), 0)``, w = 2.5.
 
-The paper computes it with the retrieval encoder (ViT-bigG/14). The feature table already holds,
-for every beam candidate, the retrieval encoder's cosine between the image and the candidate
-(``candidates[j].retrieval_cosine``), so the CLIPScore of any picker's choice needs no re-encoding:
-:func:`clipscore_from_features`. :func:`clipscore` works from raw embeddings.
+The paper computes it with one fixed encoder, ViT-bigG/14 (``eval.clipscore``), for every run. Stage 4
+stores, for every beam candidate, that encoder's cosine between the image and the candidate
+(``candidates[j].clipscore_cosine``), so the CLIPScore of any picker's choice needs no re-encoding:
+:func:`clipscore_from_features`. Feature tables written before that column existed fall back to
+``retrieval_cosine`` (the run's own output scorer; the result's ``source`` says which). :func:`clipscore` works
+from raw embeddings.
 """
 
 from __future__ import annotations
@@ -56,9 +58,11 @@ class ClipScoreResult:
     per_image: dict[Hashable, float] = field(default_factory=dict)
     n_images: int = 0
     n_missing: int = 0  # picked images without a usable cosine (errors, no match, NaN)
+    source: str = "clipscore_cosine"  # the candidate field the cosines came from
 
     def to_dict(self, per_image: bool = False) -> dict[str, Any]:
-        out: dict[str, Any] = {"CLIPScore": self.mean, "n_images": self.n_images, "n_missing": self.n_missing}
+        out: dict[str, Any] = {"CLIPScore": self.mean, "n_images": self.n_images, "n_missing": self.n_missing,
+                               "source": self.source}
         if per_image:
             out["per_image"] = {str(k): v for k, v in self.per_image.items()}
         return out
@@ -74,7 +78,8 @@ def _rows(feature_rows: Any) -> Iterable[Mapping[str, Any]]:
 def clipscore_from_features(
     feature_rows: Any, picks: Mapping[Hashable, int | str], w: float = CLIPSCORE_W
 ) -> ClipScoreResult:
-    """CLIPScore of each image's picked candidate from its stored ``retrieval_cosine``.
+    """CLIPScore of each image's picked candidate from its stored ``clipscore_cosine`` (the fixed
+    CLIPScore encoder's), or ``retrieval_cosine`` in tables that predate that field.
 
     ``feature_rows``: feature-table rows (dicts, or a pyarrow Table with FEATURE_SCHEMA).
     ``picks``: image_id -> candidate index (int) or the picked caption text (str; matched
@@ -84,6 +89,9 @@ def clipscore_from_features(
     by_id: dict[str, Mapping[str, Any]] = {}
     for r in _rows(feature_rows):
         by_id[str(r["image_id"])] = r
+    # tables written before the CLIPScore encoder had its own field hold no clipscore_cosine values
+    has_own = any(c.get("clipscore_cosine") is not None for r in by_id.values() for c in (r.get("candidates") or []))
+    field_name = "clipscore_cosine" if has_own else "retrieval_cosine"
     per: dict[Hashable, float] = {}
     missing = 0
     for img, pick in picks.items():
@@ -99,10 +107,10 @@ def clipscore_from_features(
         elif isinstance(pick, str):
             target = pick.strip()
             cand = next((c for c in cands if (c.get("text") or "").strip() == target), None)
-        cos = None if cand is None else cand.get("retrieval_cosine")
+        cos = None if cand is None else cand.get(field_name)
         if cos is None or (isinstance(cos, float) and math.isnan(cos)):
             missing += 1
             continue
         per[img] = float(clipscore_from_cosine(cos, w))
     mean = float(np.mean(list(per.values()))) if per else None
-    return ClipScoreResult(mean=mean, per_image=per, n_images=len(per), n_missing=missing)
+    return ClipScoreResult(mean=mean, per_image=per, n_images=len(per), n_missing=missing, source=field_name)

@@ -433,6 +433,8 @@ def evaluate_run(
                 if features is not None:
                     cs = clipscore_from_features(features, picks[f.stem], w=w)
                     res["clipscore"] = cs.to_dict()
+                    if cs.source == "clipscore_cosine" and eval_cfg is not None and hasattr(eval_cfg, "clipscore"):
+                        res["clipscore"]["encoder"] = f"{eval_cfg.clipscore.model} {eval_cfg.clipscore.pretrained or ''}".strip()
                     for i, v in cs.per_image.items():
                         if i in res["per_image"]:
                             res["per_image"][i]["CLIPScore"] = v

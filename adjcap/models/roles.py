@@ -8,7 +8,9 @@ load their roles through these functions, so both hold exactly the same models.
 | corpus encoder       | retrieval encoder, text tower                                 |
 | verifier             | BLIP ITM (None when ``verifier.enabled`` is false)            |
 | captioner            | IFCap + its CLIP (+ the CLIP-classifier entity vocabulary)    |
-| scorer               | retrieval encoder text tower + BLIP ITM                       |
+| scorer               | output-scorer encoder (``scorer.encoder``, default the retrieval |
+|                      | encoder) + the CLIPScore encoder (``eval.clipscore``, when it  |
+|                      | differs from the output scorer) + BLIP ITM                    |
 """
 
 from __future__ import annotations
@@ -65,3 +67,38 @@ def entity_vocabulary(c: CaptionerCfg, clip) -> tuple[list[str], torch.Tensor]:
     names = sorted({str(x).lower().strip() for x in (data.keys() if isinstance(data, dict) else data)})
     with torch.inference_mode():
         return names, ensemble_embeddings(names, lambda texts: clip.encode_texts(texts, normalize=True))
+
+
+def same_encoder(a: EncoderCfg, b: EncoderCfg) -> bool:
+    """Two encoder sections that load the same model at the same precision (batch sizes aside)."""
+    return (a.model, a.pretrained, a.precision) == (b.model, b.pretrained, b.precision)
+
+
+@dataclass
+class ScorerRole:
+    """Stage 4's models. ``output``: the encoder of the candidates' cosine s_R; ``reuse_stage1``: it is
+    the retrieval encoder, so stage 1's image embedding is reused; ``clipscore``: the CLIPScore
+    encoder, or None when it is the output encoder (its cosine is then the CLIPScore cosine)."""
+
+    output: Any
+    reuse_stage1: bool
+    clipscore: Any
+    verifier: Any
+
+
+def load_scorer(retrieval: EncoderCfg, output: EncoderCfg, clipscore: EncoderCfg, verifier: VerifierCfg,
+                device: str, loaded: dict[str, Any] | None = None) -> ScorerRole:
+    """The scorer pool's models (sections resolved). ``loaded``: models this process already holds,
+    {"retrieval": encoder, "verifier": verifier}, reused instead of loading them again."""
+    loaded = loaded or {}
+    reuse = same_encoder(output, retrieval)
+    if reuse and loaded.get("retrieval") is not None:
+        out_enc = loaded["retrieval"]
+    else:
+        # both towers: an image whose stage-1 embedding is missing (or not reusable) is encoded here
+        out_enc = load_retrieval_encoder(output, device)
+    cs_enc = None if same_encoder(clipscore, output) else (
+        loaded["retrieval"] if same_encoder(clipscore, retrieval) and loaded.get("retrieval") is not None
+        else load_retrieval_encoder(clipscore, device))
+    ver = loaded["verifier"] if "verifier" in loaded else load_verifier(verifier, device)
+    return ScorerRole(out_enc, reuse, cs_enc, ver)

@@ -30,6 +30,8 @@ class RunData:
     image_root: Path | None = None
     metrics: dict[str, dict[str, Any]] = field(default_factory=dict)  # protocol -> metrics doc
     heads: dict[str, Any] | None = None
+    # protocol -> {picker: why it could not run} (fit/<protocol>.json), e.g. verifier without a verifier
+    not_applicable: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property
     def protocols(self) -> list[str]:
@@ -53,6 +55,8 @@ class RunData:
         if not protos:
             return None
         proto = self.protocol if self.protocol in protos else protos[0]
+        if self.picker == LM_PICKER and LM_PICKER in self.pickers(proto):
+            return proto, LM_PICKER  # a run configured to pick by the LM (IFCap): its headline is that pick
         picker = self.adjudicated_picker(proto) or (LM_PICKER if LM_PICKER in self.pickers(proto) else None)
         return (proto, picker) if picker else None
 
@@ -106,6 +110,10 @@ def load_run(path: str | Path) -> RunData:
             raise ValueError(f"{f}: not valid JSON ({e}); re-run `adjcap evaluate --run {path}`") from None
         if isinstance(doc, dict) and "pickers" in doc:
             run.metrics[doc.get("protocol", f.stem)] = doc
+    for proto in run.metrics:
+        na = rd.fit_summary(proto).get("not_applicable") or {}
+        if isinstance(na, dict):
+            run.not_applicable[proto] = {str(k): str(v) for k, v in na.items()}
     hfile = rd.heads_json_path
     if hfile.exists():
         try:

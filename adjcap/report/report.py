@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -61,10 +62,16 @@ def metrics_table(run: RunData, label: str) -> Table:
             cs = (m.get("clipscore") or {}).get("CLIPScore")
             ch = (m.get("chair") or {}).get("CHAIR_s")
             tab.rows.append([proto, picker, *(sc.get(c) for c in PAPER_COLUMNS), cs, ch])
+        for picker, why in sorted(run.not_applicable.get(proto, {}).items()):
+            if picker not in run.pickers(proto):
+                tab.rows.append([proto, f"{picker}: not applicable ({why})", *([None] * 7)])
     bold_best(tab, [2, 3, 4, 5, 6, 7, 8], lower_is_better={8})
     notes = _spice_notes(run)
     if notes:
         tab.caption = "SPICE: " + notes
+    if any(run.not_applicable.values()):
+        tab.caption = (tab.caption + " " if tab.caption else "") + (
+            "Pickers marked 'not applicable' could not run on this run's features (their inputs are absent).")
     return tab
 
 
@@ -100,30 +107,55 @@ def domains_table(run: RunData, label: str, proto: str, adj: str) -> Table | Non
     return tab
 
 
-def chair_table(run: RunData, label: str, proto: str, adj: str) -> Table | None:
-    a = run.picker_metrics(proto, LM_PICKER).get("chair")
-    b = run.picker_metrics(proto, adj).get("chair")
-    if not a or not b:
+@dataclass(frozen=True)
+class Baseline:
+    """The run a table compares against (``adjcap report --baseline DIR``): its label and headline
+    (protocol, picker). Without one, a run is compared against its own LM-only pick."""
+
+    run: RunData
+    label: str
+    protocol: str
+    picker: str
+
+    def metrics(self) -> dict[str, Any]:
+        return self.run.picker_metrics(self.protocol, self.picker)
+
+    @property
+    def name(self) -> str:
+        return f"baseline {self.label} ({self.protocol}/{self.picker})"
+
+
+def chair_table(run: RunData, label: str, proto: str, adj: str, baseline: Baseline | None = None) -> Table | None:
+    """CHAIR proxy of the run's pick against the baseline run's pick (the paper: the IFCap run vs the
+    TriFuse pick; a TriFuse column is added when the run has one), or against this run's LM-only
+    pick when no baseline is named."""
+    if baseline is not None:
+        a, base_name = baseline.metrics().get("chair"), baseline.name
+    else:
+        a, base_name = run.picker_metrics(proto, LM_PICKER).get("chair"), "LM-only (this run)"
+    cols = [(adj, run.picker_metrics(proto, adj).get("chair"))]
+    if baseline is not None and adj != "trifuse" and "trifuse" in run.pickers(proto):
+        cols.append(("trifuse", run.picker_metrics(proto, "trifuse").get("chair")))
+    cols = [(n, c) for n, c in cols if c]
+    if not a or not cols or (baseline is None and adj == LM_PICKER):
         return None
 
     def rel(x: float, y: float) -> float | None:
         return None if not x else 100.0 * (y - x) / x
 
     tab = Table(
-        title=f"{label}: reference-proxy CHAIR ({proto})",
-        columns=["", "LM-only", adj, "rel. delta %"],
+        title=f"{label}: reference-proxy CHAIR ({proto}) against {base_name}",
+        columns=["", base_name, *(f"{n} (this run)" if baseline is not None else n for n, _ in cols),
+                 *(f"rel. delta % {n}" for n, _ in cols)],
         label=f"tab:{_slug(label)}-chair",
-        digits={1: 2, 2: 2, 3: 0},
+        digits={i: (0 if i > 1 + len(cols) else 2) for i in range(1, 2 + 2 * len(cols))},
     )
-    tab.rows = [
-        ["CHAIR_s % (lower is better)", a["CHAIR_s"], b["CHAIR_s"], rel(a["CHAIR_s"], b["CHAIR_s"])],
-        ["CHAIR_i % (lower is better)", a["CHAIR_i"], b["CHAIR_i"], rel(a["CHAIR_i"], b["CHAIR_i"])],
-        ["# objects mentioned", a["n_mentioned"], b["n_mentioned"], rel(a["n_mentioned"], b["n_mentioned"])],
-        ["# hallucinated objects", a["n_hallucinated"], b["n_hallucinated"], rel(a["n_hallucinated"], b["n_hallucinated"])],
-    ]
+    keys = [("CHAIR_s % (lower is better)", "CHAIR_s"), ("CHAIR_i % (lower is better)", "CHAIR_i"),
+            ("# objects mentioned", "n_mentioned"), ("# hallucinated objects", "n_hallucinated")]
+    tab.rows = [[name, a[k], *(c[k] for _, c in cols), *(rel(a[k], c[k]) for _, c in cols)] for name, k in keys]
     tab.caption = (
         "An object (COCO class, standard CHAIR synonyms) in a caption counts as hallucinated when none of the "
-        f"image's references mentions it; {a['n_captions']} captions."
+        f"image's references mentions it; {cols[0][1]['n_captions']} captions. Baseline: {base_name}."
     )
     return tab
 
@@ -174,7 +206,7 @@ def heads_table(run: RunData, label: str) -> Table | None:
     return Table(title=f"{label}: reranker diagnostics (heads/heads.json)", columns=["field", "value"], rows=rows[:80])
 
 
-def runs_table(runs: list[RunData], labels: list[str]) -> Table:
+def runs_table(runs: list[RunData], labels: list[str], baseline: Baseline | None = None) -> Table:
     tab = Table(
         title="Runs side by side: headline configuration of each run (x100)",
         columns=["run", "config", "protocol / picker", *PAPER_HEADERS, "CLIPScore", "CHAIR_s", "images"],
@@ -183,6 +215,8 @@ def runs_table(runs: list[RunData], labels: list[str]) -> Table:
     )
     for run, lab in zip(runs, labels):
         hl = run.headline()
+        if baseline is not None and run is baseline.run:
+            lab = f"{lab} (baseline)"
         if hl is None:
             tab.rows.append([lab, run.config_name or "", "not evaluated", *([None] * 7), None])
             continue
@@ -202,6 +236,25 @@ def runs_table(runs: list[RunData], labels: list[str]) -> Table:
 # ---------------------------------------------------------------------------------------------
 
 
+def _baseline(runs: list[RunData], labels: list[str], path: str | Path | None) -> Baseline | None:
+    if path is None:
+        return None
+    want = Path(path).resolve()
+    for run, lab in zip(runs, labels):
+        if run.path.resolve() == want:
+            break
+    else:
+        run = load_run(path)
+        lab = run.name
+    hl = run.headline()
+    if hl is None:
+        raise ValueError(f"--baseline {path}: the run has no metrics; run `adjcap evaluate --run {path}` first")
+    proto, picker = hl
+    if run.picker in run.pickers(proto):
+        picker = run.picker  # the baseline's own configured pick (the IFCap run: lm, IFCap's beam pick)
+    return Baseline(run, lab, proto, picker)
+
+
 def write_report(
     run_dirs: Sequence[str | Path],
     out_dir: str | Path | None = None,
@@ -209,16 +262,20 @@ def write_report(
     gallery_limit: int = 60,
     image_root: str | Path | None = None,
     embed_images: bool = True,
+    baseline: str | Path | None = None,
 ) -> dict[str, Any]:
     """Write report.md, report.html, tables/*.tex and plots/*.png for one or more runs.
 
-    ``out_dir`` defaults to the first run directory. Returns the written paths:
+    ``out_dir`` defaults to the first run directory. ``baseline``: the run the CHAIR table and the
+    cross-domain "IFCap" columns compare against (e.g. the IFCap baseline run; one of ``run_dirs`` or
+    another run directory); default: each run's own LM-only pick. Returns the written paths:
     {"markdown", "html", "tables": [...], "plots": [...]}.
     """
     if not run_dirs:
         raise ValueError("write_report: give at least one run directory")
     runs = [load_run(p) for p in run_dirs]
     labels = _labels(runs)
+    base = _baseline(runs, labels, baseline)
     dest = RunDir(Path(out_dir) if out_dir is not None else runs[0].path)
     dest.path.mkdir(parents=True, exist_ok=True)
     tables_dir, plots_dir = dest.tables_dir, dest.plots_dir
@@ -258,7 +315,7 @@ def write_report(
     if len(runs) > 1:
         md.append("## Runs side by side\n")
         body.append("<h2>Runs side by side</h2>")
-        add(runs_table(runs, labels), "runs")
+        add(runs_table(runs, labels, base), "runs")
 
     cider_rows: list[tuple[str, float | None]] = []
     measured_for_pub: list[tuple[str, str, str, dict[str, Any], str | None]] = []
@@ -283,11 +340,15 @@ def write_report(
         measured_for_pub.append((lab, run.config_name or "", f"{proto} / {adj}",
                                  run.picker_metrics(proto, adj).get("metrics", {}), run.benchmark))
         add(domains_table(run, lab, proto, adj), f"{lab}-nocaps")
-        ch = chair_table(run, lab, proto, adj)
+        if base is not None and run is base.run:
+            ch = None  # the baseline is not compared against itself
+        else:
+            ch = chair_table(run, lab, proto, adj, base)
         add(ch, f"{lab}-chair")
         if ch is not None:
+            base_chair = base.metrics()["chair"] if base is not None else run.picker_metrics(proto, LM_PICKER)["chair"]
             series = {
-                "LM-only": run.picker_metrics(proto, LM_PICKER)["chair"].get("per_class", {}),
+                (base.label if base is not None else "LM-only"): base_chair.get("per_class", {}),
                 adj: run.picker_metrics(proto, adj)["chair"].get("per_class", {}),
             }
             name = "hallucination_per_class.png" if len(runs) == 1 else f"hallucination_per_class-{_slug(lab)}.png"
@@ -314,7 +375,13 @@ def write_report(
         if run.benchmark == "coco":
             ctx_tables.append((run.benchmark, [(f"{lab} ({proto}/{adj})", run.picker_metrics(proto, adj).get("metrics", {}), None)]))
         elif run.benchmark in ("flickr30k", "nocaps"):
-            lm_m, adj_m = run.picker_metrics(proto, LM_PICKER), run.picker_metrics(proto, adj)
+            if base is not None and run is base.run:
+                continue  # it fills the IFCap columns of the other runs
+            if base is not None and base.run.benchmark == run.benchmark:
+                lm_m = base.metrics()
+            else:
+                lm_m = run.picker_metrics(proto, LM_PICKER)
+            adj_m = run.picker_metrics(proto, adj)
             if run.benchmark == "nocaps" and adj_m.get("domains"):
                 rows = [(f"{lab} {d}", (lm_m.get("domains") or {}).get(d, {}), adj_m["domains"].get(d, {}))
                         for d in DOMAINS if d in adj_m["domains"]]
@@ -329,7 +396,12 @@ def write_report(
         for bench, rows in ctx_tables:
             merged.setdefault(bench, []).extend(rows)
         for bench, rows in merged.items():
-            add(context_table(bench, rows), f"published-{bench}")
+            ctx = context_table(bench, rows)
+            if ctx is not None and bench in ("flickr30k", "nocaps"):
+                src = (f"measured IFCap columns: {base.name}" if base is not None and base.run.benchmark == bench
+                       else "measured IFCap columns: each run's own LM-only pick (no --baseline named)")
+                ctx.caption = (ctx.caption + " " if ctx.caption else "") + src + "."
+            add(ctx, f"published-{bench}")
 
     published_lines = {}
     if any(r.benchmark == "coco" for r in runs):

@@ -66,6 +66,8 @@ def needs(ctx: Context) -> list[Need]:
     if cfg.verifier.enabled:
         hub("verifier", cfg.verifier.model, "verifier")
     clip("IFCap CLIP", cfg.captioner.clip.model, cfg.captioner.clip.pretrained)
+    clip("output scorer", cfg.scorer_encoder().model, cfg.scorer_encoder().pretrained)
+    clip("CLIPScore encoder", cfg.eval.clipscore.model, cfg.eval.clipscore.pretrained)
     hub("GPT-2 tokenizer", cfg.captioner.tokenizer, "tokenizer")
     if cfg.captioner.lm_config != "gpt2":
         out.append(Need("GPT-2 config", "file", cfg.captioner.lm_config))

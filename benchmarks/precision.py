@@ -1,0 +1,116 @@
+"""How much the speed mode (``--set precision=bf16``) changes what a run computes, against the paper's
+fp32: per stage, how many images retrieve other captions, keep other verified captions, decode another
+beam; per picker, how many picks change; and the metric deltas of each picker.
+
+    python benchmarks/precision.py --limit 8                 # the demo world on this machine (CPU: slow in bf16)
+    python benchmarks/precision.py --limit 200 --device cuda # on a GPU
+
+bf16 here is the root switch: the retrieval, output-scorer and CLIPScore encoders, the verifier and the
+captioner's CLIP; the captioner's GPT-2 stays fp32 (``captioner.precision``). Results: BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from adjcap.config import load_config  # noqa: E402
+from adjcap.features import rows_to_table  # noqa: E402
+from adjcap.metrics.evaluate import Evaluator  # noqa: E402
+from adjcap.pipeline import run_pipeline  # noqa: E402
+from adjcap.rerank import applicable_pickers, load_features, pick, run_protocol  # noqa: E402
+from jobs.demo import prepare  # noqa: E402
+from jobs.run_benchmark import read_records  # noqa: E402
+
+
+def extract(cfg, records) -> tuple[dict, float]:
+    t = time.perf_counter()
+    tables = {split: rows_to_table(run_pipeline(recs, cfg)) for split, recs in records.items()}
+    return tables, time.perf_counter() - t
+
+
+def picks(cfg, tables) -> dict[str, dict[str, int]]:
+    """Every applicable picker's choice on the apply split, {picker: {image_id: candidate index}}."""
+    res = run_protocol(cfg, tables)
+    feats = load_features(tables[cfg.rerank.apply_split], lm_feature=cfg.scorer.lm_feature)
+    out = {}
+    for name in applicable_pickers(feats, res.heads):
+        idx = pick(feats, name, res.heads, alpha=res.alpha, beta=res.beta)
+        out[name] = {iid: int(i) for iid, i in zip(feats.image_ids, idx)}
+    return out
+
+
+def changed(a: list[dict], b: list[dict], field) -> int:
+    return sum(field(x) != field(y) for x, y in zip(a, b))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--limit", type=int, default=8, help="images per split")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--cache", default=None, help="demo cache (default: $ADJCAP_CACHE or a temp dir)")
+    ap.add_argument("--json", default=None, help="also write the results here")
+    args = ap.parse_args()
+    cache = args.cache or os.environ.get("ADJCAP_CACHE") or tempfile.mkdtemp(prefix="adjcap-precision-")
+    base = load_config("demo", [f"paths.cache_dir={cache}", f"device={args.device}", f"limit={args.limit}"])
+    prepare(base)
+    runs = {}
+    for prec in ("fp32", "bf16"):
+        cfg = load_config("demo", [f"paths.cache_dir={cache}", f"device={args.device}", f"limit={args.limit}",
+                                   f"precision={prec}"]).resolved()
+        records = read_records(cfg)
+        tables, seconds = extract(cfg, records)
+        runs[prec] = {"cfg": cfg, "records": records, "tables": tables, "seconds": seconds, "picks": picks(cfg, tables)}
+        print(f"{prec}: features for {sum(len(r) for r in records.values())} images in {seconds:.1f}s")
+
+    a, b = runs["fp32"], runs["bf16"]
+    split = a["cfg"].rerank.apply_split
+    ra, rb = a["tables"][split].to_pylist(), b["tables"][split].to_pylist()
+    n = len(ra)
+    stage = {
+        "retrieved (top-L ids)": changed(ra, rb, lambda r: [x["corpus_id"] for x in r["retrieved"]]),
+        "verified (kept ids, order)": changed(ra, rb, lambda r: [x["corpus_id"] for x in r["verified"]]),
+        "beam (candidate texts)": changed(ra, rb, lambda r: [x["text"] for x in r["candidates"]]),
+    }
+    max_cos = max((abs(x["retrieval_cosine"] - y["retrieval_cosine"])
+                   for p, q in zip(ra, rb) if [c["text"] for c in p["candidates"]] == [c["text"] for c in q["candidates"]]
+                   for x, y in zip(p["candidates"], q["candidates"])), default=math.nan)
+    refs = {r.image_id: list(r.references) for r in a["records"][split]}
+    texts = {prec: {row["image_id"]: [c["text"] for c in row["candidates"]] for row in runs[prec]["tables"][split].to_pylist()}
+             for prec in runs}
+    result = {"images": n, "device": args.device, "stage_changes": stage, "max_abs_cosine_diff_same_beam": max_cos,
+              "seconds": {p: runs[p]["seconds"] for p in runs}, "pickers": {}}
+    with Evaluator(refs, chair=False) as ev:
+        for name in sorted(set(a["picks"]) & set(b["picks"])):
+            pa_, pb_ = a["picks"][name], b["picks"][name]
+            cap_a = {i: texts["fp32"][i][k] for i, k in pa_.items()}
+            cap_b = {i: texts["bf16"][i][k] for i, k in pb_.items()}
+            ma, mb = ev.score(cap_a)["metrics"], ev.score(cap_b)["metrics"]
+            result["pickers"][name] = {
+                "picks_changed": sum(cap_a[i] != cap_b[i] for i in cap_a),
+                "CIDEr_fp32": ma.get("CIDEr"), "CIDEr_bf16": mb.get("CIDEr"),
+                "delta": {k: (mb[k] - ma[k]) for k in ma if ma.get(k) is not None and mb.get(k) is not None},
+            }
+    print(f"\n{n} images of '{split}' on {args.device}; bf16 vs fp32")
+    for k, v in stage.items():
+        print(f"  {k:28s} changed on {v}/{n} images")
+    print(f"  max |cosine diff| where the beam is unchanged: {max_cos:.2e}")
+    print(f"  {'picker':10s} {'picks changed':>14s} {'CIDEr fp32':>11s} {'CIDEr bf16':>11s} {'dB-4':>6s} {'dCIDEr':>7s}")
+    for name, p in result["pickers"].items():
+        d = p["delta"]
+        print(f"  {name:10s} {p['picks_changed']:>9d}/{n:<4d} {p['CIDEr_fp32']:>11.2f} {p['CIDEr_bf16']:>11.2f} "
+              f"{d.get('B-4', math.nan):>6.2f} {d.get('CIDEr', math.nan):>7.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
