@@ -8,15 +8,14 @@ from typing import Any
 from actors.transport import pack, unpack
 from adjcap import stages
 from adjcap.config import Config
-from adjcap.models.roles import load_retrieval_encoder, load_verifier
+from adjcap.models.roles import ScorerEncoder, load_verifier
 
 
 class ScorerActor:
     def __init__(self, cfg: Config):
         self.cfg = cfg
-        # both towers: stage 1's image embedding normally rides in the state, but an image whose
-        # embedding is missing is re-encoded here
-        self.encoder = load_retrieval_encoder(cfg.retrieval.encoder, cfg.device)
+        # the text tower; the image tower loads only if a state arrives without stage 1's embedding
+        self.encoder = ScorerEncoder(cfg.retrieval.encoder, cfg.device)
         self.verifier = load_verifier(cfg.verifier, cfg.device)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from adjcap.features import rows_to_table
 from adjcap.index import benchmark_corpus, index_arrays
 from adjcap.rundir import RunDir
 from jobs.encode_corpus import index_for
-from jobs.ray_session import pool_resources
+from jobs.ray_session import check_pools, pool_resources
 
 POOLS = (
     (RetrieverActor, "retriever"),
@@ -70,6 +70,7 @@ def extract_features(cfg: Config, run: RunDir, records: dict[str, list[Record]],
     if not todo:
         return summary
 
+    check_pools(cfg)  # an impossible --workers / memory request is refused before any model loads
     corpus = benchmark_corpus(cfg.benchmark_cfg(), cfg.benchmark)
     vectors, ids, precision = index_arrays(index_for(cfg, corpus))
     index_ref = ray.put((vectors, ids, precision, corpus.texts))

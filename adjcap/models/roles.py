@@ -8,7 +8,8 @@ load their roles through these functions, so both hold exactly the same models.
 | corpus encoder       | retrieval encoder, text tower                                 |
 | verifier             | BLIP ITM (None when ``verifier.enabled`` is false)            |
 | captioner            | IFCap + its CLIP (+ the CLIP-classifier entity vocabulary)    |
-| scorer               | retrieval encoder text tower + BLIP ITM                       |
+| scorer               | retrieval encoder text tower + BLIP ITM (the image tower      |
+|                      | loaded on first need: a state without the stage-1 embedding)  |
 """
 
 from __future__ import annotations
@@ -29,6 +30,25 @@ from adjcap.models.ifcap import load_ifcap
 
 def load_retrieval_encoder(encoder: EncoderCfg, device: str, towers: tuple[str, ...] = ("image", "text")):
     return load_encoder_from_config(encoder, towers=towers, device=device)
+
+
+class ScorerEncoder:
+    """The retrieval encoder as the scorer pool holds it: the text tower at once; the image tower
+    (the larger one: 1.8B of bigG-14's 2.5B parameters) only when an image must be re-encoded because
+    its state lost the stage-1 embedding."""
+
+    def __init__(self, encoder: EncoderCfg, device: str):
+        self.cfg, self.device = encoder, device
+        self.text = load_retrieval_encoder(encoder, device, towers=("text",))
+        self.image: Any = None
+
+    def encode_texts(self, *args, **kwargs):
+        return self.text.encode_texts(*args, **kwargs)
+
+    def encode_images(self, *args, **kwargs):
+        if self.image is None:
+            self.image = load_retrieval_encoder(self.cfg, self.device, towers=("image",))
+        return self.image.encode_images(*args, **kwargs)
 
 
 def load_verifier(verifier: VerifierCfg, device: str):
