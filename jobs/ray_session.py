@@ -118,8 +118,9 @@ class ResourceError(RuntimeError):
     """A request the cluster can never grant (Ray would wait forever); the message has the numbers."""
 
 
-# a Ray worker process with torch, transformers and open_clip imported, before any weights
-ACTOR_BASE_BYTES = 600 * 2**20
+# a Ray worker process with torch, transformers and open_clip imported, before any weights (its own
+# pages; the torch libraries are shared between workers)
+ACTOR_BASE_BYTES = 512 * 2**20
 # working memory on top of the weights (activations of a batch, tokenizers, the loading copy)
 WORKING_FACTOR = 1.25
 # below this CPU share per actor the pools never get past model loading on a small machine

@@ -210,6 +210,7 @@ def finished(killed):
     victim.write_bytes(b"PAR1 not really a parquet file")
     ev["corrupt_name"] = victim.name
     tmp = run.features_dir(BENCH, "test") / ".part-00000000000000000001-h-1-deadbeef.parquet.x1y2z3.tmp"
+    tmp.parent.mkdir(parents=True, exist_ok=True)
     tmp.write_bytes(b"PAR1 half")  # what a killed writer may leave: a temp name, never read as a part
     ev["have_before_d"] = {s: set(ids) - (set(ev["corrupt_ids"]) if s == "val" else set())
                            for s, ids in _part_ids(run).items()}
