@@ -174,11 +174,9 @@ def pool_plan(cfg: Config, cluster: dict[str, float], pools: tuple[str, ...] = F
     if have and total > have:
         per = " + ".join(f"{p} {human_bytes(mem[p])}" for p in pools)
         fit = max(0, int(have // max(sum(mem.values()), 1)))
-        raise ResourceError(
-            f"--workers {workers}: {workers} x ({per}) = {human_bytes(total)} of memory, the cluster has "
-            f"{human_bytes(have)} for actors; use --workers {fit}" if fit else
-            f"--workers {workers}: {workers} x ({per}) = {human_bytes(total)} of memory, the cluster has "
-            f"{human_bytes(have)} for actors; use a machine or cluster (--address) with more memory")
+        hint = f"use --workers {fit}" if fit else "use a machine or cluster (--address) with more memory"
+        raise ResourceError(f"--workers {workers}: {workers} x ({per}) = {human_bytes(total)} of memory, "
+                            f"the cluster has {human_bytes(have)} for actors; {hint}")
     for p in pools:
         plan[p]["memory"] = float(mem[p])
     return plan
