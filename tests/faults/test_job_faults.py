@@ -27,6 +27,7 @@ import pytest
 
 from adjcap.rundir import RunDir
 from adjcap.config import load_config
+from adjcap.pipeline import load_models
 from jobs.run_benchmark import read_records
 
 from .listening import descendants
@@ -142,6 +143,7 @@ def scenario(demo_cfg, tmp_path_factory):
             f"benchmarks.demo.corpus={world}/annotations/train_captions.json"]
     cfg = load_config("demo", sets + [f"limit={LIMIT}"]).resolved()
     records = read_records(cfg)
+    load_models(cfg)  # the corpus index, built here once, so the drivers start no encode job
     # a truncated JPEG/PNG among the test images: it must become a counted failure, not a crash
     victim = records["test"][2]
     data = Path(victim.image_path).read_bytes()
