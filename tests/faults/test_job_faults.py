@@ -171,12 +171,14 @@ def interrupted(scenario):
         def captioner_actor():
             return [p for p in a.track() if "CaptionerActor" in _cmdline(p) and p != a.pid]
 
-        victims = _wait_for(captioner_actor, 400, "a captioner actor process", a)
-        time.sleep(1.0)  # let it take a batch
+        # past model loading (a part means every pool has processed a batch), kill the captioner
+        _wait_for(lambda: _n_parts(run) >= 1, 600, "A's first feature part", a)
+        victims = _wait_for(captioner_actor, 60, "a captioner actor process", a)
         for pid in victims:
             os.kill(pid, signal.SIGKILL)
         ev["killed_actor"] = victims
-        _wait_for(lambda: _n_parts(run) >= 2, 400, "A's first feature parts after the actor kill", a)
+        n = _n_parts(run)
+        _wait_for(lambda: _n_parts(run) >= n + 2, 400, "A's feature parts after the actor kill", a)
         os.kill(a.pid, signal.SIGINT)
         ev["a_rc"] = a.wait(180)
         ev["a_err"] = a.stderr()
