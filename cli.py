@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import signal
 import sys
 import traceback
@@ -51,6 +52,20 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
+def _no_space(e: BaseException) -> str | None:
+    """A full disk (or a file-size limit) as one line naming where, and what to do."""
+    full = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+    texts = ("No space left on device", "File too large", "Disk quota exceeded")
+    while e is not None and not (isinstance(e, OSError) and (e.errno in full or any(t in str(e) for t in texts))):
+        e = e.__cause__ or e.__context__
+    if e is None:
+        return None
+    where = Path(e.filename).parent if e.filename else None
+    why = e.strerror or next(t for t in texts if t in str(e))
+    return (f"no space left writing to {where or 'the output directory'} ({why}); nothing half-written was "
+            "kept: free some space there or write elsewhere (--run-dir / --out), then rerun")
+
+
 def _run(fn: Callable[[], Any]) -> Any:
     """Run a job; any failure is one line naming what to do (``--debug``: the traceback). SIGTERM
     stops it like Ctrl-C: the run lock and Ray are released, completed parts are kept."""
@@ -65,7 +80,7 @@ def _run(fn: Callable[[], Any]) -> Any:
     except Exception as e:  # noqa: BLE001 - the one place user-facing failures are turned into lines
         if STATE["debug"]:
             traceback.print_exc()
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        msg = _no_space(e) or (str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
         typer.secho(f"error: {msg}" + ("" if STATE["debug"] else "  (--debug for the traceback)"), fg="red", err=True)
         raise typer.Exit(2) from None
 

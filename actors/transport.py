@@ -17,7 +17,7 @@ def unpack(batch: dict[str, Any]) -> list[ImageState]:
 def pack(states: list[ImageState], drop_image: bool = False) -> dict[str, np.ndarray]:
     if drop_image:
         for s in states:
-            s.image = None
+            s.drop_image()
             s.verifier_memo = None
             s.retrieval_embedding = None
     out_state = np.empty(len(states), dtype=object)

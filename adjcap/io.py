@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -41,6 +42,16 @@ def _commit(tmp: Path, path: Path) -> None:
     fsync_dir(path.parent)
 
 
+def _naming(e: OSError, path: Path) -> OSError:
+    """The error with the file it was writing named (a full disk says where); the temp file is removed."""
+    if e.filename:
+        return e
+    errno_ = e.errno
+    if errno_ is None and "No space left on device" in str(e):  # Arrow's IOError carries no errno
+        errno_ = errno.ENOSPC
+    return OSError(errno_, e.strerror or str(e), str(path))
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     path = Path(path)
     tmp = _tmp_beside(path)
@@ -48,6 +59,8 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
         with open(tmp, "wb") as f:
             f.write(data)
         _commit(tmp, path)
+    except OSError as e:
+        raise _naming(e, path) from e
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -68,6 +81,8 @@ def atomic_write_parquet(path: str | Path, table: pa.Table) -> Path:
     try:
         pq.write_table(table, tmp)
         _commit(tmp, path)
+    except OSError as e:
+        raise _naming(e, path) from e
     finally:
         if tmp.exists():
             tmp.unlink()

@@ -34,7 +34,7 @@ def encode_with_pool(cfg: Config):
             batch_size=1,
             batch_format="numpy",
             compute=ActorPoolStrategy(size=min(cfg.ray.workers, len(plan.todo))),
-            **pool_resources(cfg, "retriever"),
+            **pool_resources(cfg, "encoder"),
         )
         ds.materialize()
         n = sum(b - a for _, a, b in plan.todo)

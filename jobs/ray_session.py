@@ -16,6 +16,7 @@ from typing import Iterator
 import ray
 
 from adjcap.config import Config
+from adjcap.models.budget import POOLS as FEATURE_POOLS, human_bytes, pool_budget
 
 ROOT = Path(__file__).resolve().parents[1]
 LOOPBACK = "127.0.0.1"
@@ -113,22 +114,94 @@ def has_gpus() -> bool:
     return float(ray.cluster_resources().get("GPU", 0)) > 0
 
 
+class ResourceError(RuntimeError):
+    """A request the cluster can never grant (Ray would wait forever); the message has the numbers."""
+
+
+# a Ray worker process with torch, transformers and open_clip imported, before any weights (its own
+# pages; the torch libraries are shared between workers)
+ACTOR_BASE_BYTES = 512 * 2**20
+# working memory on top of the weights (activations of a batch, tokenizers, the loading copy)
+WORKING_FACTOR = 1.25
+# below this CPU share per actor the pools never get past model loading on a small machine
+MIN_CPU_SHARE = 0.1
+
+
+def actor_memory(model_bytes: int) -> int:
+    """Host memory one actor asks Ray for: the worker process plus its models at run precision."""
+    return int(ACTOR_BASE_BYTES + WORKING_FACTOR * model_bytes)
+
+
+def pool_plan(cfg: Config, cluster: dict[str, float], pools: tuple[str, ...] = FEATURE_POOLS
+              ) -> dict[str, dict[str, float]]:
+    """The Ray resources of one actor of every pool in ``pools`` on a cluster with ``cluster``
+    resources (``ray.cluster_resources()``), or a ResourceError when ``cfg.ray.workers`` actors of
+    every pool can never be placed: too many CPUs, GPUs or bytes of memory asked for. Pure."""
+    workers = cfg.ray.workers
+    gpu = float(cluster.get("GPU", 0)) > 0
+    budget = pool_budget(cfg, gpu=gpu)
+    cpus = float(cluster.get("CPU", 1.0))
+    n = len(pools) * workers
+    plan: dict[str, dict[str, float]] = {}
+    if gpu:
+        gpus = float(cluster["GPU"])
+        shares = {p: float(cfg.ray.gpu_share.get(p, 0.25)) for p in pools}
+        need = workers * sum(shares.values())
+        if need > gpus + 1e-9:
+            raise ResourceError(
+                f"--workers {workers}: {len(pools)} pools x {workers} actors need "
+                f"{' + '.join(f'{shares[p]:g}' for p in pools)} GPU x {workers} = {need:g} GPUs, the cluster has "
+                f"{gpus:g}; use --workers {max(1, int(gpus // max(sum(shares.values()), 1e-9)))} or lower ray.gpu_share")
+        if n * 1.0 + cfg.ray.decode_cpus > cpus + 1e-9:
+            raise ResourceError(
+                f"--workers {workers}: {len(pools)} pools x {workers} actors x 1 CPU + {cfg.ray.decode_cpus:g} decode "
+                f"= {n + cfg.ray.decode_cpus:g} CPUs, the cluster has {cpus:g}; use fewer --workers")
+        for p in pools:
+            plan[p] = {"num_gpus": shares[p], "num_cpus": 1.0}
+    else:
+        share = cpu_share(cfg, cpus, len(pools))
+        if share < MIN_CPU_SHARE:
+            fit = max(1, int((max(0.8 * cpus - cfg.ray.decode_cpus, 0.1)) / (len(pools) * MIN_CPU_SHARE)))
+            raise ResourceError(
+                f"--workers {workers}: {len(pools)} pools x {workers} actors = {n} actors on {cpus:g} CPUs "
+                f"({share:.3f} CPU each, below the {MIN_CPU_SHARE:g} needed to get past model loading); "
+                f"use --workers {fit} or a bigger cluster (--address)")
+        for p in pools:
+            plan[p] = {"num_cpus": share}
+    have = float(cluster.get("memory", 0))
+    mem = {p: actor_memory(budget[p]["bytes"]) for p in pools}
+    total = workers * sum(mem.values())
+    if have and total > have:
+        per = " + ".join(f"{p} {human_bytes(mem[p])}" for p in pools)
+        fit = max(0, int(have // max(sum(mem.values()), 1)))
+        hint = f"use --workers {fit}" if fit else "use a machine or cluster (--address) with more memory"
+        raise ResourceError(f"--workers {workers}: {workers} x ({per}) = {human_bytes(total)} of memory, "
+                            f"the cluster has {human_bytes(have)} for actors; {hint}")
+    for p in pools:
+        plan[p]["memory"] = float(mem[p])
+    return plan
+
+
 def pool_resources(cfg: Config, pool: str) -> dict[str, float]:
-    """Fractional GPU per actor so one GPU hosts one actor of every pool; on CPU-only clusters a
-    fraction of a CPU so all pools fit on a 2-core machine."""
-    if has_gpus():
-        return {"num_gpus": float(cfg.ray.gpu_share.get(pool, 0.25)), "num_cpus": 1.0}
-    return {"num_cpus": cpu_share(cfg)}
+    """Ray resources of one actor of ``pool`` on the connected cluster: a fraction of a GPU so one
+    GPU hosts one actor of every pool (on CPU-only clusters a fraction of a CPU so all pools fit on
+    a 2-core machine), and ``memory`` from the size of the pool's models (:mod:`adjcap.models.budget`).
+    Raises ResourceError when the request can never be granted."""
+    pools = FEATURE_POOLS if pool in FEATURE_POOLS else (pool,)
+    return pool_plan(cfg, ray.cluster_resources(), pools)[pool]
 
 
-POOLS = 4
+def check_pools(cfg: Config, pools: tuple[str, ...] = FEATURE_POOLS) -> dict[str, dict[str, float]]:
+    """Refuse up front (before any model loads) a request the connected cluster cannot hold."""
+    return pool_plan(cfg, ray.cluster_resources(), pools)
 
 
-def cpu_share(cfg: Config) -> float:
-    """CPUs per actor without GPUs: the configured share, shrunk so that every actor of the four
+def cpu_share(cfg: Config, total: float | None = None, pools: int = len(FEATURE_POOLS)) -> float:
+    """CPUs per actor without GPUs: the configured share, shrunk so that every actor of the
     pools plus the decode tasks fit in the cluster's CPUs (else Ray Data waits forever)."""
-    total = float(ray.cluster_resources().get("CPU", 1.0))
+    if total is None:
+        total = float(ray.cluster_resources().get("CPU", 1.0))
     # Ray Data stalls when its operators' requests add up to every CPU: keep 20% headroom
     room = max(0.8 * total - cfg.ray.decode_cpus, 0.1)
-    pools = POOLS + (cfg.verifier.enabled and cfg.verifier.backend == "lavis")  # + the LAVIS scorer pool
+    pools = pools + int(cfg.verifier.enabled and cfg.verifier.backend == "lavis")  # + the LAVIS scorer pool
     return round(min(float(cfg.ray.cpu_share), room / (pools * cfg.ray.workers)), 4)

@@ -27,7 +27,7 @@ from adjcap.index import benchmark_corpus, index_arrays
 from adjcap.lavis_env import runtime_env as lavis_runtime_env
 from adjcap.rundir import RunDir
 from jobs.encode_corpus import index_for
-from jobs.ray_session import pool_resources
+from jobs.ray_session import check_pools, pool_resources
 
 def pools(cfg: Config) -> list[tuple[type, str, dict]]:
     """(actor class, pool name, extra map_batches options) in stage order. With the LAVIS verifier
@@ -75,6 +75,7 @@ def extract_features(cfg: Config, run: RunDir, records: dict[str, list[Record]],
     if not todo:
         return summary
 
+    check_pools(cfg)  # an impossible --workers / memory request is refused before any model loads
     corpus = benchmark_corpus(cfg.benchmark_cfg(), cfg.benchmark)
     vectors, ids, precision = index_arrays(index_for(cfg, corpus))
     index_ref = ray.put((vectors, ids, precision, corpus.texts))

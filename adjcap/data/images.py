@@ -79,8 +79,10 @@ def decode_image(
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
     max_side: int | None = DEFAULT_MAX_SIDE,
     exif_transpose: bool = True,
+    name: str | None = None,
 ) -> DecodedImage:
-    """Decode a file path or encoded bytes to an RGB PIL image.
+    """Decode a file path or encoded bytes to an RGB PIL image (``name``: what error messages call
+    encoded bytes, e.g. the file they were read from).
 
     Errors (as values): missing file or dangling symlink, not a regular file (a directory, a FIFO, a
     device: checked on the opened descriptor, and a FIFO is opened without waiting for a writer),
@@ -90,7 +92,7 @@ def decode_image(
     16-bit, CMYK and alpha images become RGB (alpha composited on white). The EXIF orientation is
     applied (a phone photo stored sideways comes out upright) unless ``exif_transpose=False``.
     """
-    name = "<bytes>"
+    name = name or "<bytes>"
     try:
         if isinstance(source, (bytes, bytearray, memoryview)):
             data = bytes(source)
@@ -107,6 +109,22 @@ def decode_image(
         return DecodedImage(None, f"out of memory decoding {name}")
     except Exception as e:  # noqa: BLE001 - every failure must become a per-image error
         return DecodedImage(None, f"cannot decode {name}: {type(e).__name__}: {e}")
+
+
+def read_image_file(name: str | Path) -> tuple[bytes | None, str | None]:
+    """The bytes of a non-empty regular file, read with the same checks as :func:`decode_image`
+    (a FIFO, a directory, a dangling symlink, an unreadable or empty file are refused):
+    (data, None) or (None, why)."""
+    try:
+        f, error = _open_regular(str(name))
+        if f is None:
+            return None, error
+        with f:
+            return f.read(), None
+    except MemoryError:
+        return None, f"out of memory reading {name}"
+    except OSError as e:
+        return None, f"cannot read {name}: {e.strerror or e}"
 
 
 _FILE_KINDS = (

@@ -346,7 +346,8 @@ def load_run_references(run_dir: str | Path | RunDir) -> tuple[dict[str, list[st
             f"(found {[f'{b}-{s}' for b, s in cands]}); pass references= explicitly"
         )
     b, s = cands[0]
-    feats = run.read_features(b, s) if run.has_features(b, s) else None
+    # only the run's current image set (a rerun with a smaller --limit keeps the other rows on disk)
+    feats = run.read_features(b, s, image_ids=run.current_ids(b, s)) if run.has_features(b, s) else None
     return run.references(b, s), run.domains(b, s), feats
 
 

@@ -9,8 +9,9 @@ load their roles through these functions, so both hold exactly the same models.
 | verifier             | BLIP ITM (None when ``verifier.enabled`` is false)            |
 | captioner            | IFCap + its CLIP (+ the CLIP-classifier entity vocabulary)    |
 | scorer               | output-scorer encoder (``scorer.encoder``, default the retrieval |
-|                      | encoder) + the CLIPScore encoder (``eval.clipscore``, when it  |
-|                      | differs from the output scorer) + BLIP ITM                    |
+|                      | encoder: its text tower, the image tower loaded on first need)  |
+|                      | + the CLIPScore encoder (``eval.clipscore``, when it differs  |
+|                      | from the output scorer) + BLIP ITM                            |
 """
 
 from __future__ import annotations
@@ -31,6 +32,25 @@ from adjcap.models.ifcap import load_ifcap
 
 def load_retrieval_encoder(encoder: EncoderCfg, device: str, towers: tuple[str, ...] = ("image", "text")):
     return load_encoder_from_config(encoder, towers=towers, device=device)
+
+
+class ScorerEncoder:
+    """The retrieval encoder as the scorer pool holds it: the text tower at once; the image tower
+    (the larger one: 1.8B of bigG-14's 2.5B parameters) only when an image must be re-encoded because
+    its state lost the stage-1 embedding."""
+
+    def __init__(self, encoder: EncoderCfg, device: str):
+        self.cfg, self.device = encoder, device
+        self.text = load_retrieval_encoder(encoder, device, towers=("text",))
+        self.image: Any = None
+
+    def encode_texts(self, *args, **kwargs):
+        return self.text.encode_texts(*args, **kwargs)
+
+    def encode_images(self, *args, **kwargs):
+        if self.image is None:
+            self.image = load_retrieval_encoder(self.cfg, self.device, towers=("image",))
+        return self.image.encode_images(*args, **kwargs)
 
 
 def load_verifier(verifier: VerifierCfg, device: str):
@@ -94,8 +114,9 @@ def load_scorer(retrieval: EncoderCfg, output: EncoderCfg, clipscore: EncoderCfg
     reuse = same_encoder(output, retrieval)
     if reuse and loaded.get("retrieval") is not None:
         out_enc = loaded["retrieval"]
-    else:
-        # both towers: an image whose stage-1 embedding is missing (or not reusable) is encoded here
+    elif reuse:  # the stage-1 image embedding rides in the state: the text tower, the image tower on need
+        out_enc = ScorerEncoder(output, device)
+    else:  # another encoder than stage 1's: every image is encoded here
         out_enc = load_retrieval_encoder(output, device)
     cs_enc = None if same_encoder(clipscore, output) else (
         loaded["retrieval"] if same_encoder(clipscore, retrieval) and loaded.get("retrieval") is not None

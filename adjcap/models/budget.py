@@ -1,0 +1,163 @@
+"""How much memory each pool's models take, estimated without loading them.
+
+``pool_budget(cfg)`` -> ``{pool: {"params": n, "bytes": b}}`` for the four feature pools: the parameter
+count of the models the pool holds and their size in memory at the precision they run in. Counts come
+from, in order:
+
+1. a local weights file or directory (the tiny demo models, user checkpoints): a safetensors file's
+   header gives the exact count; any other file counts as fp32 (file size / 4);
+2. a table of the known architectures (counted once from their configs: the open_clip towers
+   separately, BLIP ITM large, IFCap's GPT-2 + mapping network);
+3. otherwise 0 (an unknown hub id: nothing is fetched to find out).
+
+A dual encoder loaded with one tower counts that tower only (the scorer pool holds the retrieval
+encoder's text tower; its image tower is loaded only when a state lacks the stage-1 embedding).
+Pure: reads file sizes and safetensors headers, never imports a model library.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Any, Iterable
+
+# open_clip architectures: parameters per tower (counted from the open_clip configs)
+CLIP_TOWERS: dict[str, dict[str, int]] = {
+    "ViT-bigG-14": {"image": 1_844_907_264, "text": 694_659_841},
+    "ViT-B-32": {"image": 87_849_216, "text": 63_428_097},
+    "RN50x64": {"image": 420_380_352, "text": 202_877_953},
+}
+# Hugging Face BlipForImageTextRetrieval, ViT-L/16 at 384 px + BERT-base with cross-attention
+BLIP_ITM_LARGE = 446_128_642
+BLIP_PARAMS: dict[str, int] = {
+    "Salesforce/blip-itm-large-coco": BLIP_ITM_LARGE,
+    "Salesforce/blip-itm-large-flickr": BLIP_ITM_LARGE,
+}
+# IFCap without its CLIP: GPT-2 small (124,439,808) + the 8-layer d=768 mapping network (about 57.1M,
+# estimated from its dimensions; the checkpoint file's size is used whenever it is on disk)
+IFCAP_PARAMS = 181_560_576
+
+BYTES_PER_PARAM = {"fp32": 4, "fp16": 2, "bf16": 2}
+_SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
+                      "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
+POOLS = ("retriever", "verifier", "captioner", "scorer")  # the feature pools, in stream order
+
+
+def safetensors_params(path: Path, keep: Any = None) -> int:
+    """Parameter count from a safetensors file's JSON header (no tensor is read); ``keep(name)``
+    selects tensors by name."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    total = 0
+    for name, t in header.items():
+        if name == "__metadata__" or (keep is not None and not keep(name)):
+            continue
+        count = 1
+        for d in t.get("shape", []):
+            count *= int(d)
+        total += count
+    return total
+
+
+def file_params(path: Path) -> int:
+    """Parameters in a weights file (safetensors: exact; other formats: size / 4, as fp32)."""
+    if path.suffix == ".safetensors":
+        try:
+            return safetensors_params(path)
+        except (OSError, ValueError, struct.error):
+            pass
+    return path.stat().st_size // 4
+
+
+def local_params(spec: str | None) -> int | None:
+    """Parameters of a local weights file, or of the weights files in a local directory; None when
+    ``spec`` is not a local path."""
+    if not spec:
+        return None
+    p = Path(spec).expanduser()
+    if p.is_file():
+        return file_params(p)
+    if p.is_dir():
+        files = [f for f in sorted(p.iterdir()) if f.is_file() and f.suffix in WEIGHT_SUFFIXES]
+        st = [f for f in files if f.suffix == ".safetensors"]
+        return sum(file_params(f) for f in (st or files))  # one format when a repo ships both
+    return None
+
+
+def encoder_params(encoder: Any, towers: Iterable[str] = ("image", "text")) -> int:
+    """An open_clip encoder section (``model``, ``pretrained``): the towers asked for."""
+    towers = tuple(towers)
+    known = CLIP_TOWERS.get(encoder.model)
+    if known is not None:
+        return sum(known[t] for t in towers)
+    spec = Path(encoder.pretrained).expanduser() if encoder.pretrained else None
+    if spec is not None and spec.is_file() and spec.suffix == ".safetensors" and len(set(towers)) == 1:
+        # open_clip names the image tower's tensors visual.*; the rest is the text tower
+        image = towers[0] == "image"
+        try:
+            return safetensors_params(spec, lambda k: k.startswith("visual.") == image)
+        except (OSError, ValueError, struct.error):
+            pass
+    local = local_params(encoder.pretrained)
+    if local is None:
+        return 0
+    return local if len(set(towers)) == 2 else local // 2  # a format without names: half per tower
+
+
+def verifier_params(verifier: Any) -> int:
+    if not verifier.enabled:
+        return 0
+    local = local_params(verifier.model)
+    return local if local is not None else BLIP_PARAMS.get(verifier.model, 0)
+
+
+def captioner_params(captioner: Any) -> int:
+    """IFCap (its checkpoint file when present, else the table) plus its CLIP."""
+    local = local_params(captioner.checkpoint)
+    own = local if local is not None else IFCAP_PARAMS
+    return own + encoder_params(captioner.clip)
+
+
+def precision_bytes(precision: str, gpu: bool) -> int:
+    """Bytes per parameter: "auto" is half precision on a GPU and fp32 on the CPU (as the loaders)."""
+    if precision == "auto":
+        return 2 if gpu else 4
+    return BYTES_PER_PARAM[precision]
+
+
+def pool_budget(cfg: Any, gpu: bool | None = None) -> dict[str, dict[str, int]]:
+    """``{pool: {"params": n, "bytes": b}}`` for the four feature pools of a resolved config.
+
+    ``gpu``: whether the models run on a GPU (decides what precision "auto" means); default: from
+    ``cfg.device`` (``cuda...`` = GPU; "auto" without a GPU known counts as the CPU, the larger)."""
+    if gpu is None:
+        gpu = str(cfg.device).startswith("cuda")
+    enc, ver, cap = cfg.retrieval.encoder, cfg.verifier, cfg.captioner
+    enc_b = precision_bytes(enc.precision, gpu)
+    ver_b = precision_bytes(ver.precision, gpu)
+    cap_b = precision_bytes(cap.precision, gpu)
+    clip_b = precision_bytes(cap.clip.precision, gpu)
+    v = verifier_params(ver)
+    image, text = encoder_params(enc, ("image",)), encoder_params(enc, ("text",))
+    cap_own = captioner_params(cap) - encoder_params(cap.clip)
+    cap_clip = encoder_params(cap.clip)
+    out = {
+        "retriever": {"params": image, "bytes": image * enc_b},
+        "verifier": {"params": v, "bytes": v * ver_b},
+        "captioner": {"params": cap_own + cap_clip, "bytes": cap_own * cap_b + cap_clip * clip_b},
+        "scorer": {"params": text + v, "bytes": text * enc_b + v * ver_b},
+        # the corpus-encoder pool of `adjcap encode-corpus` (not one of the four feature pools)
+        "encoder": {"params": text, "bytes": text * enc_b},
+    }
+    return out
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"

@@ -1,0 +1,282 @@
+"""Faults injected into real `python cli.py run-job demo` drivers on one run directory, in one
+sequence (three Ray launches in all, to keep the suite short):
+
+1. driver A starts; a second job on the same run directory is refused at once, naming A's pid and
+   host; a Ray actor of A is SIGKILLed mid-job (Ray restarts it); A gets SIGINT after its first
+   feature parts: exit 130, one line, completed parts kept;
+2. driver C resumes and is SIGKILLed (no chance to clean up) after writing more parts;
+3. a part is corrupted and a half-written temp part is left behind; driver D resumes to the end:
+   the corrupt part is moved aside and its images recomputed, only missing images are computed, and
+   the run ends with every image exactly once; a truncated image is a counted failure in the metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from adjcap.rundir import RunDir
+from adjcap.config import load_config
+from adjcap.pipeline import load_models
+from jobs.run_benchmark import read_records
+
+from .listening import descendants
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+
+ROOT = Path(__file__).resolve().parents[2]
+LIMIT = 10
+BENCH = "demo"
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+class Driver:
+    """One `cli.py run-job` subprocess (its own session, so only the signals we send reach it)."""
+
+    def __init__(self, args: list[str], log_dir: Path, name: str):
+        self.out = log_dir / f"{name}.out"
+        self.err = log_dir / f"{name}.err"
+        env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+                   RAY_USAGE_STATS_ENABLED="0", TOKENIZERS_PARALLELISM="false")
+        env.pop("RAY_ADDRESS", None)
+        with open(self.out, "wb") as o, open(self.err, "wb") as e:
+            self.proc = subprocess.Popen([sys.executable, "cli.py", *args], cwd=ROOT, env=env, stdout=o, stderr=e,
+                                         start_new_session=True)
+        self.pid = self.proc.pid
+        self.seen: set[int] = set()
+
+    def track(self) -> set[int]:
+        """The driver's process tree (Ray's processes included), remembered for the cleanup."""
+        if self.proc.poll() is None:
+            self.seen |= descendants(self.pid)
+        return self.seen
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def stderr(self) -> str:
+        return self.err.read_text(errors="replace")
+
+    def stdout(self) -> str:
+        return self.out.read_text(errors="replace")
+
+    def reap(self) -> None:
+        """Stop what is left of the processes this test started (by pid)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
+        for pid in sorted(self.seen - {self.pid}):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def _wait_for(cond, timeout: float, what: str, driver: Driver | None = None, step: float = 0.2):
+    end = time.time() + timeout
+    while time.time() < end:
+        if driver is not None:
+            driver.track()
+            if driver.proc.poll() is not None and not cond():
+                raise AssertionError(f"{what}: the driver exited ({driver.proc.returncode}) first:\n"
+                                     f"{driver.stderr()[-3000:]}")
+        v = cond()
+        if v:
+            return v
+        time.sleep(step)
+    raise AssertionError(f"timed out waiting for {what}" + (f":\n{driver.stderr()[-3000:]}" if driver else ""))
+
+
+def _part_ids(run: RunDir) -> dict[str, list[str]]:
+    """split -> image ids over every readable part (duplicates kept, to be counted)."""
+    out: dict[str, list[str]] = {}
+    for split in ("val", "test"):
+        ids: list[str] = []
+        for p in run.parts(BENCH, split):
+            try:
+                ids += pq.read_table(p, columns=["image_id"]).column("image_id").to_pylist()
+            except Exception:  # noqa: BLE001 - a part being replaced or corrupted on purpose
+                pass
+        out[split] = ids
+    return out
+
+
+def _n_parts(run: RunDir) -> int:
+    return sum(len(run.parts(BENCH, s)) for s in ("val", "test"))
+
+
+def _one_line_error(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith(("error:", "interrupted:"))]
+    assert len(errors) == 1, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    return errors[0]
+
+
+@pytest.fixture(scope="module")
+def scenario(demo_cfg, tmp_path_factory):
+    base = tmp_path_factory.mktemp("jobfaults")
+    cache = Path(demo_cfg.resolved().paths.cache_dir)
+    world = base / "world"
+    shutil.copytree(cache / "demo", world)
+    sets = [f"paths.cache_dir={cache}", "ray.include_dashboard=false", "ray.rows_per_part=1", "ray.batch_size=1",
+            f"benchmarks.demo.images={world}/images",
+            f"benchmarks.demo.annotations={world}/annotations/test_captions.json",
+            f"benchmarks.demo.annotations_by_split.test={world}/annotations/test_captions.json",
+            f"benchmarks.demo.annotations_by_split.val={world}/annotations/val_captions.json",
+            f"benchmarks.demo.corpus={world}/annotations/train_captions.json"]
+    cfg = load_config("demo", sets + [f"limit={LIMIT}"]).resolved()
+    records = read_records(cfg)
+    load_models(cfg)  # the corpus index, built here once, so the drivers start no encode job
+    # a truncated JPEG/PNG among the test images: it must become a counted failure, not a crash
+    victim = records["test"][2]
+    data = Path(victim.image_path).read_bytes()
+    Path(victim.image_path).write_bytes(data[: len(data) // 3])
+    run_dir = base / "run"
+    args = ["run-job", BENCH, "--workers", "1", "--limit", str(LIMIT), "--run-dir", str(run_dir)]
+    for s in sets:
+        args += ["--set", s]
+    return {"cfg": cfg, "records": records, "victim": victim.image_id, "run": RunDir(run_dir), "args": args,
+            "logs": base, "events": {}}
+
+
+@pytest.fixture(scope="module")
+def interrupted(scenario):
+    """Driver A: refused second job, an actor killed, then SIGINT."""
+    run, ev = scenario["run"], scenario["events"]
+    a = Driver(scenario["args"], scenario["logs"], "A")
+    try:
+        _wait_for(lambda: run.lock_path.exists() and run.lock_path.read_text().strip(), 240, "A's run lock", a)
+        ev["a_pid"] = a.pid
+        b = Driver(scenario["args"], scenario["logs"], "B")
+        ev["b_rc"] = b.wait(180)
+        ev["b_err"] = b.stderr()
+
+        def captioner_actor():
+            return [p for p in a.track() if "CaptionerActor" in _cmdline(p) and p != a.pid]
+
+        # past model loading (a part means every pool has processed a batch), kill the captioner
+        _wait_for(lambda: _n_parts(run) >= 1, 600, "A's first feature part", a)
+        victims = _wait_for(captioner_actor, 60, "a captioner actor process", a)
+        for pid in victims:
+            os.kill(pid, signal.SIGKILL)
+        ev["killed_actor"] = victims
+        n = _n_parts(run)
+        _wait_for(lambda: _n_parts(run) >= n + 2, 400, "A's feature parts after the actor kill", a)
+        os.kill(a.pid, signal.SIGINT)
+        ev["a_rc"] = a.wait(180)
+        ev["a_err"] = a.stderr()
+        ev["after_a"] = _part_ids(run)
+    finally:
+        a.reap()
+    return scenario
+
+
+@pytest.fixture(scope="module")
+def killed(interrupted):
+    """Driver C: resumes, SIGKILLed after more parts."""
+    run, ev = interrupted["run"], interrupted["events"]
+    before = _n_parts(run)
+    c = Driver(interrupted["args"], interrupted["logs"], "C")
+    try:
+        _wait_for(lambda: _n_parts(run) >= before + 2, 400, "C's new parts", c)
+        c.track()
+        os.kill(c.pid, signal.SIGKILL)
+        ev["c_rc"] = c.wait(60)
+    finally:
+        c.reap()
+    ev["after_c"] = _part_ids(run)
+    return interrupted
+
+
+@pytest.fixture(scope="module")
+def finished(killed):
+    """A corrupt part and a leftover temp part, then driver D to the end."""
+    run, ev = killed["run"], killed["events"]
+    victim = run.parts(BENCH, "val")[0]
+    ev["corrupt_ids"] = pq.read_table(victim, columns=["image_id"]).column("image_id").to_pylist()
+    victim.write_bytes(b"PAR1 not really a parquet file")
+    ev["corrupt_name"] = victim.name
+    tmp = run.features_dir(BENCH, "test") / ".part-00000000000000000001-h-1-deadbeef.parquet.x1y2z3.tmp"
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    tmp.write_bytes(b"PAR1 half")  # what a killed writer may leave: a temp name, never read as a part
+    ev["have_before_d"] = {s: set(ids) - (set(ev["corrupt_ids"]) if s == "val" else set())
+                           for s, ids in _part_ids(run).items()}
+    d = Driver(killed["args"], killed["logs"], "D")
+    try:
+        ev["d_rc"] = d.wait(900)
+    finally:
+        d.reap()
+    ev["d_out"], ev["d_err"] = d.stdout(), d.stderr()
+    return killed
+
+
+def test_second_job_on_the_run_dir_is_refused_naming_the_holder(interrupted):
+    ev = interrupted["events"]
+    assert ev["b_rc"] != 0
+    line = _one_line_error(ev["b_err"])
+    assert f"is in use by pid {ev['a_pid']} on host {socket.gethostname()}" in line, line
+
+
+def test_sigint_stops_the_driver_with_one_line_and_keeps_parts(interrupted):
+    ev = interrupted["events"]
+    assert ev["a_rc"] == 130, ev["a_err"][-3000:]
+    line = _one_line_error(ev["a_err"])
+    assert line.startswith("interrupted:") and "resume" in line
+    ids = ev["after_a"]["val"] + ev["after_a"]["test"]
+    assert ids and len(ids) == len(set(ids))  # kept parts, no image twice (even with an actor killed)
+
+
+def test_sigkill_keeps_complete_parts_only(killed):
+    ev = killed["events"]
+    assert ev["c_rc"] == -signal.SIGKILL
+    for split, ids in ev["after_c"].items():
+        assert len(ids) == len(set(ids)), split
+        assert set(ev["after_a"][split]) <= set(ids)  # C only added
+
+
+def test_resume_after_everything_has_every_image_exactly_once(finished):
+    ev, run, records = finished["events"], finished["run"], finished["records"]
+    assert ev["d_rc"] == 0, ev["d_err"][-4000:]
+    # the corrupt part was moved aside (kept for inspection) and said so
+    corrupt = run.features_dir(BENCH, "val") / (ev["corrupt_name"] + ".corrupt")
+    assert corrupt.exists() and "moved to" in ev["d_err"] and ev["corrupt_name"] in ev["d_err"]
+    final = _part_ids(run)
+    summary = run.summary()["splits"]
+    for split, recs in records.items():
+        want = {r.image_id for r in recs}
+        ids = final[split]
+        assert len(ids) == len(set(ids)) == len(want) == LIMIT, split  # exactly once, nothing lost
+        assert set(ids) == want
+        # only what was missing (never written, or in the corrupt part) was computed again
+        missing = want - ev["have_before_d"][split]
+        assert summary[split]["done"] + summary[split]["failed"] == len(missing), (split, summary[split])
+        assert summary[split]["skipped"] == LIMIT - len(missing)
+    assert set(ev["corrupt_ids"]) <= set(final["val"])
+    # the truncated image: one error row, counted (not scored) in the metrics
+    rows = {r["image_id"]: r for r in run.read_features(BENCH, "test").to_pylist()}
+    assert rows[finished["victim"]]["error"].startswith("decode:")
+    assert sum(1 for r in rows.values() if r["error"]) == 1
+    metrics = json.loads(run.metrics_path(finished["cfg"].rerank.protocol).read_text())
+    assert metrics["failed_images"]["count"] == 1 and metrics["failed_images"]["ids"] == [finished["victim"]]
+    assert run.report_md.exists()
+
+
+def test_the_killed_actor_was_really_killed(interrupted):
+    assert interrupted["events"]["killed_actor"]

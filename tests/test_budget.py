@@ -1,0 +1,78 @@
+"""Memory budget of the pools (adjcap.models.budget) and the up-front refusal of impossible
+--workers / memory requests (jobs.ray_session.pool_plan), without starting Ray."""
+
+import json
+import struct
+
+import pytest
+
+from adjcap.config import load_config
+from adjcap.models import budget
+from jobs.ray_session import ACTOR_BASE_BYTES, ResourceError, actor_memory, pool_plan
+
+GiB = 2**30
+
+
+def test_headline_budget_from_the_known_architectures():
+    cfg = load_config("headline", ["paths.data_dir=/nonexistent"]).resolved()
+    cpu = budget.pool_budget(cfg, gpu=False)
+    gpu = budget.pool_budget(cfg, gpu=True)
+    big = budget.CLIP_TOWERS["ViT-bigG-14"]
+    assert cpu["retriever"]["params"] == big["image"]
+    # the scorer holds the text tower and BLIP, not the 1.8B-parameter image tower
+    assert cpu["scorer"]["params"] == big["text"] + budget.BLIP_ITM_LARGE
+    assert cpu["verifier"]["params"] == budget.BLIP_ITM_LARGE
+    assert cpu["captioner"]["params"] == budget.IFCAP_PARAMS + sum(budget.CLIP_TOWERS["ViT-B-32"].values())
+    # "auto" precision: fp32 on the CPU, half on a GPU; the captioner's IFCap is fp32 by config
+    assert cpu["retriever"]["bytes"] == 4 * big["image"] and gpu["retriever"]["bytes"] == 2 * big["image"]
+    vit_b = sum(budget.CLIP_TOWERS["ViT-B-32"].values())
+    assert gpu["captioner"]["bytes"] == 4 * budget.IFCAP_PARAMS + 2 * vit_b
+
+
+def test_local_files_count_by_safetensors_header_or_size(tmp_path):
+    header = {"a": {"dtype": "F32", "shape": [3, 4], "data_offsets": [0, 48]},
+              "b": {"dtype": "F16", "shape": [10], "data_offsets": [48, 68]}, "__metadata__": {"x": "y"}}
+    h = json.dumps(header).encode()
+    st = tmp_path / "m.safetensors"
+    st.write_bytes(struct.pack("<Q", len(h)) + h + b"\0" * 68)
+    assert budget.local_params(str(st)) == 22
+    pt = tmp_path / "m.pt"
+    pt.write_bytes(b"\0" * 4000)
+    assert budget.local_params(str(pt)) == 1000
+    assert budget.local_params(str(tmp_path)) == 22  # a directory: its safetensors files
+    assert budget.local_params(str(tmp_path / "missing.bin")) is None
+
+
+def test_demo_budget_from_the_tiny_model_files(demo_cfg):
+    cfg = demo_cfg.resolved()
+    b = budget.pool_budget(cfg)
+    tiny_clip = budget.safetensors_params(budget.Path(cfg.retrieval.encoder.pretrained))
+    assert 0 < b["retriever"]["params"] < tiny_clip and b["retriever"]["params"] + b["encoder"]["params"] == tiny_clip
+    assert b["retriever"]["params"] != b["encoder"]["params"]  # counted per tower from the tensor names
+    assert all(0 < b[p]["params"] < 10_000_000 for p in budget.POOLS)
+    assert b["scorer"]["params"] == b["encoder"]["params"] + b["verifier"]["params"]
+
+
+def _cfg(workers, **ray):
+    sets = [f"ray.workers={workers}"] + [f"ray.{k}={v}" for k, v in ray.items()]
+    return load_config("demo", sets).resolved()
+
+
+def test_memory_request_is_declared_and_bounded():
+    plan = pool_plan(_cfg(2), {"CPU": 16.0, "memory": 100 * GiB})
+    assert all(r["memory"] >= ACTOR_BASE_BYTES for r in plan.values())
+    cfg = load_config("headline", ["paths.data_dir=/nonexistent", "ray.workers=2"]).resolved()
+    plan = pool_plan(cfg, {"CPU": 64.0, "memory": 1000 * GiB})
+    assert plan["retriever"]["memory"] == actor_memory(4 * budget.CLIP_TOWERS["ViT-bigG-14"]["image"])
+    with pytest.raises(ResourceError) as e:
+        pool_plan(cfg, {"CPU": 64.0, "memory": 24 * GiB})
+    msg = str(e.value)
+    assert "\n" not in msg and "of memory, the cluster has 24.0 GiB" in msg and "retriever" in msg
+
+
+def test_gpu_shares_must_fit_the_gpus():
+    cfg = _cfg(2)
+    plan = pool_plan(cfg, {"CPU": 16.0, "GPU": 2.0, "memory": 100 * GiB})
+    assert all(r["num_gpus"] == 0.25 for r in plan.values())
+    with pytest.raises(ResourceError, match=r"need 0.25 \+ 0.25 \+ 0.25 \+ 0.25 GPU x 8 = 8 GPUs, the cluster has 2"):
+        pool_plan(_cfg(8), {"CPU": 64.0, "GPU": 2.0, "memory": 100 * GiB})
