@@ -15,6 +15,7 @@ from typing import Iterator
 
 import ray
 
+from adjcap.accelerators import rocm_visible_env
 from adjcap.config import Config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,6 +88,7 @@ def ray_session(cfg: Config) -> Iterator[None]:
         finally:
             ray.shutdown()
         return
+    os.environ.update(rocm_visible_env())  # AMD nodes that set ROCR_VISIBLE_DEVICES only (Ray refuses those)
     with _loopback_only():
         _private_token_dir()
         try:
