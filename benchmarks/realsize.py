@@ -292,6 +292,25 @@ def write_data(out: Path, n_images: int, n_corpus: int) -> dict[str, Path]:
     return {"images": images, "annotations": ann_path, "corpus": corpus}
 
 
+NOUNS = ("man woman person people child boy girl dog cat horse cow sheep bird elephant bear zebra giraffe "
+         "bus car truck train motorcycle bicycle bike airplane plane boat street road sidewalk building "
+         "table pizza plate sandwich cake food bowl cup bottle glass knife fork phone laptop computer "
+         "keyboard tv television room kitchen bed couch chair bench clock umbrella kite surfboard wave "
+         "beach ocean water snow skis skateboard tennis racket ball frisbee field grass tree park sign "
+         "light window door shirt hat toilet sink bathroom mirror vase flowers giraffe hydrant")
+
+
+def write_lexicon(path: Path) -> Path:
+    """A {word: [tag, lemma]} lexicon of common COCO nouns for the entity filter: NLTK's tagger data
+    cannot be installed from PyPI, and which nouns are found does not change the speed."""
+    lex = {}
+    for n in NOUNS.split():
+        lex[n] = ["NN", n]
+        lex.setdefault(n + ("es" if n.endswith(("s", "x", "ch", "sh")) else "s"), ["NNS", n])
+    path.write_text(json.dumps(lex, indent=0, sort_keys=True))
+    return path
+
+
 def write_assets(root: Path, n_images: int, n_corpus: int) -> dict[str, Path]:
     """Every file the job needs; existing files are kept (one big model in memory at a time)."""
     print(f"assets in {root}")
@@ -302,6 +321,7 @@ def write_assets(root: Path, n_images: int, n_corpus: int) -> dict[str, Path]:
         "blip": write_blip(root / "blip-itm-large"),
         "ifcap": write_ifcap(root / "ifcap", tok),
         "tokenizer": tok,
+        "lexicon": write_lexicon(root / "lexicon.json"),
         **write_data(root / "data", n_images, n_corpus),
     }
 
@@ -319,7 +339,7 @@ def overrides(a: dict[str, Path], precision: str, device: str, n_images: int, ca
         f"verifier.model={a['blip']}", f"verifier.precision={p}",
         f"captioner.checkpoint={a['ifcap']}", f"captioner.tokenizer={a['tokenizer']}",
         "captioner.clip.model=ViT-B-32-quickgelu", f"captioner.clip.pretrained={a['vitb32']}",
-        f"captioner.clip.precision={p}", f"captioner.precision={p}",
+        f"captioner.clip.precision={p}", f"captioner.precision={p}", f"captioner.entities.tagger={a['lexicon']}",
         "rerank.protocol=transductive", "rerank.fit_split=test", "eval.spice=false",
         "ray.include_dashboard=false",
     ]
@@ -330,11 +350,13 @@ def overrides(a: dict[str, Path], precision: str, device: str, n_images: int, ca
 # --------------------------------------------------------------------------------------------
 
 
-def proc_rss(pid: int | str = "self") -> int:
-    """Resident set size of a process, from /proc (Linux)."""
+def proc_rss(pid: int | str = "self", field: str = "RssAnon") -> int:
+    """Memory of a process from /proc (Linux): ``RssAnon`` (its own memory: weights, activations; the
+    default), or ``VmRSS`` (which also counts the pages of memory-mapped checkpoint files it read,
+    page cache the kernel can drop)."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     return 0
 
@@ -368,16 +390,16 @@ def my_processes():
 
 
 class PoolMemory(threading.Thread):
-    """Samples the RSS of Ray's worker processes every ``every`` s; keeps the peak per pool (the
-    process title ``ray::MapWorker(MapBatches(RetrieverActor))`` names the actor class)."""
+    """Samples the anonymous RSS of Ray's worker processes every ``every`` s; keeps the peak per pool
+    (the process title ``ray::MapWorker(MapBatches(RetrieverActor))`` names the actor class)."""
 
     def __init__(self, every: float = 0.5):
         super().__init__(daemon=True)
         self.every, self.peak, self.total_peak = every, {}, 0
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             total = 0
             for pid, cmd in my_processes():
                 if not cmd.startswith("ray::"):
@@ -391,10 +413,10 @@ class PoolMemory(threading.Thread):
                     if actor in cmd:
                         self.peak[pool] = max(self.peak.get(pool, 0), mem)
             self.total_peak = max(self.total_peak, total)
-            self._stop.wait(self.every)
+            self._halt.wait(self.every)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self.join()
 
 
@@ -438,6 +460,12 @@ def run_ray(sets: list[str], run_dir: Path, env: dict) -> dict:
     for line in out.splitlines():
         if line.startswith(("features ", "throughput", "index: ")):
             print("   ", line)
+    from adjcap.rundir import RunDir
+
+    rows = RunDir(run_dir).read_features("realsize", "test").to_pylist()
+    figures["errors"] = [r["error"] for r in rows if r["error"]]
+    figures["example"] = {"image": rows[0]["image_id"], "candidates": len(rows[0]["candidates"] or []),
+                          "best": (rows[0]["candidates"] or [{}])[0].get("text")}
     return figures
 
 
@@ -565,6 +593,9 @@ def main() -> None:
             for pool, b in sorted(r["pool_peak_rss"].items()):
                 print(f"  peak RSS {pool:9s} {gib(b)}")
             print(f"  peak RSS of all Ray workers together {gib(r['ray_peak_rss'])}")
+            print(f"  example: {r['example']}")
+            if r["errors"]:
+                print(f"  ERRORS ({len(r['errors'])}): {r['errors'][0][:400]}")
         else:
             r = run_stages(cfg, args.images)
             for k, v in r["stage_s_per_image"].items():
