@@ -361,6 +361,13 @@ def proc_rss(pid: int | str = "self", field: str = "RssAnon") -> int:
     return 0
 
 
+def proc_cpu_seconds(pid: int | str) -> float:
+    """User + system CPU seconds of a process so far (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss() -> int:
     return proc_rss()
 
@@ -396,6 +403,7 @@ class PoolMemory(threading.Thread):
     def __init__(self, every: float = 0.5):
         super().__init__(daemon=True)
         self.every, self.peak, self.total_peak = every, {}, 0
+        self.cpu: dict[str, dict[str, float]] = {}  # pool -> pid -> CPU seconds so far (incl. loading)
         self._halt = threading.Event()
 
     def run(self) -> None:
@@ -412,6 +420,10 @@ class PoolMemory(threading.Thread):
                 for actor, pool in POOL_OF_ACTOR.items():
                     if actor in cmd:
                         self.peak[pool] = max(self.peak.get(pool, 0), mem)
+                        try:
+                            self.cpu.setdefault(pool, {})[pid] = proc_cpu_seconds(pid)
+                        except (OSError, ValueError, IndexError):
+                            pass
             self.total_peak = max(self.total_peak, total)
             self._halt.wait(self.every)
 
@@ -450,7 +462,8 @@ def run_ray(sets: list[str], run_dir: Path, env: dict) -> dict:
     if proc.returncode != 0:
         print(out[-6000:])
         raise SystemExit(f"run-job failed (exit {proc.returncode})")
-    figures = {"wall_s": wall, "pool_peak_rss": mon.peak, "ray_peak_rss": mon.total_peak}
+    figures = {"wall_s": wall, "pool_peak_rss": mon.peak, "ray_peak_rss": mon.total_peak,
+               "pool_cpu_s": {pool: sum(v.values()) for pool, v in mon.cpu.items()}}
     m = re.search(r"throughput: ([\d.]+) images/s over ([\d.]+)s", out)
     if m:
         figures["features_images_per_s"], figures["features_s"] = float(m.group(1)), float(m.group(2))
@@ -484,12 +497,16 @@ def run_stages(cfg, n_images: int) -> dict:
     out: dict = {"load_s": {}, "stage_s_per_image": {}, "rss_after_load": {}}
     base = rss()
 
+    out["stage_cpu_s_per_image"] = {}
+
     def timed(label, fn):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         fn()
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         out["stage_s_per_image"][label] = (time.perf_counter() - t) / n_images
+        # CPU seconds of this process (all its threads): what a busy shared machine does not inflate
+        out["stage_cpu_s_per_image"][label] = (time.process_time() - c) / n_images
 
     def loaded(label, fn):
         gc.collect()
@@ -591,7 +608,7 @@ def main() -> None:
             print(f"  end to end: {args.images / r['wall_s']:.3f} images/s ({r['wall_s']:.0f}s wall, incl. Ray start, "
                   f"model loading, corpus encode, fit, evaluate)")
             for pool, b in sorted(r["pool_peak_rss"].items()):
-                print(f"  peak RSS {pool:9s} {gib(b)}")
+                print(f"  {pool:9s} peak RSS (anonymous) {gib(b)}, CPU {r['pool_cpu_s'].get(pool, 0):.0f}s incl. loading")
             print(f"  peak RSS of all Ray workers together {gib(r['ray_peak_rss'])}")
             print(f"  example: {r['example']}")
             if r["errors"]:
@@ -599,7 +616,7 @@ def main() -> None:
         else:
             r = run_stages(cfg, args.images)
             for k, v in r["stage_s_per_image"].items():
-                print(f"  {k:9s} {v:8.2f} s/image")
+                print(f"  {k:9s} {v:8.2f} s/image wall, {r['stage_cpu_s_per_image'][k]:8.2f} CPU-s/image")
             print(f"  corpus encode {r['corpus_encode_s_per_caption'] * 1000:.0f} ms/caption")
             for k, v in r["rss_after_load"].items():
                 print(f"  {k:9s} load {r['load_s'][k]:5.1f}s, RSS +{gib(v)}")

@@ -16,11 +16,13 @@ text towers, CoCa's appended CLS, HF text towers, 'last' pooling) are run padded
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
 import math
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -434,6 +436,22 @@ def _checkpoint_reader(path) -> tuple[dict[str, tuple[int, ...]], Any] | None:
     return {k: tuple(v.shape) for k, v in sd.items()}, sd.__getitem__
 
 
+class _DropRandomInitWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("No pretrained weights loaded")
+
+
+@contextlib.contextmanager
+def _quiet_random_init() -> Iterator[None]:
+    """open_clip warns that the model is randomly initialised; here the weights follow from the file."""
+    f = _DropRandomInitWarning()
+    logging.getLogger().addFilter(f)
+    try:
+        yield
+    finally:
+        logging.getLogger().removeFilter(f)
+
+
 def _build_towers(src, keep: set[str], dtype: torch.dtype, dev: torch.device):
     """Only the kept towers, allocated once in ``dtype`` on ``dev`` and filled tensor by tensor from a
     local checkpoint file: peak memory is the kept towers (bigG's image tower in bf16: 3.4 GiB, instead
@@ -446,7 +464,7 @@ def _build_towers(src, keep: set[str], dtype: torch.dtype, dev: torch.device):
     if reader is None:
         return None
     shapes, get = reader
-    with torch.device("meta"):
+    with torch.device("meta"), _quiet_random_init():
         net = open_clip.create_model(
             src.model, pretrained=None, precision="fp32", device="meta",
             force_preprocess_cfg=src.force_preprocess or None, force_quick_gelu=src.force_quick_gelu,
