@@ -380,28 +380,35 @@ def available_bytes() -> int:
     return 0
 
 
-def my_processes():
-    """(pid, command line) of this user's processes."""
-    uid = os.getuid()
+def descendants(root: int):
+    """(pid, command line) of every process below ``root`` (the job's driver starts Ray's raylet,
+    which starts the workers), so that other users' Ray jobs on a shared machine are not counted."""
+    parent, cmds = {}, {}
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
         try:
-            if os.stat(f"/proc/{d}").st_uid != uid:
-                continue
+            with open(f"/proc/{d}/stat") as f:
+                parent[int(d)] = int(f.read().rsplit(")", 1)[1].split()[1])
             with open(f"/proc/{d}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-        except OSError:
+                cmds[int(d)] = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except (OSError, ValueError, IndexError):
             continue
-        yield d, cmd
+    for pid, cmd in cmds.items():
+        p, seen = pid, 0
+        while p in parent and p != root and seen < 64:
+            p, seen = parent[p], seen + 1
+        if p == root and pid != root:
+            yield pid, cmd
 
 
 class PoolMemory(threading.Thread):
     """Samples the anonymous RSS of Ray's worker processes every ``every`` s; keeps the peak per pool
     (the process title ``ray::MapWorker(MapBatches(RetrieverActor))`` names the actor class)."""
 
-    def __init__(self, every: float = 0.5):
+    def __init__(self, root: int, every: float = 0.5):
         super().__init__(daemon=True)
+        self.root = root
         self.every, self.peak, self.total_peak = every, {}, 0
         self.cpu: dict[str, dict[str, float]] = {}  # pool -> pid -> CPU seconds so far (incl. loading)
         self._halt = threading.Event()
@@ -409,7 +416,7 @@ class PoolMemory(threading.Thread):
     def run(self) -> None:
         while not self._halt.is_set():
             total = 0
-            for pid, cmd in my_processes():
+            for pid, cmd in descendants(self.root):
                 if not cmd.startswith("ray::"):
                     continue
                 try:
@@ -452,13 +459,18 @@ def run_ray(sets: list[str], run_dir: Path, env: dict) -> dict:
     for s in sets:
         cmd += ["--set", s]
     print("  $ " + " ".join(cmd[:8]) + f" ... ({len(sets)} --set overrides)")
-    mon = PoolMemory()
-    mon.start()
     t = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    log = run_dir.parent / f"{run_dir.name}.log"
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, text=True)
+        mon = PoolMemory(proc.pid)
+        mon.start()
+        proc.wait()
     wall = time.time() - t
     mon.stop()
-    out = proc.stdout + proc.stderr
+    out = log.read_text()
+    print(f"  job output: {log}")
     if proc.returncode != 0:
         print(out[-6000:])
         raise SystemExit(f"run-job failed (exit {proc.returncode})")
@@ -507,6 +519,8 @@ def run_stages(cfg, n_images: int) -> dict:
         out["stage_s_per_image"][label] = (time.perf_counter() - t) / n_images
         # CPU seconds of this process (all its threads): what a busy shared machine does not inflate
         out["stage_cpu_s_per_image"][label] = (time.process_time() - c) / n_images
+        print(f"  {label:9s} {out['stage_s_per_image'][label]:8.2f} s/image wall, "
+              f"{out['stage_cpu_s_per_image'][label]:8.2f} CPU-s/image", flush=True)
 
     def loaded(label, fn):
         gc.collect()
@@ -514,12 +528,15 @@ def run_stages(cfg, n_images: int) -> dict:
         m = fn()
         out["load_s"][label] = time.perf_counter() - t
         out["rss_after_load"][label] = rss() - base
+        print(f"  {label:9s} load {out['load_s'][label]:5.1f}s, RSS (anonymous) +{gib(out['rss_after_load'][label])}",
+              flush=True)
         return m
 
     enc = loaded("encoder", lambda: load_retrieval_encoder(cfg.retrieval.encoder, dev, towers=("text",)))
     t = time.perf_counter()
     vecs = enc.encode_texts(list(corpus.texts), normalize=True)
     out["corpus_encode_s_per_caption"] = (time.perf_counter() - t) / len(corpus.texts)
+    print(f"  corpus encode {out['corpus_encode_s_per_caption'] * 1000:.0f} ms/caption wall", flush=True)
     index = CaptionIndex.from_arrays(vecs.float().cpu().numpy(), device=dev, precision="fp16")
     del enc
     enc = loaded("retriever", lambda: load_retrieval_encoder(cfg.retrieval.encoder, dev, towers=("image",)))
@@ -542,9 +559,8 @@ def run_stages(cfg, n_images: int) -> dict:
     gc.collect()
     errors = [s.error for s in states if s.error]
     out["errors"] = errors
-    out["example"] = {"image": states[0].image_id, "retrieved": [c.text for c in states[0].retrieved[:2]]
-                      if getattr(states[0], "retrieved", None) else None,
-                      "candidates": len(getattr(states[0], "candidates", []) or [])}
+    out["example"] = {"image": states[0].image_id, "retrieved": [c["text"] for c in states[0].retrieved[:2]],
+                      "candidates": len(states[0].candidates), "verified": len(states[0].verified)}
     return out
 
 
@@ -615,11 +631,7 @@ def main() -> None:
                 print(f"  ERRORS ({len(r['errors'])}): {r['errors'][0][:400]}")
         else:
             r = run_stages(cfg, args.images)
-            for k, v in r["stage_s_per_image"].items():
-                print(f"  {k:9s} {v:8.2f} s/image wall, {r['stage_cpu_s_per_image'][k]:8.2f} CPU-s/image")
-            print(f"  corpus encode {r['corpus_encode_s_per_caption'] * 1000:.0f} ms/caption")
-            for k, v in r["rss_after_load"].items():
-                print(f"  {k:9s} load {r['load_s'][k]:5.1f}s, RSS +{gib(v)}")
+            print(f"  example: {r['example']}")
             if r["errors"]:
                 print(f"  ERRORS: {r['errors']}")
         results[f"{prec}-{mode}"] = r

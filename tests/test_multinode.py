@@ -8,6 +8,7 @@ The GPUs are logical (Ray resources only): the actors are scheduled as on GPU ma
 no CUDA device and runs on the CPU."""
 
 import math
+import threading
 from collections import Counter
 
 import pytest
@@ -62,26 +63,46 @@ def _run_job(cluster, demo_cfg, run_dir, workers: int) -> str:
     return res.output
 
 
-def _actors(cluster, seen: set) -> dict[str, list[str]]:
-    """Pool actor class -> node ids of the actors created since ``seen`` (the GCS actor table)."""
-    out: dict[str, list[str]] = {p: [] for p in POOLS}
-    for actor_id, a in cluster.global_state.actor_table(None).items():
-        if actor_id in seen:
-            continue
-        seen.add(actor_id)
-        for p in POOLS:
-            if p in a.get("ActorClassName", "") or p in str(a.get("Name", "")):
-                out[p].append(a["Address"]["NodeID"])
-    return out
+class ActorPlacement(threading.Thread):
+    """While a job runs: the node of every live actor of a pool (the GCS actor table gives the node
+    and the pid; the pid's process title, ``ray::MapWorker(MapBatches(RetrieverActor))``, the pool)."""
+
+    def __init__(self, cluster):
+        super().__init__(daemon=True)
+        self.cluster, self.seen, self.halt = cluster, {}, threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            for actor_id, a in self.cluster.global_state.actor_table(None).items():
+                if actor_id in self.seen or a["State"] != "ALIVE" or not a["Pid"]:
+                    continue
+                try:
+                    with open(f"/proc/{a['Pid']}/cmdline", "rb") as f:
+                        title = f.read().decode(errors="replace")
+                except OSError:
+                    continue
+                pool = next((p for p in POOLS if p in title), None)
+                if pool:
+                    self.seen[actor_id] = (pool, a["Address"]["NodeID"])
+            self.halt.wait(0.2)
+
+    def placement(self) -> dict[str, list[str]]:
+        self.halt.set()
+        self.join()
+        out: dict[str, list[str]] = {p: [] for p in POOLS}
+        for pool, node in self.seen.values():
+            out[pool].append(node)
+        return out
 
 
 @pytest.fixture(scope="module")
 def runs(cluster, demo_cfg, tmp_path_factory):
     c, gpu_nodes = cluster
-    seen: set = set()
     wide = tmp_path_factory.mktemp("wide") / "demo"
+    watch = ActorPlacement(c)
+    watch.start()
     _run_job(c, demo_cfg, wide, workers=4)
-    wide_actors = _actors(c, seen)
+    wide_actors = watch.placement()
     narrow = tmp_path_factory.mktemp("narrow") / "demo"
     _run_job(c, demo_cfg, narrow, workers=1)
     return wide, wide_actors, narrow, gpu_nodes
