@@ -8,6 +8,7 @@ The GPUs are logical (Ray resources only): the actors are scheduled as on GPU ma
 no CUDA device and runs on the CPU."""
 
 import math
+import os
 import threading
 from collections import Counter
 
@@ -25,7 +26,6 @@ POOLS = ("RetrieverActor", "VerifierActor", "CaptionerActor", "ScorerActor")
 @pytest.fixture(scope="module")
 def cluster():
     """Head (1 CPU, 0 GPU) + two nodes (8 logical CPUs, 2 logical GPUs each), all on 127.0.0.1."""
-    import os
 
     from ray._private import ray_constants
     from ray.cluster_utils import Cluster
@@ -36,10 +36,10 @@ def cluster():
     local = {"node_ip_address": "127.0.0.1", "object_store_memory": 150 << 20}
     c = Cluster(initialize_head=True, head_node_args={**local, "num_cpus": 1, "num_gpus": 0,
                                                       "include_dashboard": False})
-    gpu_nodes = [c.add_node(**local, num_cpus=8, num_gpus=2) for _ in range(2)]
+    gpu_nodes = {f"gpu-node-{i}": c.add_node(**local, num_cpus=8, num_gpus=2) for i in range(2)}
     c.wait_for_nodes()
     try:
-        yield c, {n.node_id for n in gpu_nodes}
+        yield c, gpu_nodes
     finally:
         c.shutdown()
         ray_constants.ENABLE_RAY_CLUSTER = old[0]
@@ -63,27 +63,38 @@ def _run_job(cluster, demo_cfg, run_dir, workers: int) -> str:
     return res.output
 
 
-class ActorPlacement(threading.Thread):
-    """While a job runs: the node of every live actor of a pool (the GCS actor table gives the node
-    and the pid; the pid's process title, ``ray::MapWorker(MapBatches(RetrieverActor))``, the pool)."""
+def raylet_pid(node) -> int:
+    from ray._private import ray_constants
 
-    def __init__(self, cluster):
+    return node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
+
+
+class ActorPlacement(threading.Thread):
+    """While a job runs: which node each pool actor lives on. Every node of the simulated cluster is a
+    raylet on this machine and a node's workers are its raylet's children; a worker's process title,
+    ``ray::MapWorker(MapBatches(RetrieverActor))``, names the pool."""
+
+    def __init__(self, nodes: dict[int, str]):
         super().__init__(daemon=True)
-        self.cluster, self.seen, self.halt = cluster, {}, threading.Event()
+        self.nodes, self.seen, self.halt = nodes, {}, threading.Event()  # raylet pid -> node name
 
     def run(self) -> None:
         while not self.halt.is_set():
-            for actor_id, a in self.cluster.global_state.actor_table(None).items():
-                if actor_id in self.seen or a["State"] != "ALIVE" or not a["Pid"]:
+            for d in os.listdir("/proc"):
+                if not d.isdigit() or int(d) in self.seen:
                     continue
                 try:
-                    with open(f"/proc/{a['Pid']}/cmdline", "rb") as f:
+                    with open(f"/proc/{d}/stat") as f:
+                        ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                    if ppid not in self.nodes:
+                        continue
+                    with open(f"/proc/{d}/cmdline", "rb") as f:
                         title = f.read().decode(errors="replace")
-                except OSError:
+                except (OSError, ValueError, IndexError):
                     continue
-                pool = next((p for p in POOLS if p in title), None)
+                pool = next((p for p in POOLS if f"MapBatches({p})" in title), None)
                 if pool:
-                    self.seen[actor_id] = (pool, a["Address"]["NodeID"])
+                    self.seen[int(d)] = (pool, self.nodes[ppid])
             self.halt.wait(0.2)
 
     def placement(self) -> dict[str, list[str]]:
@@ -99,13 +110,14 @@ class ActorPlacement(threading.Thread):
 def runs(cluster, demo_cfg, tmp_path_factory):
     c, gpu_nodes = cluster
     wide = tmp_path_factory.mktemp("wide") / "demo"
-    watch = ActorPlacement(c)
+    nodes = {raylet_pid(c.head_node): "head", **{raylet_pid(n): name for name, n in gpu_nodes.items()}}
+    watch = ActorPlacement(nodes)
     watch.start()
     _run_job(c, demo_cfg, wide, workers=4)
     wide_actors = watch.placement()
     narrow = tmp_path_factory.mktemp("narrow") / "demo"
     _run_job(c, demo_cfg, narrow, workers=1)
-    return wide, wide_actors, narrow, gpu_nodes
+    return wide, wide_actors, narrow, set(gpu_nodes)
 
 
 def test_pools_spread_over_the_gpu_nodes_as_asked(runs):
