@@ -9,6 +9,7 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
+from adjcap.accelerators import HIP, ROCR, Gpu, backend, rocm_visible_env, visible_gpus
 from adjcap.config import Config
 
 
@@ -54,12 +55,14 @@ def report(cfg: Config) -> str:
     cfg = cfg.resolved()
     lines = [f"python      {platform.python_version()} ({platform.machine()})",
              f"torch       {torch.__version__}"]
-    if torch.cuda.is_available():
-        name = torch.cuda.get_device_name(0)
-        kind = f"ROCm {torch.version.hip}" if getattr(torch.version, "hip", None) else f"CUDA {torch.version.cuda}"
-        lines.append(f"accelerator {kind}, {torch.cuda.device_count()} x {name}")
+    gpus = visible_gpus()
+    if gpus:
+        lines.append(f"accelerator {backend()}, {len(gpus)} x {gpus[0].name}")
     else:
         lines.append("accelerator none (CPU only)")
+    if rocm_visible_env():
+        lines.append(f"            {ROCR} is set without {HIP}: Ray refuses to start so; the Ray jobs set "
+                     f"{HIP}={rocm_visible_env()[HIP]} for the local Ray (set it yourself before `ray start`)")
     for pkg in ("ray", "open_clip_torch", "transformers", "pycocoevalcap", "nltk"):
         lines.append(f"{pkg:11s} {_version(pkg)}")
     lines.append(f"java        {_java()}")
@@ -94,4 +97,36 @@ def report(cfg: Config) -> str:
         lines.append(f"  images             {_model_status(cfg, b.images, 'file')}")
         if b.corpus:
             lines.append(f"  corpus             {_model_status(cfg, b.corpus, 'file')}")
+    lines.append("")
+    lines.extend(budget_lines(cfg, gpus))
     return "\n".join(lines)
+
+
+def budget_lines(cfg: Config, gpus: list[Gpu]) -> list[str]:
+    """Memory of each pool's models (``cfg`` resolved) and whether one actor of every pool fits on
+    one of ``gpus`` (the default GPU shares put one actor of each pool on every GPU)."""
+    from adjcap.models.budget import POOLS, pool_budget
+
+    budget = pool_budget(cfg, gpu=bool(gpus))
+    where = "on the GPU" if gpus else "on the CPU"
+    lines = [f"memory per pool ({where}, weights at the configured precision; activations and the index extra):"]
+    for pool in (*POOLS, "encoder"):
+        b = budget[pool]
+        note = " (adjcap encode-corpus)" if pool == "encoder" else ""
+        lines.append(f"  {pool:10s} {b['params'] / 1e6:9.1f} M params  {_gib(b['bytes']):>10s}{note}")
+    total = sum(budget[p]["bytes"] for p in POOLS)
+    lines.append(f"  one actor of every pool: {_gib(total)}")
+    if not gpus:
+        lines.append("  no GPU visible: the pools run on the CPU (RAM)")
+        return lines
+    smallest = min(gpus, key=lambda g: g.total_bytes)
+    left = smallest.total_bytes - total
+    verdict = (f"fits: {_gib(left)} left for activations and the caption index" if left > 0 else
+               f"does NOT fit ({_gib(-left)} short): use bf16/fp16 (retrieval.encoder.precision, verifier.precision, "
+               f"captioner.precision) or larger GPUs")
+    lines.append(f"  per GPU ({len(gpus)} x {smallest.name}, {_gib(smallest.total_bytes)}): {verdict}")
+    return lines
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"

@@ -15,6 +15,7 @@ from typing import Iterator
 
 import ray
 
+from adjcap.accelerators import rocm_visible_env
 from adjcap.config import Config
 from adjcap.models.budget import POOLS as FEATURE_POOLS, human_bytes, pool_budget
 
@@ -88,6 +89,7 @@ def ray_session(cfg: Config) -> Iterator[None]:
         finally:
             ray.shutdown()
         return
+    os.environ.update(rocm_visible_env())  # AMD nodes that set ROCR_VISIBLE_DEVICES only (Ray refuses those)
     with _loopback_only():
         _private_token_dir()
         try:

@@ -26,6 +26,7 @@ from typing import Any, Iterable
 CLIP_TOWERS: dict[str, dict[str, int]] = {
     "ViT-bigG-14": {"image": 1_844_907_264, "text": 694_659_841},
     "ViT-B-32": {"image": 87_849_216, "text": 63_428_097},
+    "ViT-B-32-quickgelu": {"image": 87_849_216, "text": 63_428_097},
     "RN50x64": {"image": 420_380_352, "text": 202_877_953},
 }
 # Hugging Face BlipForImageTextRetrieval, ViT-L/16 at 384 px + BERT-base with cross-attention
@@ -34,9 +35,9 @@ BLIP_PARAMS: dict[str, int] = {
     "Salesforce/blip-itm-large-coco": BLIP_ITM_LARGE,
     "Salesforce/blip-itm-large-flickr": BLIP_ITM_LARGE,
 }
-# IFCap without its CLIP: GPT-2 small (124,439,808) + the 8-layer d=768 mapping network (about 57.1M,
-# estimated from its dimensions; the checkpoint file's size is used whenever it is on disk)
-IFCAP_PARAMS = 181_560_576
+# IFCap without its CLIP: GPT-2 small (124,439,808) + the mapping network (46,864,128; both counted on
+# the meta device from the released layout, spec/ifcap.md); the checkpoint file's size is used when on disk
+IFCAP_PARAMS = 124_439_808 + 46_864_128
 
 BYTES_PER_PARAM = {"fp32": 4, "fp16": 2, "bf16": 2}
 _SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,

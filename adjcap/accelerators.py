@@ -1,0 +1,57 @@
+"""GPUs as torch and Ray see them: NVIDIA (CUDA) and AMD (ROCm).
+
+torch's ROCm build presents AMD GPUs as ``cuda`` devices (``torch.cuda.is_available()``,
+``torch.device("cuda")``; ``torch.version.hip`` is set), so every model loader's ``cuda`` path is the
+ROCm path too. Ray counts AMD GPUs under the same ``GPU`` resource as NVIDIA ones (its AMD accelerator
+manager; the node's ``accelerator_type:AMD-Instinct-...`` resource names the model) and pins each actor
+to its share with ``HIP_VISIBLE_DEVICES``. Ray refuses to start on a node where only
+``ROCR_VISIBLE_DEVICES`` is set (as SLURM and some container runtimes do); :func:`rocm_visible_env`
+gives the ``HIP_VISIBLE_DEVICES`` that keeps the same devices visible.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+ROCR = "ROCR_VISIBLE_DEVICES"
+HIP = "HIP_VISIBLE_DEVICES"
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    total_bytes: int
+
+
+def backend() -> str | None:
+    """"ROCm x.y" or "CUDA x.y" for the torch build when a GPU is visible, else None."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    hip = getattr(torch.version, "hip", None)
+    return f"ROCm {hip}" if hip else f"CUDA {torch.version.cuda}"
+
+
+def visible_gpus() -> list[Gpu]:
+    """The GPUs torch can use here (AMD ones included, through the ROCm build)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    return [Gpu(torch.cuda.get_device_name(i), int(torch.cuda.get_device_properties(i).total_memory))
+            for i in range(torch.cuda.device_count())]
+
+
+def rocm_visible_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Variables to add so that Ray starts on a node that restricts AMD GPUs with
+    ``ROCR_VISIBLE_DEVICES`` only: ``HIP_VISIBLE_DEVICES`` numbering the ROCR-visible devices 0..n-1
+    (HIP indexes within what ROCR exposes). Empty when nothing needs adding."""
+    env = os.environ if environ is None else environ
+    rocr = env.get(ROCR)
+    if rocr is None or HIP in env:
+        return {}
+    n = len([d for d in rocr.split(",") if d.strip()])
+    return {HIP: ",".join(str(i) for i in range(n))}

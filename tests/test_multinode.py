@@ -1,0 +1,150 @@
+"""Several nodes, simulated on this machine: a Ray cluster of a head (no GPU) and two worker nodes
+with two logical GPUs each (ray.cluster_utils.Cluster, every server on 127.0.0.1), and
+`adjcap run-job demo --workers 4 --address ADDR` across it: the pools' actors sit on the GPU nodes,
+four per pool, eight per node (two nodes x two GPUs / 0.25 GPU per actor); every image is written
+exactly once; the rows equal those of `--workers 1` on the same cluster.
+
+The GPUs are logical (Ray resources only): the actors are scheduled as on GPU machines, torch sees
+no CUDA device and runs on the CPU."""
+
+import math
+import os
+import threading
+from collections import Counter
+
+import pytest
+
+from adjcap.rundir import RunDir
+from jobs.run_benchmark import read_records
+
+pytestmark = pytest.mark.slow
+
+LIMIT = 4
+POOLS = ("RetrieverActor", "VerifierActor", "CaptionerActor", "ScorerActor")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Head (1 CPU, 0 GPU) + two nodes (8 logical CPUs, 2 logical GPUs each), all on 127.0.0.1."""
+
+    from ray._private import ray_constants
+    from ray.cluster_utils import Cluster
+
+    old = ray_constants.ENABLE_RAY_CLUSTER, os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
+    ray_constants.ENABLE_RAY_CLUSTER = False  # this driver's node IP: 127.0.0.1
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # Ray's own processes (they inherit it)
+    local = {"node_ip_address": "127.0.0.1", "object_store_memory": 150 << 20}
+    c = Cluster(initialize_head=True, head_node_args={**local, "num_cpus": 1, "num_gpus": 0,
+                                                      "include_dashboard": False})
+    gpu_nodes = {f"gpu-node-{i}": c.add_node(**local, num_cpus=8, num_gpus=2) for i in range(2)}
+    c.wait_for_nodes()
+    try:
+        yield c, gpu_nodes
+    finally:
+        c.shutdown()
+        ray_constants.ENABLE_RAY_CLUSTER = old[0]
+        if old[1] is None:
+            os.environ.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
+        else:
+            os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = old[1]
+
+
+def _run_job(cluster, demo_cfg, run_dir, workers: int) -> str:
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    res = CliRunner().invoke(app, [
+        "run-job", "demo", "--workers", str(workers), "--address", cluster.address, "--run-dir", str(run_dir),
+        "--limit", str(LIMIT), "--no-evaluate", "--set", f"paths.cache_dir={demo_cfg.paths.cache_dir}",
+        "--set", "ray.rows_per_part=3",
+    ])
+    assert res.exit_code == 0, res.output
+    return res.output
+
+
+def raylet_pid(node) -> int:
+    from ray._private import ray_constants
+
+    return node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
+
+
+class ActorPlacement(threading.Thread):
+    """While a job runs: which node each pool actor lives on. Every node of the simulated cluster is a
+    raylet on this machine and a node's workers are its raylet's children; a worker's process title,
+    ``ray::MapWorker(MapBatches(RetrieverActor))``, names the pool."""
+
+    def __init__(self, nodes: dict[int, str]):
+        super().__init__(daemon=True)
+        self.nodes, self.seen, self.halt = nodes, {}, threading.Event()  # raylet pid -> node name
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            for d in os.listdir("/proc"):
+                if not d.isdigit() or int(d) in self.seen:
+                    continue
+                try:
+                    with open(f"/proc/{d}/stat") as f:
+                        ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                    if ppid not in self.nodes:
+                        continue
+                    with open(f"/proc/{d}/cmdline", "rb") as f:
+                        title = f.read().decode(errors="replace")
+                except (OSError, ValueError, IndexError):
+                    continue
+                pool = next((p for p in POOLS if f"MapBatches({p})" in title), None)
+                if pool:
+                    self.seen[int(d)] = (pool, self.nodes[ppid])
+            self.halt.wait(0.2)
+
+    def placement(self) -> dict[str, list[str]]:
+        self.halt.set()
+        self.join()
+        out: dict[str, list[str]] = {p: [] for p in POOLS}
+        for pool, node in self.seen.values():
+            out[pool].append(node)
+        return out
+
+
+@pytest.fixture(scope="module")
+def runs(cluster, demo_cfg, tmp_path_factory):
+    c, gpu_nodes = cluster
+    wide = tmp_path_factory.mktemp("wide") / "demo"
+    nodes = {raylet_pid(c.head_node): "head", **{raylet_pid(n): name for name, n in gpu_nodes.items()}}
+    watch = ActorPlacement(nodes)
+    watch.start()
+    _run_job(c, demo_cfg, wide, workers=4)
+    wide_actors = watch.placement()
+    narrow = tmp_path_factory.mktemp("narrow") / "demo"
+    _run_job(c, demo_cfg, narrow, workers=1)
+    return wide, wide_actors, narrow, set(gpu_nodes)
+
+
+def test_pools_spread_over_the_gpu_nodes_as_asked(runs):
+    _, actors, _, gpu_nodes = runs
+    for pool in POOLS:
+        assert len(actors[pool]) == 4, (pool, actors)
+        assert set(actors[pool]) <= gpu_nodes, f"{pool} actor on the GPU-less head"
+    per_node = Counter(n for nodes in actors.values() for n in nodes)
+    # 16 actors x 0.25 GPU fill the two nodes' 2 x 2 GPUs: eight actors on each
+    assert sorted(per_node.values()) == [8, 8] and set(per_node) == gpu_nodes
+
+
+def test_every_image_exactly_once_and_rows_equal_to_one_worker(runs, demo_cfg):
+    wide, _, narrow, _ = runs
+    cfg = demo_cfg.model_copy(update={"limit": LIMIT}).resolved()
+    for split, recs in read_records(cfg).items():
+        got = RunDir(wide).read_features("demo", split).to_pylist()
+        ref = {r["image_id"]: r for r in RunDir(narrow).read_features("demo", split).to_pylist()}
+        ids = [r["image_id"] for r in got]
+        assert len(ids) == len(set(ids)) == LIMIT and set(ids) == {r.image_id for r in recs} == set(ref)
+        for g in got:
+            e = ref[g["image_id"]]
+            assert g["error"] is None and e["error"] is None
+            assert [r["corpus_id"] for r in g["retrieved"]] == [r["corpus_id"] for r in e["retrieved"]]
+            assert [v["corpus_id"] for v in g["verified"]] == [v["corpus_id"] for v in e["verified"]]
+            assert g["entities"] == e["entities"] and g["prompt"] == e["prompt"]
+            assert [x["text"] for x in g["candidates"]] == [x["text"] for x in e["candidates"]]
+            for gc, ec in zip(g["candidates"], e["candidates"]):
+                for key in ("lm_logprob_sum", "lm_logprob_mean", "retrieval_cosine", "verifier"):
+                    assert math.isclose(gc[key], ec[key], rel_tol=1e-3, abs_tol=1e-4), (g["image_id"], key)
