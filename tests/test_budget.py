@@ -23,7 +23,11 @@ def test_headline_budget_from_the_known_architectures():
     assert cpu["scorer"]["params"] == big["text"] + budget.BLIP_ITM_LARGE
     assert cpu["verifier"]["params"] == budget.BLIP_ITM_LARGE
     assert cpu["captioner"]["params"] == budget.IFCAP_PARAMS + sum(budget.CLIP_TOWERS["ViT-B-32"].values())
-    # "auto" precision: fp32 on the CPU, half on a GPU; the captioner's IFCap is fp32 by config
+    # the paper's presets run fp32 everywhere
+    assert cpu["retriever"]["bytes"] == gpu["retriever"]["bytes"] == 4 * big["image"]
+    # "auto" precision: fp32 on the CPU, half on a GPU; the captioner's GPT-2 keeps its fp32
+    auto = load_config("headline", ["paths.data_dir=/nonexistent", "precision=auto"]).resolved()
+    cpu, gpu = budget.pool_budget(auto, gpu=False), budget.pool_budget(auto, gpu=True)
     assert cpu["retriever"]["bytes"] == 4 * big["image"] and gpu["retriever"]["bytes"] == 2 * big["image"]
     vit_b = sum(budget.CLIP_TOWERS["ViT-B-32"].values())
     assert gpu["captioner"]["bytes"] == 4 * budget.IFCAP_PARAMS + 2 * vit_b
