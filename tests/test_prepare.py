@@ -549,6 +549,7 @@ def test_models_in_the_hf_cache_are_found_without_network(tmp_path, sources, mon
     tok.mkdir()
     (tok / "vocab.json").write_text("{}")
     sets = ["retrieval.encoder.model=ViT-B-32", "retrieval.encoder.pretrained=openai",
+            "eval.clipscore.model=ViT-B-32", "eval.clipscore.pretrained=openai",  # the CLIPScore encoder is fetched too
             "verifier.model=adjcap-test/tiny-blip", f"captioner.tokenizer={tok}"]
     data = tmp_path / "data"
     lines: list[str] = []
