@@ -82,7 +82,7 @@ def test_doctor_names_rocm_and_the_budget_on_amd_gpus(rocm_torch, monkeypatch, t
 
 
 def test_budget_counts_the_towers_each_pool_holds_and_says_when_a_gpu_is_too_small():
-    cfg = load_config("headline").resolved()
+    cfg = load_config("headline", ["precision=auto"]).resolved()
     gpu = pool_budget(cfg, gpu=True)  # auto precision: half on a GPU (IFCap stays fp32, spec 1.5)
     assert gpu["retriever"] == {"params": 1_844_907_264, "bytes": 2 * 1_844_907_264}  # bigG image tower only
     assert gpu["scorer"]["params"] == 694_659_841 + 446_128_642  # bigG text tower + BLIP ITM large
