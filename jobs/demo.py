@@ -19,6 +19,12 @@ def prepare(cfg: Config) -> None:
     build_tiny_world(cache, demo_corpus_texts(cache / "demo"), seed=cfg.seed)
 
 
+def prepare_if_demo(cfg: Config) -> None:
+    """The demo world and its tiny models when ``cfg`` uses them (its benchmark is the demo world)."""
+    if cfg.benchmark == "demo":
+        prepare(cfg)
+
+
 def main(cfg: Config, run_dir: str | Path | None = None, resume: bool = True, evaluate_after: bool = True) -> RunDir:
     prepare(cfg)
     out = run.main(cfg, run_dir=run_dir, resume=resume, evaluate_after=evaluate_after)
