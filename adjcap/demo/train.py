@@ -118,7 +118,7 @@ def train_tiny_world(
 ) -> dict[str, Any]:
     """Train every model of a freshly built (random) tiny world in place; returns the training logs."""
     s = settings
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     pool = render_pool(seed, s.pool_images, CLIP_POOL)
     render_s = time.perf_counter() - t0
     logs: dict[str, Any] = {"render_seconds": round(render_s, 3), "settings": asdict(s)}
@@ -150,4 +150,5 @@ def train_tiny_world(
         steps=s.ifcap_steps, batch=s.ifcap_batch, lr=s.ifcap_lr, clip_model=captioner_model,
         mapping_heads=mapping_heads, threads=s.threads).as_dict()
     logs["seconds"] = round(time.perf_counter() - t0, 3)
+    logs["cpu_seconds"] = round(time.process_time() - c0, 3)
     return logs
