@@ -60,14 +60,14 @@ def effect(demo_cfg):
 
 def test_stage1_retrieval_judge_recalls_held_out_pairs(quality):
     ret, cap = quality["retrieval_clip"], quality["captioner_clip"]
-    assert ret["i2t_r@1"] >= 0.15 and ret["i2t_r@5"] >= 0.45, ret  # chance: 0.005 / 0.025 of 200
+    assert ret["i2t_r@1"] >= 0.18 and ret["i2t_r@5"] >= 0.45, ret  # chance: 0.005 / 0.025 of 200
     assert ret["i2t_r@5"] > cap["i2t_r@5"], (ret, cap)  # the judge sees the image better than the captioner
 
 
 def test_stage1_verifier_judges_held_out_pairs(quality):
     itm = quality["blip_itm"]
-    assert itm["accuracy"] >= 0.7, itm
-    assert itm["pairwise_swap"] >= 0.7 and itm["pairwise_count"] >= 0.7 and itm["pairwise_other"] >= 0.85, itm
+    assert itm["accuracy"] >= 0.65, itm  # chance 0.5; the pairs are mostly one-word negatives
+    assert itm["pairwise_swap"] >= 0.65 and itm["pairwise_count"] >= 0.75 and itm["pairwise_other"] >= 0.85, itm
 
 
 # ---- stage 2: the captioner's errors ---------------------------------------------------------------
