@@ -1,4 +1,5 @@
-"""Mismatched captions that differ from a true one in a single word (a colour, an object, a count):
+"""Mismatched captions that differ from a true one in a single word (a colour, an object, a count) or
+by one added object the scene does not have:
 the hard negatives of the tiny judges' trainings and of their held-out checks."""
 
 from __future__ import annotations
@@ -65,12 +66,29 @@ def count_negative(captions: list[str], scene: dict[str, Any], rng: random.Rando
     return " ".join(words)
 
 
+def insert_negative(caption: str, scene: dict[str, Any], rng: random.Random) -> str:
+    """``caption`` with an object the scene does not have added ("... on the grass next to a white
+    clock."): the hallucinated extra object a captioner's beam is full of."""
+    present = {o["type"] for o in scene["objects"]}
+    kind = rng.choice(sorted(k for k in OBJECTS if k not in present))
+    colour = rng.choice(OBJECTS[kind][1] or tuple(COLOURS))
+    core = f"{colour} {kind}"
+    phrase = f"{'an' if core[0] in 'aeiou' else 'a'} {core}"
+    body = caption.rstrip()
+    end = "." if body.endswith(".") else ""
+    return f"{body.rstrip('.')} next to {phrase}{end}"
+
+
 def hard_negative(captions: list[str], k: int, scene: dict[str, Any], rng: random.Random,
-                  count_share: float = 0.3) -> str | None:
-    """A one-word negative of ``captions[k]``: a wrong count (with probability ``count_share``, when a
-    caption of the scene states a count), else a swapped colour or object, else None."""
-    if rng.random() < count_share:
+                  count_share: float = 0.25, insert_share: float = 0.25) -> str | None:
+    """A near-miss negative of ``captions[k]``: a wrong count (with probability ``count_share``, when a
+    caption of the scene states a count), an added absent object (``insert_share``), else a swapped
+    colour or object (None when the caption has no such word)."""
+    u = rng.random()
+    if u < count_share:
         neg = count_negative(captions, scene, rng)
         if neg is not None:
             return neg
+    elif u < count_share + insert_share:
+        return insert_negative(captions[k], scene, rng)
     return swap_negative(captions[k], scene, rng)

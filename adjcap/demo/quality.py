@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from adjcap.demo.train_base import HELDOUT_POOL, TrainingPool, deterministic, render_pool
-from adjcap.demo.negatives import count_negative, swap_negative
+from adjcap.demo.negatives import count_negative, insert_negative, swap_negative
 from adjcap.demo.world import COLOURS, OBJECTS
 
 _NUMBER_WORDS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "single": 1}
@@ -90,28 +90,30 @@ def retrieval_recall(enc, pool: TrainingPool, ks: Sequence[int] = (1, 5)) -> dic
 def itm_accuracy(ver, pool: TrainingPool, seed: int = 0) -> dict[str, float]:
     """BLIP ITM on held-out pairs: each image with a true caption, a caption with one colour or object
     word swapped for an absent one, a caption with a wrong count (when the scene has a countable
-    group) and another scene's caption. ``accuracy``: the match probability on the right side of 0.5,
+    group), the true caption with an absent object added, and another scene's caption. ``accuracy``: the match probability on the right side of 0.5,
     over all pairs; ``pairwise_*``: how often the true caption scores above each kind of negative."""
     rng = random.Random(f"adjcap-quality:{seed}")
     n = len(pool)
-    pos, swap, count, other = [], [], [], []
+    pos, swap, count, insert, other = [], [], [], [], []
     for i in range(n):
         cap = pool.captions[i][0]
         pos.append(cap)
         swap.append(swap_negative(cap, pool.scenes[i], rng))
         count.append(count_negative(pool.captions[i], pool.scenes[i], rng))
+        insert.append(insert_negative(cap, pool.scenes[i], rng))
         j = (i + 1 + rng.randrange(n - 1)) % n
         other.append(pool.captions[j][0])
-    pairs = [[p, *(x for x in (s, c, o) if x is not None)] for p, s, c, o in zip(pos, swap, count, other)]
+    negs = list(zip(swap, count, insert, other))
+    pairs = [[p, *(x for x in ng if x is not None)] for p, ng in zip(pos, negs)]
     probs = ver.score(ver.encode_images(pool.images), pairs)
     right, total = 0, 0
-    wins = {"swap": [0, 0], "count": [0, 0], "other": [0, 0]}
-    for pr, s, c, o in zip(probs, swap, count, other):
+    wins = {"swap": [0, 0], "count": [0, 0], "insert": [0, 0], "other": [0, 0]}
+    for pr, ng in zip(probs, negs):
         pr = [float(x) for x in pr]
         right += pr[0] > 0.5
         total += 1
         k = 1
-        for name, neg in (("swap", s), ("count", c), ("other", o)):
+        for name, neg in zip(("swap", "count", "insert", "other"), ng):
             if neg is None:
                 continue
             right += pr[k] < 0.5

@@ -68,8 +68,9 @@ class TinyTrainSettings:
     blip_batch: int = 64
     blip_lr: float = 5e-3
     blip_image_size: int = 64
-    blip_swap_fraction: float = 0.5
-    blip_count_fraction: float = 0.2
+    blip_swap_fraction: float = 0.4
+    blip_count_fraction: float = 0.15
+    blip_insert_fraction: float = 0.2
     blip_hard_fraction: float = 0.15
     ifcap_steps: int = 700
     ifcap_batch: int = 64
@@ -144,6 +145,7 @@ def train_tiny_world(
     logs["blip"] = train_blip_itm(
         paths["blip"], pool, seed=seed, steps=s.blip_steps, batch=s.blip_batch, lr=s.blip_lr,
         text_features=scene_feats, swap_fraction=s.blip_swap_fraction, count_fraction=s.blip_count_fraction,
+        insert_fraction=s.blip_insert_fraction,
         hard_fraction=s.blip_hard_fraction, threads=s.threads).as_dict()
     logs["ifcap"] = train_ifcap(
         paths["ifcap"].parent, paths["tokenizer"], paths["captioner_clip"], corpus_texts, seed=seed,

@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 
 from adjcap.demo.train_base import LossTrace, TrainingPool, TrainLog, adamw, cosine_lr, deterministic, set_lr
-from adjcap.demo.negatives import count_negative, swap_negative
+from adjcap.demo.negatives import count_negative, insert_negative, swap_negative
 from adjcap.models.blip import load_verifier, quiet_progress
 
-__all__ = ["count_negative", "swap_negative", "train_blip_itm"]
+__all__ = ["count_negative", "insert_negative", "swap_negative", "train_blip_itm"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -37,6 +37,7 @@ def train_blip_itm(
     negatives: int = 1,
     swap_fraction: float = 0.3,
     count_fraction: float = 0.0,
+    insert_fraction: float = 0.0,
     hard_fraction: float = 0.3,
     label_smoothing: float = 0.1,
     itc_weight: float = 1.0,
@@ -93,8 +94,11 @@ def train_blip_itm(
             neg = swap_negative(cap, pool.scenes[i], rng) if u < swap_fraction else None
             if neg is None and swap_fraction <= u < swap_fraction + count_fraction:
                 neg = count_negative(pool.captions[i], pool.scenes[i], rng)
+            lo = swap_fraction + count_fraction
+            if neg is None and lo <= u < lo + insert_fraction:
+                neg = insert_negative(cap, pool.scenes[i], rng)
             if neg is None:
-                if u < swap_fraction + count_fraction + hard_fraction:
+                if u < lo + insert_fraction + hard_fraction:
                     j = rng.choice(hard[i])
                 else:
                     j = rng.randrange(n - 1)
