@@ -77,6 +77,7 @@ def _error_rate(captions, scenes):
     return float(np.mean([bool(caption_errors(c, scenes[i])) for i, c in captions.items()]))
 
 
+@pytest.mark.slow
 def test_stage2_text_only_captioner_makes_the_papers_errors(effect):
     lm = _error_rate(effect["captions"]["lm"], effect["scenes"])
     assert lm >= 0.3, f"LM-only captions contradicting their scene: {lm:.2f}"
@@ -85,12 +86,14 @@ def test_stage2_text_only_captioner_makes_the_papers_errors(effect):
 # ---- stage 3: the effect ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_stage3_adjudication_makes_fewer_errors(effect):
     lm = _error_rate(effect["captions"]["lm"], effect["scenes"])
     adj = _error_rate(effect["captions"]["adjudicated"], effect["scenes"])
     assert adj < lm - 0.05, (lm, adj)
 
 
+@pytest.mark.slow
 def test_stage3_adjudication_beats_lm_only_on_cider(effect):
     assert effect["n"] >= 100
     a, b = effect["scores"]["lm"]["per_image"], effect["scores"]["adjudicated"]["per_image"]
@@ -101,6 +104,7 @@ def test_stage3_adjudication_beats_lm_only_on_cider(effect):
     assert d.low > 0, f"CIDEr {d.a:.1f} -> {d.b:.1f}, 95% CI [{d.low:+.1f}, {d.high:+.1f}]"
 
 
+@pytest.mark.slow
 def test_stage3_adjudication_hallucinates_less(effect):
     a, b = effect["scores"]["lm"]["per_image"], effect["scores"]["adjudicated"]["per_image"]
     keys = ("CHAIR_mentioned", "CHAIR_hallucinated")
