@@ -123,6 +123,27 @@ def run_job(
     _run(lambda: job(cfg, run_dir=run_dir, resume=resume, evaluate_after=evaluate))
 
 
+@app.command("caption")
+def caption(
+    folder: Path = typer.Argument(..., help="a folder of images (searched recursively; EXIF orientation honoured)"),
+    preset: str = PRESET,
+    heads: Optional[Path] = typer.Option(None, "--heads", help="RUN_DIR/heads fitted by an earlier run "
+                                         "(default: the training-free picker)"),
+    out: Optional[Path] = typer.Option(None, "--out", help="captions.jsonl to write (default: in the run "
+                                       "directory); captions.html goes beside it"),
+    workers: Optional[int] = WORKERS,
+    sets: Optional[List[str]] = SET,
+    config_file: Optional[Path] = CONFIG_FILE,
+    address: Optional[str] = ADDRESS,
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="output directory (default runs/caption-<folder>-<hash>)"),
+):
+    """Caption a folder of your own images: the same Ray job, one caption per image with its candidates."""
+    from jobs import caption as job
+
+    cfg = _cfg(preset, sets, config_file, _typed(**{"ray.workers": workers, "ray.address": address}))
+    _run(lambda: job.main(cfg, folder, heads=heads, out=out, run_dir=run_dir))
+
+
 @app.command("encode-corpus")
 def encode_corpus(
     benchmark: str = typer.Option("coco", help="whose training-caption corpus to encode"),

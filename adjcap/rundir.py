@@ -19,6 +19,7 @@
       predictions/<protocol>/<picker>.json          COCO results [{image_id, caption, candidate_index, coco_id?}]
       metrics/<protocol>.json                       every picker's metrics, rank statistics, per-image scores
       report.md, report.html, tables/*.tex, plots/*.png
+      captions.jsonl, captions.html                 `adjcap caption DIR`: per image the chosen caption and its candidates
 
 A :class:`RunDir` only names and reads/writes files; it never decides what goes into them.
 """
@@ -255,6 +256,11 @@ class RunDir:
 
     def fit_summary(self, protocol: str) -> dict[str, Any]:
         return _read_json(self.fit_summary_path(protocol), {})
+
+    @property
+    def captions_jsonl(self) -> Path:
+        """``adjcap caption``: one line per image (chosen caption, candidates and their scores)."""
+        return self.path / "captions.jsonl"
 
     @property
     def heads_dir(self) -> Path:

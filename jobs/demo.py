@@ -3,10 +3,14 @@ local Ray: encode-corpus -> run-job -> fit -> evaluate -> report."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from adjcap.config import Config, load_config
-from adjcap.demo.tiny import build_tiny_world
+from adjcap.demo.tiny import QUALITY, build_tiny_world
 from adjcap.demo.world import build_demo_world, demo_corpus_texts
 from adjcap.rundir import RunDir
 from jobs import run
@@ -43,15 +47,37 @@ def on_demo_world(cfg: Config) -> Config:
 
 
 def prepare(cfg: Config) -> None:
-    """The demo world and tiny models under ``{cache}`` (built once, then reused)."""
+    """The demo world and tiny models under ``{cache}`` (built once, then reused); prints what each
+    step took (wall and this process's CPU seconds) and the judges' held-out quality."""
     cache = Path(cfg.resolved().paths.cache_dir)
-    build_demo_world(cache / "demo", seed=cfg.seed)
-    build_tiny_world(cache, demo_corpus_texts(cache / "demo"), seed=cfg.seed)
+    with _step("demo world"):
+        build_demo_world(cache / "demo", seed=cfg.seed)
+    with _step("tiny models"):
+        paths = build_tiny_world(cache, demo_corpus_texts(cache / "demo"), seed=cfg.seed)
+    q = json.loads((paths["vocabulary"].parent / QUALITY).read_text())
+    r, v = q["retrieval_clip"], q["blip_itm"]
+    print(f"demo judges on {q['images']} held-out scenes: retrieval CLIP recall@1/5 {r['i2t_r@1']:.2f}/{r['i2t_r@5']:.2f} "
+          f"(captioner CLIP {q['captioner_clip']['i2t_r@1']:.2f}/{q['captioner_clip']['i2t_r@5']:.2f}), "
+          f"BLIP ITM accuracy {v['accuracy']:.2f}")
+
+
+@contextlib.contextmanager
+def _step(name: str) -> Iterator[None]:
+    t, c = time.perf_counter(), time.process_time()
+    yield
+    print(f"{name}: {time.perf_counter() - t:.1f} s wall, {time.process_time() - c:.1f} s CPU")
+
+
+def prepare_if_demo(cfg: Config) -> None:
+    """The demo world and its tiny models when ``cfg`` uses them (its benchmark is the demo world)."""
+    if cfg.benchmark == "demo":
+        prepare(cfg)
 
 
 def main(cfg: Config, run_dir: str | Path | None = None, resume: bool = True, evaluate_after: bool = True) -> RunDir:
     prepare(cfg)
-    out = run.main(cfg, run_dir=run_dir, resume=resume, evaluate_after=evaluate_after)
+    with _step("run (extract -> fit -> evaluate -> report)"):
+        out = run.main(cfg, run_dir=run_dir, resume=resume, evaluate_after=evaluate_after)
     print(f"report: {out.report_md} and {out.report_html}")
     print(out.path)
     return out

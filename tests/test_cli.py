@@ -14,7 +14,7 @@ runner = CliRunner()
 
 
 @pytest.mark.parametrize("cmd", [[], ["config"], ["run-job"], ["encode-corpus"], ["fit"], ["evaluate"],
-                                 ["report"], ["demo"], ["doctor"]])
+                                 ["report"], ["demo"], ["doctor"], ["caption"]])
 def test_help_everywhere(cmd):
     res = runner.invoke(app, [*cmd, "--help"])
     assert res.exit_code == 0, res.output
@@ -71,3 +71,9 @@ def test_evaluate_reports_missing_reference_file(tmp_path):
                               "--references", str(tmp_path / "nope.json"), "--no-spice"])
     assert res.exit_code != 0
     assert "nope.json" in res.output
+
+
+def test_caption_of_a_missing_folder_is_one_line(tmp_path):
+    res = runner.invoke(app, ["caption", str(tmp_path / "nope"), "--preset", "demo",
+                              "--set", f"paths.cache_dir={tmp_path / 'cache'}"])
+    assert res.exit_code == 2 and "not a directory" in res.output and len(res.output.strip().splitlines()) == 1

@@ -58,7 +58,7 @@ def test_two_builds_with_one_seed_are_identical(tmp_path, small_corpus):
             assert fa[rel].read_bytes() == fb[rel].read_bytes(), rel
     log = json.loads((tmp_path / "a" / "tiny" / "TRAINING.json").read_text())
     assert log["captioner_clip"]["steps"] == SMALL.clip_steps and log["ifcap"]["steps"] == SMALL.ifcap_steps
-    assert log["blip"]["steps"] == SMALL.blip_steps and log["retrieval_clip"] == {"copy_of": "captioner_clip"}
+    assert log["blip"]["steps"] == SMALL.blip_steps and log["retrieval_clip"]["steps"] == SMALL.retrieval_clip_steps
     # trained, not the builders' random weights: another seed gives other weights
     c = build_tiny_world(tmp_path / "c", small_corpus, seed=8, settings=SMALL)
     assert not torch.equal(_state(a["ifcap"])["gpt.transformer.wte.weight"], _state(c["ifcap"])["gpt.transformer.wte.weight"])
@@ -129,6 +129,35 @@ def test_swapped_negative_contradicts_the_scene():
         changed = [w for w in words if w not in {"a", "red", "ball", "and", "blue", "kite", "on", "the", "grass"}]
         assert len(changed) == 1 and (changed[0] in COLOURS or changed[0] in OBJECTS), neg
     assert swap_negative("Two colorful things in a field.", scene, rng) is None
+
+
+def test_count_and_insert_negatives_contradict_the_scene():
+    from adjcap.demo.negatives import count_negative, insert_negative
+    from adjcap.demo.quality import caption_errors
+
+    rng = random.Random(0)
+    scene = {"background": "grass", "objects": [{"type": "ball", "colour": "red"}, {"type": "ball", "colour": "red"},
+                                                {"type": "kite", "colour": "blue"}]}
+    caps = ["Two red balls and a blue kite on the grass.", "Three different objects on the grass."]
+    assert all(not caption_errors(c, scene) for c in caps)  # the true captions
+    for _ in range(30):
+        neg = count_negative(caps, scene, rng)
+        assert [e.split(":")[0] for e in caption_errors(neg, scene)] == ["count"], neg
+        ins = insert_negative(caps[0], scene, rng)
+        assert ins.startswith(caps[0][:-1] + " next to ") and ins.endswith(".")
+        assert any(e.startswith("object:") for e in caption_errors(ins, scene)), ins
+    assert count_negative(["A red ball on the grass."], scene, rng) is None
+
+
+def test_caption_errors_read_colours_objects_and_counts():
+    from adjcap.demo.quality import caption_errors
+
+    scene = {"objects": [{"type": "stop sign", "colour": "red"}, {"type": "box", "colour": "blue"}]}
+    assert caption_errors("A red stop sign next to a blue box on a green lawn.", scene) == []
+    assert caption_errors("A yellow stop sign.", scene) == ["colour:yellow"]
+    assert caption_errors("A blue box next to a white clock.", scene) == ["colour:white", "object:clock"]
+    assert caption_errors("Two blue boxes.", scene) == ["count:two boxes"]
+    assert caption_errors("Three things against a white wall.", scene) == ["count:three things"]
 
 
 # ---- the demo world's trained models (built once per session by the demo_cfg fixture) ----------------

@@ -8,6 +8,7 @@ so the real loaders load them exactly as they load the released weights.
     {cache}/tiny/ifcap/            IFCap state dict with the official key names + GPT-2 config.json
     {cache}/tiny/vocabulary.json   entity vocabulary for the CLIP-classifier entity path
     {cache}/tiny/TRAINING.json     what the trainings did (steps, seconds, losses)
+    {cache}/tiny/QUALITY.json      the judges' held-out quality: retrieval recall@1/5, ITM accuracy
 
 Each family's builder saves a deterministic random model; :mod:`adjcap.demo.train` then trains
 them briefly on the demo world (CLIP contrastively on rendered images, BLIP ITM on matched/mismatched
@@ -26,13 +27,15 @@ from typing import Sequence
 
 from adjcap.demo.tiny_blip import build_tiny_blip
 from adjcap.demo.tiny_clip import TINY_CLIP, build_tiny_clip
+from adjcap.demo.quality import judge_quality
 from adjcap.demo.tiny_ifcap import build_tiny_ifcap, train_gpt2_tokenizer
 from adjcap.demo.train import TinyTrainSettings, train_tiny_world
 from adjcap.io import atomic_write_json
 from adjcap.models.clip import load_dual_encoder
 
 READY = "READY.json"
-VERSION = 2
+QUALITY = "QUALITY.json"  # the judges' held-out quality (adjcap.demo.quality.judge_quality)
+VERSION = 3
 RETRIEVAL_CLIP = TINY_CLIP  # the same architecture; TinyTrainSettings decides copy or own training
 CAPTIONER_CLIP = TINY_CLIP
 
@@ -80,13 +83,15 @@ def build_tiny_world(cache_dir: Path, corpus_texts: Sequence[str], seed: int = 4
     (root / READY).unlink(missing_ok=True)
     build_tiny_clip(paths["retrieval_clip"], seed=seed, model=RETRIEVAL_CLIP)
     clip_path = build_tiny_clip(paths["captioner_clip"], seed=seed + 1, model=CAPTIONER_CLIP)
-    build_tiny_blip(paths["blip"], list(corpus_texts), seed=seed)
+    build_tiny_blip(paths["blip"], list(corpus_texts), seed=seed, image_size=settings.blip_image_size)
     train_gpt2_tokenizer(list(corpus_texts), paths["tokenizer"])
     clip_dim = load_dual_encoder(CAPTIONER_CLIP, str(clip_path), device="cpu").embed_dim
     build_tiny_ifcap(paths["ifcap"].parent, paths["tokenizer"], clip_dim=clip_dim, seed=seed)
     logs = train_tiny_world(paths, corpus_texts, seed, settings, retrieval_model=RETRIEVAL_CLIP,
                             captioner_model=CAPTIONER_CLIP)
     atomic_write_json(root / "TRAINING.json", logs)
+    atomic_write_json(root / QUALITY, judge_quality(root, seed, models={"retrieval": RETRIEVAL_CLIP,
+                                                                        "captioner": CAPTIONER_CLIP}))
     atomic_write_json(paths["vocabulary"], entity_vocabulary(corpus_texts))
     atomic_write_json(root / READY, {"fingerprint": world_fingerprint(corpus_texts, seed, settings), "seed": seed,
                                      "paths": {k: str(v) for k, v in paths.items()}})

@@ -6,14 +6,17 @@ one CPU core, all together) make the demo show the method working:
 
 * the open_clip model of IFCap's CLIP role: contrastive CLIP training (symmetric InfoNCE with the
   learnt temperature) on images of a separate rendered pool (:func:`adjcap.demo.world.iter_training_pairs`,
-  pool "clip-train") paired with their captions. The retrieval role has the same architecture and by
-  default gets a copy (``TinyTrainSettings.retrieval_clip_steps`` > 0 trains its own, another seed);
+  pool "clip-train") paired with their captions;
+* the retrieval encoder (the judge's CLIP, bigG's role): the same architecture, starting from the
+  captioner's CLIP and trained further on the same pairs with one-word hard negatives in the image ->
+  text logits (a swapped colour / object, a wrong count; :mod:`adjcap.demo.negatives`, as NegCLIP), so
+  it is the stronger judge of caption-image fit, as bigG is against IFCap's ViT-B/32;
 * the BLIP ITM verifier: binary matched / mismatched training of the ITM head (and the whole tiny
-  model) on the same pool, with hard-ish negatives (captions of the most similar other scenes by CLIP
-  text cosine, and captions with one colour or object word swapped for one absent from the scene),
-  tokenised through :meth:`adjcap.models.blip.Verifier.tokenize` (LAVIS cleaning, [ENC] first token),
-  plus BLIP's image-text contrastive loss on its unimodal features (without it the ITM head of a
-  randomly initialised model stays at chance for hundreds of steps);
+  model) on the same pool, with hard negatives (one-word swaps of colour, object or count, and captions
+  of the most similar other scenes by CLIP text cosine), tokenised through
+  :meth:`adjcap.models.blip.Verifier.tokenize` (LAVIS cleaning, [ENC] first token), plus BLIP's
+  image-text contrastive loss on its unimodal features (without it the ITM head of a randomly
+  initialised model stays at chance for hundreds of steps);
 * IFCap, text-only as in IFCap (spec/ifcap.md section 7, simplified): input x = norm(norm(t) + eps),
   eps ~ N(0, 0.016 I), t the captioner CLIP's text feature of the caption; r = raw CLIP text features
   of the caption's 5 nearest other corpus captions (normalised text cosine); hard prompt from the
@@ -52,16 +55,23 @@ class TinyTrainSettings:
     """Sizes and schedules of the tiny-world trainings (defaults: the demo's; tests shrink them).
 
     ``retrieval_clip_steps`` = 0 copies the trained captioner CLIP into the retrieval role (both roles
-    use the same architecture); > 0 trains the retrieval CLIP separately (another seed)."""
+    use the same architecture); > 0 trains that copy further with hard negatives (the stronger judge).
+    The judges (retrieval CLIP, BLIP ITM) see paired images; IFCap sees text only."""
 
     pool_images: int = 2000
-    clip_steps: int = 800
+    clip_steps: int = 500
     clip_batch: int = 64
     clip_lr: float = 5e-3
-    retrieval_clip_steps: int = 0
-    blip_steps: int = 300
+    retrieval_clip_steps: int = 500
+    retrieval_clip_lr: float = 3e-3
+    blip_steps: int = 1000
     blip_batch: int = 64
     blip_lr: float = 5e-3
+    blip_image_size: int = 64
+    blip_swap_fraction: float = 0.4
+    blip_count_fraction: float = 0.15
+    blip_insert_fraction: float = 0.2
+    blip_hard_fraction: float = 0.15
     ifcap_steps: int = 700
     ifcap_batch: int = 64
     ifcap_lr: float = 5e-3
@@ -109,23 +119,24 @@ def train_tiny_world(
 ) -> dict[str, Any]:
     """Train every model of a freshly built (random) tiny world in place; returns the training logs."""
     s = settings
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     pool = render_pool(seed, s.pool_images, CLIP_POOL)
     render_s = time.perf_counter() - t0
     logs: dict[str, Any] = {"render_seconds": round(render_s, 3), "settings": asdict(s)}
     logs["captioner_clip"] = train_clip(
         paths["captioner_clip"], pool, model=captioner_model, seed=seed + 1, steps=s.clip_steps,
         batch=s.clip_batch, lr=s.clip_lr, threads=s.threads).as_dict()
+    if retrieval_model != captioner_model:
+        raise ValueError(
+            f"the retrieval CLIP starts from the captioner CLIP ({captioner_model}) but is configured as "
+            f"{retrieval_model}; use one architecture for both roles")
+    _copy_clip(paths["captioner_clip"], paths["retrieval_clip"])
     if s.retrieval_clip_steps > 0:
         logs["retrieval_clip"] = train_clip(
             paths["retrieval_clip"], pool, model=retrieval_model, seed=seed, steps=s.retrieval_clip_steps,
-            batch=s.clip_batch, lr=s.clip_lr, threads=s.threads).as_dict()
+            batch=s.clip_batch, lr=s.retrieval_clip_lr, hard_negatives=True, threads=s.threads).as_dict()
+        logs["retrieval_clip"]["starts_from"] = "captioner_clip"
     else:
-        if retrieval_model != captioner_model:
-            raise ValueError(
-                f"retrieval_clip_steps=0 copies the captioner CLIP ({captioner_model}) into the retrieval role, "
-                f"which is configured as {retrieval_model}; train it (retrieval_clip_steps > 0) or use one model")
-        _copy_clip(paths["captioner_clip"], paths["retrieval_clip"])
         logs["retrieval_clip"] = {"copy_of": "captioner_clip"}
     enc = load_dual_encoder(captioner_model, str(paths["captioner_clip"]), device="cpu", precision="fp32",
                             towers=("text",))
@@ -133,10 +144,13 @@ def train_tiny_world(
         scene_feats = scene_text_features(enc, pool)
     logs["blip"] = train_blip_itm(
         paths["blip"], pool, seed=seed, steps=s.blip_steps, batch=s.blip_batch, lr=s.blip_lr,
-        text_features=scene_feats, threads=s.threads).as_dict()
+        text_features=scene_feats, swap_fraction=s.blip_swap_fraction, count_fraction=s.blip_count_fraction,
+        insert_fraction=s.blip_insert_fraction,
+        hard_fraction=s.blip_hard_fraction, threads=s.threads).as_dict()
     logs["ifcap"] = train_ifcap(
         paths["ifcap"].parent, paths["tokenizer"], paths["captioner_clip"], corpus_texts, seed=seed,
         steps=s.ifcap_steps, batch=s.ifcap_batch, lr=s.ifcap_lr, clip_model=captioner_model,
         mapping_heads=mapping_heads, threads=s.threads).as_dict()
     logs["seconds"] = round(time.perf_counter() - t0, 3)
+    logs["cpu_seconds"] = round(time.process_time() - c0, 3)
     return logs

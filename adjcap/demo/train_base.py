@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -20,7 +21,8 @@ HELDOUT_POOL = "clip-heldout"
 
 @dataclass
 class TrainLog:
-    """What one training did: steps, seconds, mean loss over the first and the last tenth of steps."""
+    """What one training did: steps, seconds (wall, and CPU of this process), mean loss over the first
+    and the last tenth of steps."""
 
     model: str
     steps: int
@@ -37,6 +39,7 @@ class LossTrace:
     def __init__(self, steps: int) -> None:
         self.steps = steps
         self.values: list[float] = []
+        self.cpu0 = time.process_time()
 
     def add(self, loss: torch.Tensor) -> None:
         self.values.append(float(loss.detach()))
@@ -45,6 +48,7 @@ class LossTrace:
         n = max(1, len(self.values) // 10)
         first = sum(self.values[:n]) / n if self.values else math.nan
         last = sum(self.values[-n:]) / n if self.values else math.nan
+        extra = {"cpu_seconds": round(time.process_time() - self.cpu0, 3), **extra}
         return TrainLog(model, len(self.values), round(seconds, 3), first, last, extra)
 
 

@@ -13,51 +13,15 @@ import torch
 import torch.nn.functional as F
 
 from adjcap.demo.train_base import LossTrace, TrainingPool, TrainLog, adamw, cosine_lr, deterministic, set_lr
-from adjcap.demo.world import COLOURS, OBJECTS
+from adjcap.demo.negatives import count_negative, insert_negative, swap_negative
 from adjcap.models.blip import load_verifier, quiet_progress
+
+__all__ = ["count_negative", "insert_negative", "swap_negative", "train_blip_itm"]
 
 
 # --------------------------------------------------------------------------------------------
 # BLIP ITM
 # --------------------------------------------------------------------------------------------
-
-COLOUR_WORDS: tuple[str, ...] = tuple(COLOURS)
-# single-word object nouns, singular and plural -> the object kind
-KIND_WORDS: dict[str, str] = {w: kind for kind, (plural, _, _) in OBJECTS.items() if " " not in kind
-                              for w in (kind, plural)}
-
-
-def swap_negative(caption: str, scene: dict[str, Any], rng: random.Random) -> str | None:
-    """``caption`` with one colour word or one single-word object noun replaced by one that is not in
-    the scene (a mismatched caption that differs in one word), or None when it has no such word."""
-    colours, kinds = COLOUR_WORDS, KIND_WORDS
-    present_c = {o["colour"] for o in scene["objects"]}
-    present_k = {o["type"] for o in scene["objects"]}
-    words = caption.split(" ")
-    slots = []
-    for i, w in enumerate(words):
-        core = w.rstrip(".,").lower()
-        if core in colours and core != "green":  # "green field" / "green lawn" describe the background
-            slots.append((i, "c", core))
-        elif core in kinds:
-            slots.append((i, "k", core))
-    if not slots:
-        return None
-    i, what, core = slots[rng.randrange(len(slots))]
-    if what == "c":
-        choices = [c for c in colours if c not in present_c and c != "green"]
-        new = rng.choice(choices)
-    else:
-        plural = kinds[core] != core
-        choices = sorted({k for k in kinds.values() if k not in present_k})
-        kind = rng.choice(choices)
-        new = next(w for w, k in kinds.items() if k == kind and (w != k) == plural) if plural else kind
-    w = words[i]
-    tail = w[len(w.rstrip(".,")) :]
-    new = new.capitalize() if w[0].isupper() else new
-    words[i] = new + tail
-    return " ".join(words)
-
 
 def train_blip_itm(
     blip_dir: str | os.PathLike,
@@ -72,6 +36,8 @@ def train_blip_itm(
     hard_k: int = 16,
     negatives: int = 1,
     swap_fraction: float = 0.3,
+    count_fraction: float = 0.0,
+    insert_fraction: float = 0.0,
     hard_fraction: float = 0.3,
     label_smoothing: float = 0.1,
     itc_weight: float = 1.0,
@@ -126,8 +92,13 @@ def train_blip_itm(
         def negative(i: int, cap: str) -> str:
             u = rng.random()
             neg = swap_negative(cap, pool.scenes[i], rng) if u < swap_fraction else None
+            if neg is None and swap_fraction <= u < swap_fraction + count_fraction:
+                neg = count_negative(pool.captions[i], pool.scenes[i], rng)
+            lo = swap_fraction + count_fraction
+            if neg is None and lo <= u < lo + insert_fraction:
+                neg = insert_negative(cap, pool.scenes[i], rng)
             if neg is None:
-                if u < swap_fraction + hard_fraction:
+                if u < lo + insert_fraction + hard_fraction:
                     j = rng.choice(hard[i])
                 else:
                     j = rng.randrange(n - 1)

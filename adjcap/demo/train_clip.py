@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import time
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import torch.nn.functional as F
 from open_clip.transformer import text_global_pool
 from safetensors.torch import save
 
+from adjcap.demo.negatives import hard_negative
 from adjcap.demo.train_base import CLIP_POOL, LossTrace, TrainingPool, TrainLog, adamw, cosine_lr, deterministic, set_lr
 from adjcap.io import atomic_write_bytes
 from adjcap.models.clip import load_dual_encoder
@@ -75,11 +77,16 @@ def train_clip(
     batch: int = 64,
     lr: float = 5e-3,
     weight_decay: float = 0.05,
+    hard_negatives: bool = False,
     threads: int = 1,
 ) -> TrainLog:
     """Train the open_clip model saved at ``path`` (by :func:`adjcap.demo.tiny_clip.build_tiny_clip`)
     contrastively on ``pool`` (each step: ``batch`` images, one of each image's captions drawn at
-    random) and write it back in place (safetensors; the sidecar config is unchanged)."""
+    random) and write it back in place (safetensors; the sidecar config is unchanged).
+
+    ``hard_negatives``: each image's row of the image -> text logits also gets a one-word negative of
+    its caption (a swapped colour / object or a wrong count, :mod:`adjcap.demo.negatives`; as NegCLIP
+    does), so the encoder learns the fine distinctions a judge of captions needs."""
     path = Path(path)
     t0 = time.perf_counter()
     enc = load_dual_encoder(model, str(path), device="cpu", precision="fp32")
@@ -89,10 +96,18 @@ def train_clip(
         pixels = enc.preprocess(pool.images)
         tok = enc.tokenize([c for caps in pool.captions for c in caps])
         per = len(pool.captions[0])
+        neg_tok, has_neg = None, None
+        if hard_negatives:
+            rng = random.Random(f"adjcap-tiny-clip-negatives:{seed}")
+            negs = [hard_negative(caps, k, pool.scenes[i], rng) for i, caps in enumerate(pool.captions)
+                    for k in range(per)]
+            has_neg = torch.tensor([x is not None for x in negs])
+            neg_tok = enc.tokenize([x or caps for x, caps in zip(negs, (c for cs in pool.captions for c in cs))])
         net = enc.model.train()
         for p in net.parameters():
             p.requires_grad_(True)
-        text = _TrainableText(enc, torch.unique(tok.ids))
+        used = torch.unique(tok.ids if neg_tok is None else torch.cat([tok.ids, neg_tok.ids]))
+        text = _TrainableText(enc, used)
         named = [(k, p) for k, p in net.named_parameters() if p.requires_grad] + [("text_delta_embed", text.delta)]
         opt = adamw(named, lr, weight_decay)
         gen = torch.Generator().manual_seed(seed)
@@ -111,7 +126,13 @@ def train_clip(
             img = F.normalize(net.visual(pixels[idx]), dim=-1)
             txt = F.normalize(text(tok.ids[tid, :width]), dim=-1)
             logits = net.logit_scale.exp() * img @ txt.T
-            loss = (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
+            i2t = logits
+            if neg_tok is not None:
+                nw = int(neg_tok.lengths[tid].max())
+                neg = F.normalize(text(neg_tok.ids[tid, :nw]), dim=-1)
+                extra = (net.logit_scale.exp() * (img * neg).sum(-1)).masked_fill(~has_neg[tid], float("-inf"))
+                i2t = torch.cat([logits, extra[:, None]], dim=1)
+            loss = (F.cross_entropy(i2t, labels) + F.cross_entropy(logits.T, labels)) / 2
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -121,5 +142,6 @@ def train_clip(
         text.fold()
         net.eval()
         _save_clip(net, path, {"model": model, "seed": seed, "trained": {
-            "pool": CLIP_POOL, "images": n, "steps": steps, "batch": batch, "lr": lr}})
+            "pool": CLIP_POOL, "images": n, "steps": steps, "batch": batch, "lr": lr,
+            "hard_negatives": hard_negatives}})
     return trace.log(model, time.perf_counter() - t0, logit_scale=float(net.logit_scale.detach().exp()))

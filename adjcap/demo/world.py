@@ -405,7 +405,7 @@ def _complete(paths: dict[str, Path], params: dict[str, int]) -> bool:
 
 
 def build_demo_world(
-    root: str | Path, seed: int = 42, n_test: int = 24, n_val: int = 24, n_corpus_images: int = 600
+    root: str | Path, seed: int = 42, n_test: int = 100, n_val: int = 100, n_corpus_images: int = 600
 ) -> dict[str, Path]:
     """Write (or reuse, when complete with the same parameters) the demo world under ``root``.
 

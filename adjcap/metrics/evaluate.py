@@ -166,9 +166,14 @@ class Evaluator:
         if parts:
             out["domains"] = {d: r.to_dict(per_image=False)["scores"] | {"n_images": r.n_images} for d, r in parts.items()}
             out["domains"]["overall"] = dict(out["metrics"]) | {"n_images": overall.n_images}
-        if self.chair is not None:
-            out["chair"] = chair_proxy(preds, refs, matcher=self.chair).to_dict()
         out["per_image"] = overall.to_dict(per_image=True)["per_image"]
+        if self.chair is not None:
+            chair = chair_proxy(preds, refs, matcher=self.chair)
+            out["chair"] = chair.to_dict()
+            for i, d in chair.per_image.items():  # counts, so CHAIR_i can be bootstrapped over images
+                row = out["per_image"].setdefault(str(i), {})
+                row["CHAIR_mentioned"] = len(d["mentioned"])
+                row["CHAIR_hallucinated"] = len(d["hallucinated"])
         return out
 
 

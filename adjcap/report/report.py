@@ -18,6 +18,7 @@ from typing import Any
 
 from adjcap.io import atomic_write_text
 from adjcap.report.collect import LM_PICKER, RunData, load_run
+from adjcap.report.headline import headline_table
 from adjcap.report.gallery import GALLERY_CSS, GALLERY_JS, gallery_html, gallery_items
 from adjcap.report.plots import cider_by_configuration, hallucination_per_class
 from adjcap.report.published import PAPER_COLUMNS, PAPER_HEADERS, comparison_table, context_table
@@ -301,6 +302,8 @@ def write_report(
     body.append("<h1>adjcap report</h1>")
     body.append(f"<p>Generated {html.escape(stamp)}. Caption metrics x100; CLIPScore w=2.5; CHAIR proxy in %; "
                 "n/a = not computed.</p>")
+    for run, lab in zip(runs, labels):  # the first table: the paper's headline comparison, per run
+        add(headline_table(run, lab), f"{lab}-headline")
     run_list = Table(title="Runs", columns=["run", "config", "benchmark", "protocols", "failed images",
                                             "description"])
     for run, lab in zip(runs, labels):

@@ -1,0 +1,86 @@
+"""The report's first table, read like the paper's headline: the LM-only pick (IFCap's own caption)
+against each adjudicated picker on the same images, with the difference and a paired bootstrap
+confidence interval over images (CIDEr and the reference-proxy CHAIR_i)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+
+from adjcap.metrics.bootstrap import PairedDifference, paired_bootstrap, ratio_percent
+from adjcap.report.collect import LM_PICKER, RunData
+from adjcap.report.tables import Table
+
+CHAIR_COUNTS = ("CHAIR_mentioned", "CHAIR_hallucinated")
+
+
+def _common(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]], keys: tuple[str, ...]) -> list[str]:
+    return sorted(i for i in a if i in b and all(a[i].get(k) is not None and b[i].get(k) is not None for k in keys))
+
+
+def picker_differences(run: RunData, protocol: str, picker: str) -> dict[str, PairedDifference | None]:
+    """``picker`` minus LM-only on the images both were scored on: CIDEr (mean of per-image CIDEr)
+    and CHAIR_i (hallucinated / mentioned objects, %); None where the per-image values are absent."""
+    lm, other = run.per_image(protocol, LM_PICKER), run.per_image(protocol, picker)
+    out: dict[str, PairedDifference | None] = {"CIDEr": None, "CHAIR_i": None}
+    ids = _common(lm, other, ("CIDEr",))
+    if ids:
+        out["CIDEr"] = paired_bootstrap([[lm[i]["CIDEr"]] for i in ids], [[other[i]["CIDEr"]] for i in ids])
+    ids = _common(lm, other, CHAIR_COUNTS)
+    if ids:
+        a = np.array([[lm[i][k] for k in CHAIR_COUNTS] for i in ids], dtype=float)
+        b = np.array([[other[i][k] for k in CHAIR_COUNTS] for i in ids], dtype=float)
+        if a[:, 0].sum() > 0 and b[:, 0].sum() > 0:
+            out["CHAIR_i"] = paired_bootstrap(a, b, ratio_percent)
+    return out
+
+
+def _ci(d: PairedDifference | None) -> str | None:
+    if d is None:
+        return None
+    mark = " *" if d.excludes_zero else ""
+    return f"[{d.low:+.1f}, {d.high:+.1f}]{mark}"
+
+
+def headline_table(run: RunData, label: str) -> Table | None:
+    """Rows: per protocol, LM-only then every adjudicated picker; CIDEr, its difference from LM-only
+    with a 95% paired bootstrap CI, CHAIR_i likewise (lower is better). None when the run has no
+    LM-only predictions to compare against."""
+    tab = Table(
+        title=f"{label}: adjudication vs the LM-only pick (IFCap's own caption), same images",
+        columns=["protocol", "picker", "CIDEr", "delta CIDEr", "95% CI", "CHAIR_i %", "delta CHAIR_i", "95% CI ",
+                 "images"],
+        label="tab:" + re.sub(r"[^A-Za-z0-9._-]+", "-", label).strip("-") + "-headline",
+        digits={2: 1, 3: 1, 5: 1, 6: 1},
+    )
+    level = None
+    for proto in run.protocols:
+        if LM_PICKER not in run.pickers(proto):
+            continue
+        tab.rules.add(len(tab.rows))
+        lm = run.picker_metrics(proto, LM_PICKER)
+        tab.rows.append([proto, "LM-only (IFCap)", lm.get("metrics", {}).get("CIDEr"), None, None,
+                         (lm.get("chair") or {}).get("CHAIR_i"), None, None, lm.get("n_images")])
+        for picker in run.pickers(proto):
+            if picker == LM_PICKER:
+                continue
+            m = run.picker_metrics(proto, picker)
+            d = picker_differences(run, proto, picker)
+            level = level or next((x.level for x in d.values() if x is not None), None)
+            cider, chair = d["CIDEr"], d["CHAIR_i"]
+            tab.rows.append([
+                proto, picker, m.get("metrics", {}).get("CIDEr"), cider.delta if cider else None, _ci(cider),
+                (m.get("chair") or {}).get("CHAIR_i"), chair.delta if chair else None, _ci(chair),
+                m.get("n_images"),
+            ])
+    if not tab.rows:
+        return None
+    n = max((r[-1] or 0) for r in tab.rows)
+    tab.caption = (
+        f"delta = picker - LM-only on the same images; CI: {int(100 * (level or 0.95))}% paired percentile "
+        f"bootstrap over the {n} images (2,000 resamples); * = the interval excludes zero. CIDEr x100, higher "
+        "is better; CHAIR_i (reference-proxy, % of mentioned COCO objects that no reference mentions), lower is "
+        "better.")
+    return tab

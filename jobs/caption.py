@@ -1,0 +1,90 @@
+"""``adjcap caption DIR``: caption a folder of one's own images with the main job.
+
+The folder becomes a benchmark without references (format ``folder``, EXIF orientation honoured, the
+preset's own caption corpus for retrieval); the same Ray job as ``run-job`` writes its features; then
+the training-free picker (default) or heads fitted in an earlier run (``--heads RUN_DIR/heads``)
+choose one caption per image. Written: ``captions.jsonl`` (image path, chosen caption, every candidate
+with its three scores) and ``captions.html`` beside it, plus the run directory's usual
+features/ and predictions/."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from adjcap.config import Config
+from adjcap.rerank import get_picker, load_heads, picker_names, run_protocol
+from adjcap.report.captions import caption_records, write_gallery, write_jsonl
+from adjcap.rundir import RunDir
+from jobs import demo, run
+
+FOLDER_BENCHMARK = "folder"
+LM_PICKER = "lm"
+DEFAULT_TRAINING_FREE = "fixed"
+
+
+def folder_config(cfg: Config, folder: Path, with_heads: bool) -> Config:
+    """``cfg`` with the folder as benchmark ``folder`` (split ``test``) and a protocol that fits
+    nothing: training-free (the configured picker when it needs no heads, else the fixed fusion), or,
+    with heads, the configured (learned) picker applied with them."""
+    data = cfg.model_dump(mode="json")
+    source = cfg.benchmark_cfg(cfg.benchmark)
+    data["benchmarks"][FOLDER_BENCHMARK] = {
+        "format": "folder", "annotations": str(folder), "images": str(folder),
+        "corpus": source.corpus, "corpus_format": source.corpus_format, "exif_transpose": None,
+    }
+    data["benchmark"] = FOLDER_BENCHMARK
+    data["splits"] = ["test"]
+    r = data["rerank"]
+    r.update(apply_split="test", select=False)
+    if not with_heads:
+        r["protocol"] = "training-free"
+        if get_picker(r["picker"]).learned:
+            r["picker"] = DEFAULT_TRAINING_FREE
+    elif not get_picker(r["picker"]).learned:
+        raise ValueError(f"--heads given but rerank.picker = {r['picker']!r} uses no heads; pick one of "
+                         f"{', '.join(picker_names(learned=True))} (--set rerank.picker=...)")
+    return Config.model_validate(data)
+
+
+def default_run_dir(cfg: Config, folder: Path) -> RunDir:
+    """``<runs_dir>/caption-<folder name>-<hash of its absolute path>``: two folders never share one."""
+    tag = hashlib.sha256(str(folder).encode()).hexdigest()[:8]
+    return RunDir(Path(cfg.resolved().paths.runs_dir) / f"caption-{folder.name or 'root'}-{tag}")
+
+
+def main(cfg: Config, folder: str | Path, heads: str | Path | None = None, out: str | Path | None = None,
+         run_dir: str | Path | None = None, resume: bool = True) -> Path:
+    """Caption every image under ``folder``; returns the captions.jsonl path."""
+    folder = Path(folder).expanduser().resolve()
+    if not folder.is_dir():
+        raise NotADirectoryError(f"{folder}: not a directory; give a folder of images")
+    demo.prepare_if_demo(cfg)
+    fcfg = folder_config(cfg, folder, heads is not None)
+    rcfg = fcfg.resolved()
+    fitted = load_heads(Path(heads).expanduser(), rcfg) if heads is not None else None
+    rd = RunDir(run_dir) if run_dir else default_run_dir(fcfg, folder)
+    run.main(fcfg, run_dir=rd.path, resume=resume, evaluate_after=False)
+
+    table = rd.read_features(FOLDER_BENCHMARK, "test", image_ids=rd.current_ids(FOLDER_BENCHMARK, "test"))
+    result = run_protocol(rcfg, {"test": table}, heads=fitted)
+    lm_cfg = fcfg.model_copy(update={"rerank": fcfg.rerank.model_copy(update={"picker": LM_PICKER,
+                                                                             "protocol": "training-free"})})
+    lm = run_protocol(lm_cfg.resolved(), {"test": table})
+    picker, proto = rcfg.rerank.picker, rcfg.rerank.protocol
+    chosen = {iid: p.index for iid, p in result.picks["test"].items()}
+    lm_chosen = {iid: p.index for iid, p in lm.picks["test"].items()}
+    for name, picks in ((picker, result.picks["test"]), (LM_PICKER, lm.picks["test"])):
+        rd.write_predictions(proto, name, [{"image_id": i, "caption": p.caption, "candidate_index": p.index}
+                                           for i, p in sorted(picks.items())])
+    records = caption_records(table.to_pylist(), chosen, lm_chosen, folder, picker)
+    dest = Path(out).expanduser() if out else rd.captions_jsonl
+    write_jsonl(dest, records)
+    gallery = write_gallery(dest.with_suffix(".html"), records,
+                            title=f"adjcap captions: {folder} ({picker}" + (", fitted heads)" if fitted else ")"))
+    failed = sum(1 for r in records if r["error"])
+    print(f"captions: {len(records) - failed} images captioned by '{picker}'"
+          + (f", {failed} failed (their lines say why)" if failed else ""))
+    print(f"gallery: {gallery}")
+    print(dest)
+    return dest
