@@ -29,6 +29,9 @@ from adjcap.config import CaptionerCfg
 from adjcap.data.images import decode_image
 from adjcap.features import empty_row
 
+# the four stages in pipeline order (also the names their errors and the stage cache use)
+STAGES = ("retrieve", "verify", "caption", "score")
+
 
 @dataclass
 class ImageState:
@@ -45,6 +48,8 @@ class ImageState:
     candidates: list[dict] = field(default_factory=list)
     retrieval_embedding: np.ndarray | None = None  # stage 1 image embedding, reused by stage 4
     verifier_memo: Any = None  # stage 2 image encoding, reused by stage 4
+    done: set[str] = field(default_factory=set)  # stages whose output the state holds (skipped by them)
+    computed: set[str] = field(default_factory=set)  # stages that ran on this image in this run
 
     @property
     def ok(self) -> bool:
@@ -88,8 +93,9 @@ def decode_state(image_id: str, benchmark: str, split: str, domain: str | None,
 
 
 def _guarded(stage: str, fn: Callable[[list[ImageState]], None], states: list[ImageState]) -> list[ImageState]:
-    """Run ``fn`` on the ok states; if the batch fails, retry one image at a time."""
-    live = [s for s in states if s.ok]
+    """Run ``fn`` on the ok states that do not hold the stage's output yet (filled from the stage
+    cache: ``done``); if the batch fails, retry one image at a time. Marks the stage done/computed."""
+    live = [s for s in states if s.ok and stage not in s.done]
     if not live:
         return states
     try:
@@ -103,6 +109,10 @@ def _guarded(stage: str, fn: Callable[[list[ImageState]], None], states: list[Im
                     fn([s])
                 except Exception as e:  # noqa: BLE001
                     s.error = f"{stage}: {type(e).__name__}: {e}"
+    for s in live:
+        if s.ok:
+            s.done.add(stage)
+            s.computed.add(stage)
     return states
 
 
