@@ -38,7 +38,8 @@ def main() -> None:
             t0 = time.time()
             doc = reproduce.main(args.table, "demo", sets, {"limit": args.limit, "ray.workers": args.workers},
                                  root / "runs")
-            results[mode] = (doc["stage_work"]["computed"], time.time() - t0, doc["runs"])
+            results[mode] = (doc["stage_work"]["computed"], time.time() - t0, doc["runs"],
+                             doc["stage_work"]["extract_seconds"])
     print(f"\n{args.table} on the demo world, --limit {args.limit} (images per split), {results['shared'][2]} runs")
     print("| stage | images computed, shared | not shared | saved |")
     print("|---|---:|---:|---:|")
@@ -48,7 +49,8 @@ def main() -> None:
     a = sum(results["shared"][0].values())
     b = sum(results["not shared"][0].values())
     print(f"| all stages | {a} | {b} | {100 * (1 - a / b) if b else 0:.0f}% |")
-    print(f"wall time: shared {results['shared'][1]:.0f} s, not shared {results['not shared'][1]:.0f} s")
+    print(f"wall time: shared {results['shared'][1]:.0f} s, not shared {results['not shared'][1]:.0f} s; "
+          f"feature extraction: shared {results['shared'][3]:.0f} s, not shared {results['not shared'][3]:.0f} s")
 
 
 if __name__ == "__main__":

@@ -39,13 +39,18 @@ def _measure(plan: RowPlan, failed: dict[Path, str]) -> RowResult:
 
 
 def stage_work(plans: list[RowPlan]) -> dict[str, dict[str, int]]:
-    """Images each stage processed and reused, summed over the table's runs (features/summary.json)."""
-    out = {"computed": {s: 0 for s in STAGES}, "reused": {s: 0 for s in STAGES}}
+    """Images each stage processed and reused, and the seconds spent extracting features (model
+    loading included), summed over the table's runs (features/summary.json)."""
+    out: dict[str, Any] = {"computed": {s: 0 for s in STAGES}, "reused": {s: 0 for s in STAGES}}
+    seconds = 0.0
     for p in distinct_runs(plans):
-        stages = RunDir(p.run_dir).summary().get("stages", {})
+        summary = RunDir(p.run_dir).summary()
+        seconds += float(summary.get("seconds", 0.0))
+        stages = summary.get("stages", {})
         for kind in out:
             for s, n in stages.get(kind, {}).items():
                 out[kind][s] = out[kind].get(s, 0) + int(n)
+    out["extract_seconds"] = round(seconds, 1)
     return out
 
 
