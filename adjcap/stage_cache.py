@@ -11,7 +11,7 @@ Each identity is a hash over its parent's identity and its own settings (taken f
 :meth:`Config.feature_identity`, so batch sizes and other speed-only settings never count; paths that
 exist are replaced by a digest of their content). Outputs live in
 
-    {cache}/stages/<stage>/<identity>/part-*.parquet    image_id + that stage's output columns
+    {cache}/stages/<stage>/<identity>/part-*.parquet    image_id + that stage's output columns (cache.stages_dir)
     {cache}/stages/<stage>/<identity>/identity.json     the settings the identity hashes (for people)
 
 written atomically like feature parts (a part is complete or absent; an unreadable part is set aside).
