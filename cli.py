@@ -144,6 +144,38 @@ def caption(
     _run(lambda: job.main(cfg, folder, heads=heads, out=out, run_dir=run_dir))
 
 
+@app.command("reproduce")
+def reproduce(
+    table: Optional[str] = typer.Argument(None, help="reproduction | scoreboard | protocols | ablation | "
+                                          "verifier-substrate | xdomain | chair | clipscore"),
+    benchmark: Optional[str] = typer.Option(None, help="run every row on this benchmark (demo: the demo world, "
+                                            "tiny models, CPU); default: the paper's"),
+    workers: Optional[int] = WORKERS,
+    sets: Optional[List[str]] = SET,
+    limit: Optional[int] = typer.Option(None, help="only the first N images of each split"),
+    runs_dir: Optional[Path] = typer.Option(None, "--runs-dir", help="where the rows' run directories go "
+                                            "(default: paths.runs_dir)"),
+    address: Optional[str] = ADDRESS,
+    list_: bool = typer.Option(False, "--list", help="list the tables, their rows and presets, and exit"),
+):
+    """Run every row of one of the paper's tables and render it beside the published values."""
+    from adjcap.reproduce import listing
+    from jobs import reproduce as job
+
+    if list_ or table is None:
+        typer.echo(listing())
+        return
+    updates = _typed(**{"ray.workers": workers, "limit": limit, "ray.address": address})
+    try:
+        from adjcap.reproduce import get_table, plan_table
+
+        plan_table(get_table(table), benchmark, list(sets or []), updates, runs_dir)  # config errors first
+    except ConfigError as e:
+        typer.secho(f"error: {e}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    _run(lambda: job.main(table, benchmark, list(sets or []), updates, runs_dir))
+
+
 @app.command("encode-corpus")
 def encode_corpus(
     benchmark: str = typer.Option("coco", help="whose training-caption corpus to encode"),

@@ -1,18 +1,25 @@
-"""CPU task ahead of the GPU pools: records -> decoded images inside fresh states."""
+"""CPU task ahead of the GPU pools: records -> decoded images inside fresh states (holding the stage
+outputs the stage cache already had for the image, when the record carries them)."""
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 from actors.transport import pack
+from adjcap.stage_cache import apply_outputs
 from adjcap.stages import decode_state
 
 
 def decode_batch(batch: dict[str, Any]) -> dict[str, Any]:
-    return pack([
-        decode_state(str(batch["image_id"][i]), str(batch["benchmark"][i]), str(batch["split"][i]),
-                     str(batch["domain"][i] or "") or None, str(batch["image_path"][i] or "") or None,
-                     str(batch["error"][i] or "") or None if "error" in batch else None,
-                     bool(batch["exif"][i]) if "exif" in batch else False)
-        for i in range(len(batch["image_id"]))
-    ])
+    states = []
+    for i in range(len(batch["image_id"])):
+        s = decode_state(str(batch["image_id"][i]), str(batch["benchmark"][i]), str(batch["split"][i]),
+                         str(batch["domain"][i] or "") or None, str(batch["image_path"][i] or "") or None,
+                         str(batch["error"][i] or "") or None if "error" in batch else None,
+                         bool(batch["exif"][i]) if "exif" in batch else False)
+        cached = batch["cached"][i] if "cached" in batch else None
+        if s.ok and cached:  # the stage outputs the stage cache already holds for this image
+            apply_outputs(s, pickle.loads(cached))
+        states.append(s)
+    return pack(states)

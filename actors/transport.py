@@ -18,8 +18,7 @@ def pack(states: list[ImageState], drop_image: bool = False) -> dict[str, np.nda
     if drop_image:
         for s in states:
             s.drop_image()
-            s.verifier_memo = None
-            s.retrieval_embedding = None
+            s.verifier_memo = None  # the stage-1 embedding stays: the stage cache keeps it with the retrieval
     out_state = np.empty(len(states), dtype=object)
     out_state[:] = [pickle.dumps(s, protocol=pickle.HIGHEST_PROTOCOL) for s in states]
     ids = np.array([s.image_id for s in states], dtype=object)

@@ -247,6 +247,13 @@ class EvalCfg(_Strict):
     )
 
 
+class CacheCfg(_Strict):
+    share_stages: bool = Field(
+        True, description="reuse per-stage outputs stored in stages_dir by runs that agree up to a stage"
+    )
+    stages_dir: str = Field("{cache}/stages", description="where per-stage outputs are stored (content-addressed)")
+
+
 class Config(_Strict):
     name: str = "headline"
     description: str = ""
@@ -269,6 +276,7 @@ class Config(_Strict):
     benchmarks: dict[str, BenchmarkCfg] = Field(default_factory=lambda: default_benchmarks())
     ray: RayCfg = Field(default_factory=RayCfg)
     eval: EvalCfg = Field(default_factory=EvalCfg)
+    cache: CacheCfg = Field(default_factory=CacheCfg)
 
     @field_validator("splits")
     @classmethod

@@ -12,6 +12,7 @@ from adjcap.config import Config
 from adjcap.data.records import Record
 from adjcap.index import CaptionIndex, benchmark_corpus, encode_shards_in_process, encoder_identity, ensure_index
 from adjcap.models import roles
+from adjcap.stage_cache import StageCache, stage_counts
 
 
 @dataclass
@@ -51,8 +52,11 @@ def process_states(states: list[stages.ImageState], models: Models, cfg: Config)
 
 
 def run_pipeline(records: Sequence[Record], cfg: Config, models: Models | None = None,
-                 benchmark: str | None = None, batch_size: int | None = None) -> list[dict[str, Any]]:
-    """Records -> feature rows (DESIGN.md section 2), one per record, in record order."""
+                 benchmark: str | None = None, batch_size: int | None = None,
+                 stage_cache: StageCache | None = None, counts: dict[str, int] | None = None) -> list[dict[str, Any]]:
+    """Records -> feature rows (DESIGN.md section 2), one per record, in record order. With a
+    ``stage_cache`` stored stage outputs are reused and new ones stored; ``counts`` (when given)
+    accumulates the images each stage processed."""
     cfg = cfg.resolved()
     benchmark = benchmark or cfg.benchmark
     models = models or load_models(cfg, benchmark)
@@ -62,6 +66,13 @@ def run_pipeline(records: Sequence[Record], cfg: Config, models: Models | None =
         exif = cfg.benchmark_cfg(benchmark).applies_exif()
         states = [stages.decode_state(r.image_id, benchmark, r.split, r.domain, r.image_path, r.error, exif)
                   for r in records[start : start + bs]]
+        if stage_cache is not None:
+            stage_cache.prefill(states)
         process_states(states, models, cfg)
+        if stage_cache is not None:
+            stage_cache.store(states)
+        if counts is not None:
+            for stage, n in stage_counts(states).items():
+                counts[stage] = counts.get(stage, 0) + n
         rows.extend(s.to_row() for s in states)
     return rows

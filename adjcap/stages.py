@@ -31,6 +31,9 @@ from adjcap.config import CaptionerCfg
 from adjcap.data.images import decode_image, read_image_file
 from adjcap.features import empty_row
 
+# the four stages in pipeline order (also the names their errors and the stage cache use)
+STAGES = ("retrieve", "verify", "caption", "score")
+
 
 @dataclass
 class ImageState:
@@ -50,6 +53,8 @@ class ImageState:
     retrieval_embedding: np.ndarray | None = None  # stage 1 image embedding, reused by stage 4
     verifier_memo: Any = None  # stage 2 image encoding, reused by stage 4
     verifier_backend: str | None = None  # which verifier backend scored this image (None: no verifier)
+    done: set[str] = field(default_factory=set)  # stages whose output the state holds (skipped by them)
+    computed: set[str] = field(default_factory=set)  # stages that ran on this image in this run
 
     @property
     def ok(self) -> bool:
@@ -132,8 +137,9 @@ def encode_for_transport(data: bytes, image) -> bytes:
 
 
 def _guarded(stage: str, fn: Callable[[list[ImageState]], None], states: list[ImageState]) -> list[ImageState]:
-    """Run ``fn`` on the ok states; if the batch fails, retry one image at a time."""
-    live = [s for s in states if s.ok]
+    """Run ``fn`` on the ok states that do not hold the stage's output yet (filled from the stage
+    cache: ``done``); if the batch fails, retry one image at a time. Marks the stage done/computed."""
+    live = [s for s in states if s.ok and stage not in s.done]
     if not live:
         return states
     try:
@@ -147,6 +153,10 @@ def _guarded(stage: str, fn: Callable[[list[ImageState]], None], states: list[Im
                     fn([s])
                 except Exception as e:  # noqa: BLE001
                     s.error = f"{stage}: {type(e).__name__}: {e}"
+    for s in live:
+        if s.ok:
+            s.done.add(stage)
+            s.computed.add(stage)
     return states
 
 

@@ -26,8 +26,11 @@ from adjcap.features import rows_to_table
 from adjcap.index import benchmark_corpus, index_arrays
 from adjcap.lavis_env import runtime_env as lavis_runtime_env
 from adjcap.rundir import RunDir
+from adjcap.stage_cache import StageCache, apply_outputs
+from adjcap.stages import STAGES, ImageState, decode_state
 from jobs.encode_corpus import index_for
 from jobs.ray_session import check_pools, pool_resources
+
 
 def pools(cfg: Config) -> list[tuple[type, str, dict]]:
     """(actor class, pool name, extra map_batches options) in stage order. With the LAVIS verifier
@@ -61,8 +64,14 @@ def write_references(run: RunDir, benchmark: str, records: dict[str, list[Record
         )
 
 
-def extract_features(cfg: Config, run: RunDir, records: dict[str, list[Record]], resume: bool = True) -> dict:
-    """Inside a Ray session (``cfg`` resolved). Returns {split: {images, skipped, done, failed}}."""
+def extract_features(cfg: Config, run: RunDir, records: dict[str, list[Record]], resume: bool = True,
+                     stage_stats: dict | None = None) -> dict:
+    """Inside a Ray session (``cfg`` resolved). Returns {split: {images, skipped, done, failed}}.
+
+    With ``cache.share_stages`` every image starts from its deepest stage prefix stored in the stage
+    cache (:mod:`adjcap.stage_cache`): an image with all four stages stored is written without any
+    model, the pools of stages no image needs are not started, and new stage outputs are stored.
+    ``stage_stats`` (when given) receives {"computed": {stage: images}, "reused": {stage: images}}."""
     todo: list[Record] = []
     summary: dict[str, dict[str, int]] = {}
     for split, recs in records.items():
@@ -72,29 +81,20 @@ def extract_features(cfg: Config, run: RunDir, records: dict[str, list[Record]],
         new = [r for r in recs if r.image_id not in have]
         summary[split] = {"images": len(recs), "skipped": len(recs) - len(new), "done": 0, "failed": 0}
         todo.extend(new)
+    computed = {s: 0 for s in STAGES}
+    reused = {s: 0 for s in STAGES}
+    if stage_stats is not None:
+        stage_stats.update(computed=computed, reused=reused, shared=cfg.cache.share_stages)
     if not todo:
         return summary
 
     check_pools(cfg)  # an impossible --workers / memory request is refused before any model loads
     corpus = benchmark_corpus(cfg.benchmark_cfg(), cfg.benchmark)
-    vectors, ids, precision = index_arrays(index_for(cfg, corpus))
-    index_ref = ray.put((vectors, ids, precision, corpus.texts))
-    bs = cfg.ray.batch_size
-    exif = cfg.benchmark_cfg().applies_exif()
-    items = [
-        {"image_id": r.image_id, "image_path": r.image_path or "", "error": r.error or "", "split": r.split,
-         "domain": r.domain or "", "benchmark": cfg.benchmark, "exif": exif}
-        for r in todo
-    ]
-    ds = ray.data.from_items(items, override_num_blocks=max(1, min(len(items) // bs, 200)))
-    ds = ds.map_batches(decode_batch, batch_size=bs, batch_format="numpy", num_cpus=cfg.ray.decode_cpus)
-    for actor, pool, env in pools(cfg):
-        kwargs = {"cfg": cfg, "index_ref": index_ref} if pool == "retriever" else {"cfg": cfg}
-        ds = ds.map_batches(
-            actor, fn_constructor_kwargs=kwargs, batch_size=bs, batch_format="numpy",
-            compute=ActorPoolStrategy(size=cfg.ray.workers), **pool_resources(cfg, pool), **env,
-        )
-
+    cache = StageCache.for_config(cfg, corpus.fingerprint) if cfg.cache.share_stages else None
+    found = cache.lookup(r.image_id for r in todo if not r.error) if cache else {}
+    for outs in found.values():
+        for stage in outs:
+            reused[stage] += 1
     buffers: dict[str, list[dict]] = defaultdict(list)
 
     def flush(split: str) -> None:
@@ -102,28 +102,80 @@ def extract_features(cfg: Config, run: RunDir, records: dict[str, list[Record]],
         if rows:
             run.write_part(cfg.benchmark, split, rows_to_table(rows))
 
-    for batch in ds.iter_batches(batch_format="numpy", batch_size=None):
-        for blob in batch["state"]:
-            state = pickle.loads(blob)
-            buffers[state.split].append(state.to_row())
-            summary[state.split]["done" if state.error is None else "failed"] += 1
-            if len(buffers[state.split]) >= cfg.ray.rows_per_part:
-                flush(state.split)
+    def emit(state: ImageState) -> None:
+        buffers[state.split].append(state.to_row())
+        summary[state.split]["done" if state.error is None else "failed"] += 1
+        for stage in state.computed:
+            computed[stage] += 1
+        if cache is not None:
+            cache.add([state])
+        if len(buffers[state.split]) >= cfg.ray.rows_per_part:
+            flush(state.split)
+
+    rest = []
+    for r in todo:  # images that need no model: every stage stored, or refused by the reader
+        if r.error:
+            emit(decode_state(r.image_id, cfg.benchmark, r.split, r.domain, None, r.error))
+        elif len(found.get(r.image_id, ())) == len(STAGES):
+            emit(apply_outputs(ImageState(r.image_id, cfg.benchmark, r.split, r.domain or None), found[r.image_id]))
+        else:
+            rest.append(r)
+    if rest:
+        first = min(len(found.get(r.image_id, ())) for r in rest)  # the first stage some image needs
+        ds = _stream(cfg, corpus, rest, found, first)
+        for batch in ds.iter_batches(batch_format="numpy", batch_size=None):
+            for blob in batch["state"]:
+                emit(pickle.loads(blob))
     for split in list(buffers):
         flush(split)
+    if cache is not None:
+        cache.flush()
     return summary
+
+
+STAGE_OF_POOL = {"retriever": 0, "verifier": 1, "captioner": 2, "scorer": 3}
+
+
+def _stream(cfg: Config, corpus, todo: list[Record], found: dict, first: int):
+    """decode -> the pools from stage ``first`` on, as a Ray dataset of packed states."""
+    bs = cfg.ray.batch_size
+    exif = cfg.benchmark_cfg().applies_exif()
+    items = [
+        {"image_id": r.image_id, "image_path": r.image_path or "", "error": r.error or "", "split": r.split,
+         "domain": r.domain or "", "benchmark": cfg.benchmark, "exif": exif,
+         "cached": pickle.dumps(found[r.image_id]) if r.image_id in found else b""}
+        for r in todo
+    ]
+    ds = ray.data.from_items(items, override_num_blocks=max(1, min(len(items) // bs, 200)))
+    ds = ds.map_batches(decode_batch, batch_size=bs, batch_format="numpy", num_cpus=cfg.ray.decode_cpus)
+    for actor, pool, env in pools(cfg):
+        if STAGE_OF_POOL[pool] < first:
+            continue
+        kwargs = {"cfg": cfg}
+        if pool == "retriever":
+            vectors, ids, precision = index_arrays(index_for(cfg, corpus))
+            kwargs["index_ref"] = ray.put((vectors, ids, precision, corpus.texts))
+        ds = ds.map_batches(
+            actor, fn_constructor_kwargs=kwargs, batch_size=bs, batch_format="numpy",
+            compute=ActorPoolStrategy(size=cfg.ray.workers), **pool_resources(cfg, pool), **env,
+        )
+    return ds
 
 
 def main(cfg: Config, run: RunDir, records: dict[str, list[Record]], resume: bool = True) -> dict:
     """Inside a Ray session: extract what is missing, write and print the summary."""
     t0 = time.time()
-    summary = extract_features(cfg, run, records, resume=resume)
+    stage_stats: dict = {}
+    summary = extract_features(cfg, run, records, resume=resume, stage_stats=stage_stats)
     dt = time.time() - t0
-    run.write_summary({"splits": summary, "seconds": dt})
+    run.write_summary({"splits": summary, "seconds": dt, "stages": stage_stats})
     for split, s in summary.items():
         print(f"features {cfg.benchmark}-{split}: {s['images']} images, {s['done']} done, "
               f"{s['failed']} failed, {s['skipped']} already written")
     n_new = sum(s["done"] + s["failed"] for s in summary.values())
+    if stage_stats.get("shared") and n_new:
+        print("stages: images computed " + ", ".join(f"{k} {v}" for k, v in stage_stats["computed"].items())
+              + "; reused from the stage cache " + ", ".join(f"{k} {v}" for k, v in stage_stats["reused"].items()))
     if n_new:
         print(f"throughput: {n_new / dt:.2f} images/s over {dt:.1f}s (incl. model loading)")
     return summary

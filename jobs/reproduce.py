@@ -1,0 +1,110 @@
+"""``adjcap reproduce TABLE``: every row of one of the paper's tables as one Ray job (one Ray session
+for the whole table), each row's run directory written as ``run-job`` writes it, then the table
+with the paper's published values beside the measured ones (Markdown, LaTeX, HTML).
+
+Rows share their work: rows of one run directory (the same preset read at other pickers) run once,
+and rows that agree up to a stage reuse its outputs from the stage cache (``cache.share_stages``).
+A row whose preset is missing or whose run fails is shown as such; the other rows still run."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from adjcap.io import atomic_write_json, atomic_write_text
+from adjcap.report.collect import load_run
+from adjcap.reproduce import RowResult, build_table, distinct_runs, get_table, plan_table
+from adjcap.reproduce.plan import DEMO, RowPlan
+from adjcap.rundir import RunDir
+from adjcap.stages import STAGES
+from jobs import run
+from jobs.ray_session import ray_session
+
+
+def _measure(plan: RowPlan, failed: dict[Path, str]) -> RowResult:
+    res = RowResult(plan.row, plan.benchmark, plan.protocol, plan.picker, run_dir=str(plan.run_dir or ""))
+    if plan.problem:
+        res.status = plan.problem
+        return res
+    if plan.run_dir in failed:
+        res.status = f"failed: {failed[plan.run_dir]}"
+        return res
+    data = load_run(plan.run_dir)
+    res.metrics = data.picker_metrics(plan.protocol, plan.picker) or None
+    if res.metrics is None:
+        res.status = "not evaluated"
+    return res
+
+
+def stage_work(plans: list[RowPlan]) -> dict[str, dict[str, int]]:
+    """Images each stage processed and reused, and the seconds spent extracting features (model
+    loading included), summed over the table's runs (features/summary.json)."""
+    out: dict[str, Any] = {"computed": {s: 0 for s in STAGES}, "reused": {s: 0 for s in STAGES}}
+    seconds = 0.0
+    for p in distinct_runs(plans):
+        summary = RunDir(p.run_dir).summary()
+        seconds += float(summary.get("seconds", 0.0))
+        stages = summary.get("stages", {})
+        for kind in out:
+            for s, n in stages.get(kind, {}).items():
+                out[kind][s] = out[kind].get(s, 0) + int(n)
+    out["extract_seconds"] = round(seconds, 1)
+    return out
+
+
+def main(table_key: str, benchmark: str | None = None, sets: list[str] | tuple[str, ...] = (),
+         updates: dict[str, Any] | None = None, runs_dir: str | Path | None = None) -> dict[str, Any]:
+    table = get_table(table_key)
+    plans = plan_table(table, benchmark, sets, updates, runs_dir)
+    for p in plans:
+        if p.problem:
+            print(f"row '{p.row.label}': {p.problem}; shown as n/a (adjcap reproduce --list)")
+    runs = distinct_runs(plans)
+    failed: dict[Path, str] = {}
+    t0 = time.time()
+    if runs:
+        if any(p.benchmark == DEMO for p in runs):
+            from jobs import demo
+
+            demo.prepare(runs[0].cfg)
+        with ray_session(runs[0].cfg.resolved()):
+            for i, p in enumerate(runs, 1):
+                print(f"== {table.key} run {i}/{len(runs)}: {p.row.preset} on {p.benchmark} -> {p.run_dir}")
+                try:
+                    run.main(p.cfg, run_dir=p.run_dir)
+                except KeyboardInterrupt:
+                    raise
+                except Exception as e:  # noqa: BLE001 - one failing row is reported in its cell, the others run
+                    msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                    failed[p.run_dir] = msg
+                    print(f"row run {p.run_dir} failed: {msg}")
+    results = [_measure(p, failed) for p in plans]
+    bench = benchmark or table.benchmark
+    out_table = build_table(table, results, benchmark)
+    root = Path(runs_dir) if runs_dir else Path(runs[0].cfg.paths.runs_dir if runs else "runs")
+    out_dir = root / "reproduce"
+    stem = f"{table.key}-{bench}"
+    paths = {
+        "markdown": atomic_write_text(out_dir / f"{stem}.md", out_table.to_markdown()),
+        "latex": atomic_write_text(out_dir / f"{stem}.tex", out_table.to_latex()),
+        "html": atomic_write_text(out_dir / f"{stem}.html", "<!doctype html><meta charset='utf-8'>\n"
+                                  + out_table.to_html() + "\n"),
+    }
+    work = stage_work(plans)
+    doc = {
+        "table": table.key, "benchmark": bench, "seconds": time.time() - t0,
+        "rows": [{"label": r.row.label, "preset": r.row.preset, "protocol": r.protocol, "picker": r.picker,
+                  "status": r.status, "run_dir": r.run_dir,
+                  "measured": {c.header: v for c, v in zip(table.columns, out_table.rows[i][3::3])}}
+                 for i, r in enumerate(results)],
+        "stage_work": work,
+        "runs": len(runs),
+    }
+    paths["json"] = atomic_write_json(out_dir / f"{stem}.json", doc)
+    print(out_table.to_markdown())
+    print("stage work (images): computed " + ", ".join(f"{k} {v}" for k, v in work["computed"].items())
+          + "; reused " + ", ".join(f"{k} {v}" for k, v in work["reused"].items()))
+    print(f"table: {paths['markdown']} (.tex, .html, .json beside it)")
+    return {"paths": {k: str(v) for k, v in paths.items()}, **json.loads(json.dumps(doc, default=str))}
