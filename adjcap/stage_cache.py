@@ -177,6 +177,7 @@ def _give_retrieve(s: ImageState, o: dict[str, Any]) -> None:
 def _give_verify(s: ImageState, o: dict[str, Any]) -> None:
     s.retrieved = [dict(r) for r in o["retrieved"]]
     s.verified = [dict(v) for v in o["verified"]]
+    s.verifier_backend = o.get("verifier_backend")
 
 
 def _give_caption(s: ImageState, o: dict[str, Any]) -> None:
@@ -200,8 +201,9 @@ OUTPUTS: dict[str, StageOutput] = {
         _give_retrieve,
     ),
     "verify": StageOutput(
-        pa.schema([("image_id", pa.string()), ("retrieved", pa.list_(RETRIEVED)), ("verified", pa.list_(VERIFIED))]),
-        lambda s: {"retrieved": s.retrieved, "verified": s.verified},
+        pa.schema([("image_id", pa.string()), ("retrieved", pa.list_(RETRIEVED)), ("verified", pa.list_(VERIFIED)),
+                   ("verifier_backend", pa.string())]),
+        lambda s: {"retrieved": s.retrieved, "verified": s.verified, "verifier_backend": s.verifier_backend},
         _give_verify,
     ),
     "caption": StageOutput(
