@@ -17,7 +17,7 @@ def decode_batch(batch: dict[str, Any]) -> dict[str, Any]:
         s = decode_state(str(batch["image_id"][i]), str(batch["benchmark"][i]), str(batch["split"][i]),
                          str(batch["domain"][i] or "") or None, str(batch["image_path"][i] or "") or None,
                          str(batch["error"][i] or "") or None if "error" in batch else None,
-                         bool(batch["exif"][i]) if "exif" in batch else False)
+                         bool(batch["exif"][i]) if "exif" in batch else True)
         cached = batch["cached"][i] if "cached" in batch else None
         if s.ok and cached:  # the stage outputs the stage cache already holds for this image
             apply_outputs(s, pickle.loads(cached))

@@ -62,8 +62,9 @@ def run_pipeline(records: Sequence[Record], cfg: Config, models: Models | None =
     models = models or load_models(cfg, benchmark)
     bs = batch_size or cfg.ray.batch_size
     rows: list[dict[str, Any]] = []
+    known = cfg.benchmarks.get(benchmark)
+    exif = known.applies_exif() if known is not None else True  # records of an unconfigured folder: users' photos
     for start in range(0, len(records), bs):
-        exif = cfg.benchmark_cfg(benchmark).applies_exif()
         states = [stages.decode_state(r.image_id, benchmark, r.split, r.domain, r.image_path, r.error, exif)
                   for r in records[start : start + bs]]
         if stage_cache is not None:

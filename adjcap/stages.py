@@ -95,7 +95,7 @@ class ImageState:
 
 
 def decode_state(image_id: str, benchmark: str, split: str, domain: str | None,
-                 image_path: str | None, error: str | None = None, exif_transpose: bool = False) -> ImageState:
+                 image_path: str | None, error: str | None = None, exif_transpose: bool = True) -> ImageState:
     """A fresh state with its image decoded (or its ``error`` set: missing file, truncated JPEG, a
     path the annotation reader already refused (``error``), ...)."""
     s = ImageState(image_id=image_id, benchmark=benchmark, split=split, domain=domain or None)
