@@ -90,7 +90,10 @@ def test_ray_output_equals_single_process_pipeline(job):
     for image_id, e in expected.items():
         g = got[image_id]
         assert g["error"] == e["error"]
-        assert [r["corpus_id"] for r in g["retrieved"]] == [r["corpus_id"] for r in e["retrieved"]]
+        # the same top-L; batches of another size may swap two captions whose cosines tie to ~1e-6
+        assert sorted(r["corpus_id"] for r in g["retrieved"]) == sorted(r["corpus_id"] for r in e["retrieved"])
+        for gr, er in zip(g["retrieved"], e["retrieved"]):
+            assert gr["corpus_id"] == er["corpus_id"] or math.isclose(gr["cosine"], er["cosine"], abs_tol=1e-4)
         assert [v["corpus_id"] for v in g["verified"]] == [v["corpus_id"] for v in e["verified"]]
         assert g["entities"] == e["entities"] and g["prompt"] == e["prompt"]
         assert [c["text"] for c in g["candidates"]] == [c["text"] for c in e["candidates"]]
