@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import errno
+import functools
+import hashlib
 import json
 import os
 import tempfile
@@ -92,3 +94,25 @@ def atomic_write_parquet(path: str | Path, table: pa.Table) -> Path:
 def is_temp_name(name: str) -> bool:
     """Temp files written by this module (ignored by readers and resume)."""
     return name.startswith(".") and name.endswith(".tmp")
+
+
+def file_digest(p: Path) -> str:
+    """A file's content id: size + sha256 of the whole file (up to 64 MiB) or of its first, middle and
+    last MiB; cached per path, size and mtime."""
+    st = Path(p).stat()
+    return _file_digest_cached(str(p), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=256)
+def _file_digest_cached(path: str, size: int, mtime_ns: int) -> str:
+    h = hashlib.sha256()
+    mib = 1 << 20
+    with open(path, "rb") as f:
+        if size <= 64 * mib:
+            for chunk in iter(lambda: f.read(8 * mib), b""):
+                h.update(chunk)
+        else:
+            for offset in (0, size // 2, size - mib):
+                f.seek(offset)
+                h.update(f.read(mib))
+    return f"{size}-{h.hexdigest()[:16]}"

@@ -23,7 +23,6 @@ only after extraction (picker, protocol, alpha/beta) have identical identities a
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import math
@@ -43,7 +42,7 @@ import pyarrow.parquet as pq
 
 from adjcap.config import Config
 from adjcap.features import CANDIDATE, RETRIEVED, VERIFIED
-from adjcap.io import atomic_write_json, atomic_write_parquet, is_temp_name
+from adjcap.io import atomic_write_json, atomic_write_parquet, file_digest, is_temp_name
 from adjcap.stages import STAGES, ImageState
 
 PART_GLOB = "part-*.parquet"
@@ -58,27 +57,6 @@ _BENCHMARK_IRRELEVANT = ("annotations", "annotations_by_split", "corpus")
 # --------------------------------------------------------------------------------------------
 
 
-def _file_digest(p: Path) -> str:
-    """size + sha256 of the whole file (up to 64 MiB) or of its first, middle and last MiB."""
-    st = p.stat()
-    return _file_digest_cached(str(p), st.st_size, st.st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=256)
-def _file_digest_cached(path: str, size: int, mtime_ns: int) -> str:
-    h = hashlib.sha256()
-    mib = 1 << 20
-    with open(path, "rb") as f:
-        if size <= 64 * mib:
-            for chunk in iter(lambda: f.read(8 * mib), b""):
-                h.update(chunk)
-        else:
-            for offset in (0, size // 2, size - mib):
-                f.seek(offset)
-                h.update(f.read(mib))
-    return f"{size}-{h.hexdigest()[:16]}"
-
-
 def content_id(value: Any) -> Any:
     """A path-valued setting by content (a file: size + digest; a directory: its files' names and
     digests), so the same model under another path shares outputs and a rewritten file does not.
@@ -88,11 +66,11 @@ def content_id(value: Any) -> Any:
     p = Path(value)
     try:
         if p.is_file():
-            return f"file:{_file_digest(p)}"
+            return f"file:{file_digest(p)}"
         if p.is_dir():
             h = hashlib.sha256()
             for f in sorted(x for x in p.rglob("*") if x.is_file() and not x.name.startswith(".")):
-                h.update(f"{f.relative_to(p)}\0{_file_digest(f)}\0".encode())
+                h.update(f"{f.relative_to(p)}\0{file_digest(f)}\0".encode())
             return f"dir:{h.hexdigest()[:16]}"
     except OSError:
         return value

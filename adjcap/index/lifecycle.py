@@ -20,6 +20,7 @@ import torch
 
 from adjcap.config import BenchmarkCfg, ConfigError, EncoderCfg, RetrievalCfg
 from adjcap.data.corpus import Corpus, load_corpus
+from adjcap.io import file_digest
 from adjcap.index.store import CaptionIndex, CaptionIndexError, IndexManifest, finalize_index, verify_shard, write_shard
 
 
@@ -32,18 +33,10 @@ def benchmark_corpus(bench: BenchmarkCfg, name: str) -> Corpus:
 
 def encoder_identity(enc: EncoderCfg) -> str:
     """A stable id of a (resolved) encoder section without loading it: name + tag, or name + the local
-    checkpoint's size and the sha256 of its first and last MiB (content, not path)."""
+    checkpoint's content id (:func:`adjcap.io.file_digest`: content, not path)."""
     pretrained = enc.pretrained
     if pretrained and Path(pretrained).is_file():
-        p = Path(pretrained)
-        h = hashlib.sha256()
-        size = p.stat().st_size
-        with open(p, "rb") as f:
-            h.update(f.read(1 << 20))
-            if size > (2 << 20):
-                f.seek(-(1 << 20), 2)
-                h.update(f.read())
-        return f"{enc.model}:file-{size}-{h.hexdigest()[:16]}"
+        return f"{enc.model}:file-{file_digest(Path(pretrained))}"
     return f"{enc.model}:{pretrained or 'random'}"
 
 
