@@ -91,10 +91,15 @@ def test_ray_output_equals_single_process_pipeline(job):
         g = got[image_id]
         assert g["error"] == e["error"]
         # the same top-L; batches of another size may swap two captions whose cosines tie to ~1e-6
-        assert sorted(r["corpus_id"] for r in g["retrieved"]) == sorted(r["corpus_id"] for r in e["retrieved"])
+        # (as text: the demo corpus, as COCO's, holds the same sentence under several ids, and which id of
+        # a duplicate comes first, or makes the cut at L, follows that near-tie)
+        assert sorted(r["text"] for r in g["retrieved"]) == sorted(r["text"] for r in e["retrieved"])
         for gr, er in zip(g["retrieved"], e["retrieved"]):
-            assert gr["corpus_id"] == er["corpus_id"] or math.isclose(gr["cosine"], er["cosine"], abs_tol=1e-4)
-        assert [v["corpus_id"] for v in g["verified"]] == [v["corpus_id"] for v in e["verified"]]
+            assert gr["text"] == er["text"] or math.isclose(gr["cosine"], er["cosine"], abs_tol=1e-4)
+        # the kept captions compare as text too, for the same reason
+        assert len(g["verified"]) == len(e["verified"])
+        for gv, ev in zip(g["verified"], e["verified"]):
+            assert gv["text"] == ev["text"] or math.isclose(gv["verifier"], ev["verifier"], abs_tol=1e-4), (image_id, gv, ev)
         assert g["entities"] == e["entities"] and g["prompt"] == e["prompt"]
         assert [c["text"] for c in g["candidates"]] == [c["text"] for c in e["candidates"]]
         for gc, ec in zip(g["candidates"], e["candidates"]):
