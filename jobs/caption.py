@@ -59,7 +59,7 @@ def main(cfg: Config, folder: str | Path, heads: str | Path | None = None, out: 
     folder = Path(folder).expanduser().resolve()
     if not folder.is_dir():
         raise NotADirectoryError(f"{folder}: not a directory; give a folder of images")
-    demo.prepare_if_demo(cfg)
+    cfg = demo.prepare_if_demo(cfg)
     fcfg = folder_config(cfg, folder, heads is not None)
     rcfg = fcfg.resolved()
     fitted = load_heads(Path(heads).expanduser(), rcfg) if heads is not None else None

@@ -9,8 +9,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from adjcap import lavis_env
 from adjcap.config import Config, load_config
 from adjcap.demo.tiny import QUALITY, build_tiny_world
+from adjcap.demo.tiny_lavis import build_tiny_lavis
 from adjcap.demo.world import build_demo_world, demo_corpus_texts
 from adjcap.rundir import RunDir
 from jobs import run
@@ -46,9 +48,11 @@ def on_demo_world(cfg: Config) -> Config:
     return Config.model_validate(data)
 
 
-def prepare(cfg: Config) -> None:
+def prepare(cfg: Config) -> Config:
     """The demo world and tiny models under ``{cache}`` (built once, then reused); prints what each
-    step took (wall and this process's CPU seconds) and the judges' held-out quality."""
+    step took (wall and this process's CPU seconds) and the judges' held-out quality. Returns ``cfg``,
+    with the tiny LAVIS judge as its verifier when it asks for the ``lavis`` backend on the demo's own
+    (transformers) judge."""
     cache = Path(cfg.resolved().paths.cache_dir)
     with _step("demo world"):
         build_demo_world(cache / "demo", seed=cfg.seed)
@@ -59,6 +63,24 @@ def prepare(cfg: Config) -> None:
     print(f"demo judges on {q['images']} held-out scenes: retrieval CLIP recall@1/5 {r['i2t_r@1']:.2f}/{r['i2t_r@5']:.2f} "
           f"(captioner CLIP {q['captioner_clip']['i2t_r@1']:.2f}/{q['captioner_clip']['i2t_r@5']:.2f}), "
           f"BLIP ITM accuracy {v['accuracy']:.2f}")
+    return _lavis_judge(cfg, paths["blip"])
+
+
+def _lavis_judge(cfg: Config, demo_blip: Path) -> Config:
+    """``verifier.backend = "lavis"`` needs a LAVIS ``.pth``; on the demo's transformers judge it gets the
+    demo's tiny LAVIS BlipITM (built once in the LAVIS environment, which is built first if needed)."""
+    v = cfg.verifier
+    if not (v.enabled and v.backend == "lavis") or Path(cfg.resolved().verifier.model) != demo_blip:
+        return cfg
+    cache = Path(cfg.resolved().paths.cache_dir)
+    with _step("LAVIS environment"):
+        lavis_env.build(cache)
+    with _step("tiny LAVIS judge"):
+        pth, tok = build_tiny_lavis(demo_blip.parent, cache, seed=cfg.seed)
+    print(f"verifier.backend=lavis on the demo world: the tiny LAVIS BlipITM {pth} (LAVIS's classes, random "
+          "weights: it proves the backend, its verdicts are noise; the trained tiny judge's 16-wide heads have "
+          "no LAVIS layout)")
+    return cfg.model_copy(update={"verifier": v.model_copy(update={"model": str(pth), "tokenizer": str(tok)})})
 
 
 @contextlib.contextmanager
@@ -68,14 +90,13 @@ def _step(name: str) -> Iterator[None]:
     print(f"{name}: {time.perf_counter() - t:.1f} s wall, {time.process_time() - c:.1f} s CPU")
 
 
-def prepare_if_demo(cfg: Config) -> None:
+def prepare_if_demo(cfg: Config) -> Config:
     """The demo world and its tiny models when ``cfg`` uses them (its benchmark is the demo world)."""
-    if cfg.benchmark == "demo":
-        prepare(cfg)
+    return prepare(cfg) if cfg.benchmark == "demo" else cfg
 
 
 def main(cfg: Config, run_dir: str | Path | None = None, resume: bool = True, evaluate_after: bool = True) -> RunDir:
-    prepare(cfg)
+    cfg = prepare(cfg)
     with _step("run (extract -> fit -> evaluate -> report)"):
         out = run.main(cfg, run_dir=run_dir, resume=resume, evaluate_after=evaluate_after)
     print(f"report: {out.report_md} and {out.report_html}")

@@ -2,6 +2,7 @@
 
     build OUT.pth TOKENIZER_DIR SEED   a small LAVIS BlipITM (LAVIS's own classes, random weights) saved
                                        as {"model": state_dict} with a few retrieval-only keys added
+                                       (adjcap.demo.tiny_lavis.build: the demo's tiny LAVIS judge)
     score PTH TOKENIZER_DIR SPEC.json OUT.json
                                        LAVIS ITM probabilities of SPEC {"images": [...], "captions": [[...]]}:
                                        "score" (image encoded once) and "pairs" (LAVIS forward per pair)
@@ -12,34 +13,10 @@ from __future__ import annotations
 import json
 import sys
 
-import torch
 from PIL import Image
 
-from adjcap.models.lavis_itm import build_lavis_itm, load_lavis_verifier
-
-TINY = dict(vision_width=128, vision_layers=2, vision_heads=2, vision_mlp=256, patch_size=8, image_size=32,
-            text_width=128, text_layers=2, text_heads=2, text_intermediate=256, max_positions=64,
-            encoder_width=128, embed_dim=32)
-
-
-def build(out: str, tokenizer: str, seed: int) -> None:
-    from lavis.models.blip_models.blip import BlipBase
-
-    from adjcap.models.lavis_itm import lavis_tokenizer_source
-
-    with lavis_tokenizer_source(tokenizer):
-        vocab = len(BlipBase.init_tokenizer())  # BERT vocabulary + [DEC] + [ENC]
-    torch.manual_seed(seed)
-    model = build_lavis_itm({**TINY, "vocab_size": vocab}, tokenizer)
-    # spread the ITM head so random scores cover (0, 1) instead of sitting at 0.5
-    torch.nn.init.normal_(model.itm_head.weight, std=1.0 / TINY["text_width"] ** 0.5)
-    sd = model.state_dict()
-    # training state a released retrieval checkpoint carries and ITM does not read
-    sd["temp"] = torch.tensor(0.07)
-    sd["ptr_queue"] = torch.zeros(1, dtype=torch.long)
-    sd["image_queue"] = torch.randn(TINY["embed_dim"], 8)
-    sd["vision_proj_m.weight"] = torch.randn_like(sd["vision_proj.weight"])
-    torch.save({"model": sd}, out)
+from adjcap.demo.tiny_lavis import build
+from adjcap.models.lavis_itm import load_lavis_verifier
 
 
 def score(pth: str, tokenizer: str, spec_path: str, out: str) -> None:

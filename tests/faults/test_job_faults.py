@@ -135,7 +135,9 @@ def scenario(demo_cfg, tmp_path_factory):
     cache = Path(demo_cfg.resolved().paths.cache_dir)
     world = base / "world"
     shutil.copytree(cache / "demo", world)
+    # cache.share_stages=false: the pools compute every stage (none taken from what other modules stored)
     sets = [f"paths.cache_dir={cache}", "ray.include_dashboard=false", "ray.rows_per_part=1", "ray.batch_size=1",
+            "cache.share_stages=false",
             f"benchmarks.demo.images={world}/images",
             f"benchmarks.demo.annotations={world}/annotations/test_captions.json",
             f"benchmarks.demo.annotations_by_split.test={world}/annotations/test_captions.json",
