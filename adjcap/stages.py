@@ -136,9 +136,11 @@ def encode_for_transport(data: bytes, image) -> bytes:
 # --------------------------------------------------------------------------------------------
 
 
-def _guarded(stage: str, fn: Callable[[list[ImageState]], None], states: list[ImageState]) -> list[ImageState]:
+def _guarded(stage: str, fn: Callable[[list[ImageState]], None], states: list[ImageState], *,
+             completes: bool = True) -> list[ImageState]:
     """Run ``fn`` on the ok states that do not hold the stage's output yet (filled from the stage
-    cache: ``done``); if the batch fails, retry one image at a time. Marks the stage done/computed."""
+    cache: ``done``); if the batch fails, retry one image at a time. Marks the stage done/computed
+    unless ``fn`` is only part of the stage (``completes=False``: a later pool finishes it)."""
     live = [s for s in states if s.ok and stage not in s.done]
     if not live:
         return states
@@ -153,7 +155,7 @@ def _guarded(stage: str, fn: Callable[[list[ImageState]], None], states: list[Im
                     fn([s])
                 except Exception as e:  # noqa: BLE001
                     s.error = f"{stage}: {type(e).__name__}: {e}"
-    for s in live:
+    for s in live if completes else ():
         if s.ok:
             s.done.add(stage)
             s.computed.add(stage)
@@ -395,7 +397,8 @@ def score_verifier(states: list[ImageState], verifier) -> list[ImageState]:
                 c["verifier"] = float(v)
             s.verifier_backend = getattr(verifier, "backend", "transformers")
 
-    return _guarded("score", run, states)
+    # the cosines are still to come (the scorer pool after this one): stage 4 is not done yet
+    return _guarded("score", run, states, completes=False)
 
 
 def _memo_for(verifier, batch: list[ImageState]):

@@ -30,6 +30,7 @@ TINY = dict(vision_width=128, vision_layers=2, vision_heads=2, vision_mlp=256, p
 CHECKPOINT = "model_tiny_retrieval.pth"
 TOKENIZER = "bert-tokenizer"
 MARKER = "adjcap_tiny.json"
+RECIPE = 2  # bump when build() changes: a cached checkpoint of another recipe is rebuilt
 
 
 def build(out: str | os.PathLike, tokenizer: str | os.PathLike, seed: int) -> None:
@@ -42,9 +43,8 @@ def build(out: str | os.PathLike, tokenizer: str | os.PathLike, seed: int) -> No
     with lavis_tokenizer_source(str(tokenizer)):
         vocab = len(BlipBase.init_tokenizer())  # BERT vocabulary + [DEC] + [ENC]
     torch.manual_seed(seed)
-    model = build_lavis_itm({**TINY, "vocab_size": vocab}, str(tokenizer))
-    # spread the ITM head so random scores cover (0, 1) instead of sitting at 0.5
-    torch.nn.init.normal_(model.itm_head.weight, std=1.0 / TINY["text_width"] ** 0.5)
+    model = build_lavis_itm({**TINY, "vocab_size": vocab}, str(tokenizer)).eval()
+    _spread(model, seed)
     sd = model.state_dict()
     # training state a released retrieval checkpoint carries and ITM does not read
     sd["temp"] = torch.tensor(0.07)
@@ -54,6 +54,38 @@ def build(out: str | os.PathLike, tokenizer: str | os.PathLike, seed: int) -> No
     tmp = Path(f"{out}.tmp{os.getpid()}")
     torch.save({"model": sd}, tmp)
     os.replace(tmp, out)
+
+
+def _spread(model, seed: int, logit_std: float = 2.0) -> None:
+    """Make a random ITM's match probabilities cover (0, 1): at LAVIS's initialisation every caption of
+    every image scores 0.55-0.58 (the [ENC] output barely depends on the text), so two captions often
+    tie to 1e-5 and any float noise reorders them. Word embeddings at unit scale let the text move the
+    output; the ITM head is then scaled and centred on probe pairs (seeded noise images, random
+    vocabulary words) so the match logit has mean 0 and standard deviation ``logit_std``."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    emb = model.text_encoder.embeddings.word_embeddings.weight
+    with torch.no_grad():
+        emb.copy_(torch.randn(emb.shape, generator=g))
+        size = TINY["image_size"]
+        images = model.visual_encoder.forward_features(torch.rand(8, 3, size, size, generator=g))
+        words = [w for w in model.tokenizer.vocab if w.isalpha()]
+        picks = torch.randint(len(words), (32, 8), generator=g).tolist()
+        captions = [" ".join(words[i] for i in row) for row in picks]
+        text = model.tokenizer(captions, padding="longest", truncation=True, max_length=35, return_tensors="pt")
+        ids = text.input_ids.clone()
+        ids[:, 0] = model.tokenizer.enc_token_id
+        mem = images.repeat_interleave(4, dim=0)
+        h = model.text_encoder(ids, attention_mask=text.attention_mask, encoder_hidden_states=mem,
+                               encoder_attention_mask=torch.ones(mem.shape[:-1], dtype=torch.long),
+                               return_dict=True).last_hidden_state[:, 0, :]
+        head = model.itm_head
+        d = h @ (head.weight[1] - head.weight[0]) + (head.bias[1] - head.bias[0])
+        scale = logit_std / float(d.std())
+        head.weight.mul_(scale)
+        head.bias.mul_(scale)
+        head.bias[1] -= scale * float(d.mean())
 
 
 def write_bert_tokenizer(out_dir: Path, words: list[str]) -> Path:
@@ -66,6 +98,14 @@ def write_bert_tokenizer(out_dir: Path, words: list[str]) -> Path:
     return out_dir
 
 
+def _vocabulary(tokenizer_dir: Path) -> list[str]:
+    """The WordPiece vocabulary of a saved BERT tokenizer, in id order."""
+    from transformers import AutoTokenizer
+
+    vocab = AutoTokenizer.from_pretrained(str(tokenizer_dir)).get_vocab()
+    return sorted(vocab, key=vocab.__getitem__)
+
+
 def build_tiny_lavis(tiny_dir: Path, cache_dir: str | os.PathLike, seed: int = 42) -> tuple[Path, Path]:
     """(checkpoint, tokenizer dir) of the demo's tiny LAVIS ITM under ``tiny_dir/blip-itm-lavis``;
     built once with the LAVIS environment of ``cache_dir`` (which must be built), then reused."""
@@ -74,11 +114,10 @@ def build_tiny_lavis(tiny_dir: Path, cache_dir: str | os.PathLike, seed: int = 4
     root = Path(tiny_dir) / "blip-itm-lavis"
     pth, tok = root / CHECKPOINT, root / TOKENIZER
     marker = root / MARKER
-    want = {"family": "lavis-blip-itm", "seed": seed, "dims": TINY}
+    want = {"family": "lavis-blip-itm", "seed": seed, "dims": TINY, "recipe": RECIPE}
     if pth.is_file() and marker.is_file() and json.loads(marker.read_text()) == want:
         return pth, tok
-    words = (Path(tiny_dir) / "blip-itm" / "vocab.txt").read_text().splitlines()
-    write_bert_tokenizer(tok, words)
+    write_bert_tokenizer(tok, _vocabulary(Path(tiny_dir) / "blip-itm"))
     py = lavis_env.env_python(cache_dir)
     env = {**os.environ, "PYTHONPATH": str(lavis_env.code_dir(cache_dir)), "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1"}
