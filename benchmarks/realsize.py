@@ -34,8 +34,8 @@ Modes (``--mode``):
 * ``stages``: in this process, one pool's models at a time (load, run its stage over all images, free):
   seconds per image per stage and the RSS after loading each pool's models. Needed where the four pools
   do not fit in memory at once (fp32 on a 24 GB machine shared with others).
-* ``auto`` (default): ``ray`` when the estimated memory of all pools at once (adjcap.models.budget, plus
-  Ray's own processes) fits in what the machine has available, else ``stages``.
+* ``auto`` (default): ``ray`` unless the job's own up-front check (``pool_plan``: the pools' declared
+  memory, adjcap.models.budget, against the local Ray's memory resource) would refuse it, else ``stages``.
 Nothing is asserted; the figures go to BENCHMARKS.md by hand.
 """
 
@@ -336,6 +336,8 @@ def overrides(a: dict[str, Path], precision: str, device: str, n_images: int, ca
         f"benchmarks.realsize.images={a['images']}", f"benchmarks.realsize.corpus={a['corpus']}",
         "retrieval.encoder.model=ViT-bigG-14", f"retrieval.encoder.pretrained={a['bigG']}",
         f"retrieval.encoder.precision={p}",
+        # CLIPScore's encoder is the same bigG file: the scorer pool reuses the output cosine
+        "eval.clipscore.model=ViT-bigG-14", f"eval.clipscore.pretrained={a['bigG']}", f"eval.clipscore.precision={p}",
         f"verifier.model={a['blip']}", f"verifier.precision={p}",
         f"captioner.checkpoint={a['ifcap']}", f"captioner.tokenizer={a['tokenizer']}",
         "captioner.clip.model=ViT-B-32-quickgelu", f"captioner.clip.pretrained={a['vitb32']}",
@@ -445,6 +447,18 @@ def estimated_bytes(cfg) -> int:
 
     b = pool_budget(cfg, gpu=False)
     return sum(b[p]["bytes"] for p in ("retriever", "verifier", "captioner", "scorer")) + (3 << 30)
+
+
+def ray_refuses(cfg, avail: int) -> str | None:
+    """The job's own up-front check (jobs.ray_session.pool_plan) against the local Ray this machine
+    would start: its ``memory`` resource is what is available less the object store (30% by default)."""
+    from jobs.ray_session import ResourceError, pool_plan
+
+    try:
+        pool_plan(cfg, {"CPU": float(os.cpu_count() or 1), "memory": 0.7 * avail})
+    except ResourceError as e:
+        return str(e)
+    return None
 
 
 # --------------------------------------------------------------------------------------------
@@ -614,11 +628,12 @@ def main() -> None:
             encode_only(cfg, n_corpus)
             continue
         need, avail = estimated_bytes(cfg), available_bytes()
-        mode = args.mode
+        mode, why = args.mode, ""
         if mode == "auto":
-            mode = "ray" if args.device.startswith("cuda") or need < 0.9 * avail else "stages"
+            refused = None if args.device.startswith("cuda") else ray_refuses(cfg, avail)
+            mode, why = ("stages", f"; the job would refuse: {refused}") if refused else ("ray", "")
         print(f"\n== {prec} on {args.device}, {args.images} images, {n_corpus} corpus captions: mode {mode} "
-              f"(all pools at once ~{gib(need)}, available {gib(avail)})")
+              f"(all pools at once ~{gib(need)}, available {gib(avail)}{why})")
         if mode == "ray":
             r = run_ray(sets, root / "runs" / f"{prec}-{args.images}", env)
             print(f"  end to end: {args.images / r['wall_s']:.3f} images/s ({r['wall_s']:.0f}s wall, incl. Ray start, "
