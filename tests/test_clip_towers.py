@@ -61,3 +61,42 @@ def test_files_it_cannot_read_as_they_are_go_through_open_clip(tiny, tmp_path):
     save_file({k: v for k, v in sd.items() if not k.startswith("visual.")}, missing)
     assert clip_mod._build_towers(clip_source("adjcap-tiny-clip", str(missing)), {"image"}, torch.float32,
                                   torch.device("cpu")) is None
+
+
+def test_a_cached_pretrained_tag_loads_lean_with_the_tags_preprocessing(tiny, tmp_path, monkeypatch):
+    """A tag whose file is in the local Hugging Face cache is read like a bare file (the kept towers
+    only), with the tag's preprocessing and QuickGELU, and equals open_clip's own loading of the tag."""
+    import open_clip
+    import open_clip.pretrained as ocp
+    from PIL import Image
+
+    repo, commit = "adjcap-test/tiny-clip-tag", "0" * 40
+    snap = tmp_path / "hub" / f"models--{repo.replace('/', '--')}"
+    (snap / "snapshots" / commit).mkdir(parents=True)
+    (snap / "refs").mkdir()
+    (snap / "refs" / "main").write_text(commit)
+    (snap / "snapshots" / commit / "open_clip_model.safetensors").write_bytes(tiny.read_bytes())
+    tag = ocp._pcfg(hf_hub=f"{repo}/", quick_gelu=True, mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25),
+                    interpolation="bilinear", resize_mode="squash")
+    monkeypatch.setitem(ocp._PRETRAINED, "adjcap-tiny-clip", {"tagged": tag})
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model, cache = "adjcap-tiny-clip", str(tmp_path / "hub")
+
+    src = clip_source(model, "tagged", cache_dir=cache)
+    assert src.model_id == "adjcap-tiny-clip/tagged" and src.pretrained == "tagged"  # identity: the tag
+    assert src.checkpoint is not None and src.checkpoint.name == "open_clip_model.safetensors"
+    assert src.force_quick_gelu
+    assert clip_mod._build_towers(src, {"image"}, torch.float32, torch.device("cpu")) is not None
+    lean = load_dual_encoder(model, "tagged", device="cpu", cache_dir=cache)
+    monkeypatch.setattr(clip_mod, "_build_towers", lambda *a, **k: None)
+    whole = load_dual_encoder(model, "tagged", device="cpu", cache_dir=cache)  # open_clip reads the tag
+    assert lean.preprocess_cfg == whole.preprocess_cfg
+    quick = [any(isinstance(m, open_clip.transformer.QuickGELU) for m in e.model.modules()) for e in (lean, whole)]
+    assert quick == [True, True]  # the tag's activation (the tiny config's own is GELU)
+    assert lean.preprocess_cfg["interpolation"] == "bilinear" and tuple(lean.preprocess_cfg["mean"]) == (0.5, 0.5, 0.5)
+    a, b = lean.model.state_dict(), whole.model.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    texts = ["a dog on a beach", "two people riding bikes down a busy street at night"]
+    torch.testing.assert_close(lean.encode_texts(texts), whole.encode_texts(texts))
+    img = [Image.new("RGB", (40, 30), (200, 30, 90))]
+    torch.testing.assert_close(lean.encode_images(img), whole.encode_images(img))

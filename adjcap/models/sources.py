@@ -202,6 +202,24 @@ def tag_files(pcfg: dict[str, Any]) -> tuple[str | None, list[str], str | None]:
     return repo, files, pcfg.get("url") or None
 
 
+def cached_tag_file(pcfg: dict[str, Any], cache_dir: str | None) -> Path | None:
+    """The tag's weights file in the local Hugging Face cache (the file open_clip would read), or None."""
+    from huggingface_hub import try_to_load_from_cache
+
+    repo, files, _ = tag_files(pcfg)
+    for fn in files if repo else ():
+        got = try_to_load_from_cache(repo, fn, cache_dir=cache_dir)
+        if isinstance(got, str) and os.path.isfile(got):
+            return Path(got)
+    return None
+
+
+def tag_preprocess(pcfg: dict[str, Any]) -> dict[str, Any]:
+    """The preprocessing a pretrained tag sets (what open_clip applies when it loads the tag)."""
+    return {k: (list(v) if isinstance(v, tuple) else v) for k in ("mean", "std", "interpolation", "resize_mode")
+            if (v := pcfg.get(k)) is not None}
+
+
 def tag_cached(pcfg: dict[str, Any], cache_dir: str | None) -> bool:
     repo, files, url = tag_files(pcfg)
     if repo and any(hub_cached(repo, fn, cache_dir) for fn in files):
@@ -271,7 +289,12 @@ def clip_source(model: str, pretrained: str | os.PathLike | None, *, quick_gelu:
             if hf_offline() and not tag_cached(pcfg, cache_dir):
                 raise tag_unavailable(model, spec, pcfg, "HF_HUB_OFFLINE is set and they are not cached")
             qg = bool(pcfg.get("quick_gelu")) and not model_cfg.get("quick_gelu", False)
-            src = ClipSource(model, spec, model_cfg, f"{model}/{spec}", force_quick_gelu=qg)
+            # a tag already in the local cache is read from its file like a bare checkpoint (only the kept
+            # towers, in the target dtype), with the tag's own preprocessing and activation; its identity
+            # stays the tag. Files open_clip must convert still go through open_clip.
+            cached = cached_tag_file(pcfg, cache_dir)
+            src = ClipSource(model, spec, model_cfg, f"{model}/{spec}", force_quick_gelu=qg,
+                             force_preprocess=tag_preprocess(pcfg) if cached else {}, checkpoint=cached)
         else:
             tags = ", ".join(open_clip.list_pretrained_tags_by_model(model)) or "(none registered)"
             if looks_like_path(spec):
