@@ -46,6 +46,10 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Driver:
     """One `cli.py run-job` subprocess (its own session, so only the signals we send reach it)."""
 
@@ -56,8 +60,10 @@ class Driver:
                    RAY_USAGE_STATS_ENABLED="0", TOKENIZERS_PARALLELISM="false")
         env.pop("RAY_ADDRESS", None)
         with open(self.out, "wb") as o, open(self.err, "wb") as e:
+            # SIGINT back to its default in the driver: a test run started in the background of a
+            # non-interactive shell inherits SIGINT ignored, and Python then never raises KeyboardInterrupt
             self.proc = subprocess.Popen([sys.executable, "cli.py", *args], cwd=ROOT, env=env, stdout=o, stderr=e,
-                                         start_new_session=True)
+                                         start_new_session=True, preexec_fn=_default_sigint)
         self.pid = self.proc.pid
         self.seen: set[int] = set()
 
