@@ -23,6 +23,7 @@ import torch
 from PIL import Image
 
 from adjcap import lavis_env
+from adjcap.demo.tiny_lavis import write_bert_tokenizer
 from adjcap.models.blip import load_verifier
 from adjcap.models.blip_lavis import LavisCheckpointError
 
@@ -61,13 +62,10 @@ def _lavis(py: Path, *args: str) -> None:
 def tiny(lavis_python, tmp_path_factory):
     """(checkpoint .pth, tokenizer dir, LAVIS's scores) of a small LAVIS BlipITM built in the LAVIS env."""
     d = tmp_path_factory.mktemp("lavis")
-    tok = d / "bert-tokenizer"
-    tok.mkdir()
     words = sorted({w for cs in CAPTIONS for c in cs for w in re.findall(r"[a-z]+", c.lower())} - set(string.ascii_lowercase))
     chars = sorted(set(string.ascii_lowercase + string.digits + string.punctuation))
     vocab = ["[PAD]", "[unused0]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *("##" + c for c in chars), *words]
-    (tok / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    (tok / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True, "tokenizer_class": "BertTokenizer"}))
+    tok = write_bert_tokenizer(d / "bert-tokenizer", vocab)
     pth = d / "model_tiny_retrieval.pth"
     _lavis(lavis_python, "build", str(pth), str(tok), "7")
     spec = d / "spec.json"

@@ -221,9 +221,9 @@ def tag_preprocess(pcfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def tag_cached(pcfg: dict[str, Any], cache_dir: str | None) -> bool:
-    repo, files, url = tag_files(pcfg)
-    if repo and any(hub_cached(repo, fn, cache_dir) for fn in files):
+    if cached_tag_file(pcfg, cache_dir) is not None:
         return True
+    url = tag_files(pcfg)[2]
     return bool(url) and (Path(cache_dir or expand("~/.cache/clip")) / os.path.basename(url)).is_file()
 
 
