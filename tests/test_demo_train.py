@@ -44,8 +44,9 @@ def small_corpus(tmp_path_factory):
 
 
 def test_two_builds_with_one_seed_are_identical(tmp_path, small_corpus):
-    a = build_tiny_world(tmp_path / "a", small_corpus, seed=7, settings=SMALL)
-    b = build_tiny_world(tmp_path / "b", small_corpus, seed=7, settings=SMALL)
+    """The same files whether the BLIP judge trains in this process or in a second one (``workers``)."""
+    a = build_tiny_world(tmp_path / "a", small_corpus, seed=7, settings=SMALL, workers=1)
+    b = build_tiny_world(tmp_path / "b", small_corpus, seed=7, settings=SMALL, workers=2)
     fa, fb = _files(tmp_path / "a" / "tiny"), _files(tmp_path / "b" / "tiny")
     assert fa.keys() == fb.keys()
     for rel in fa:
@@ -59,6 +60,7 @@ def test_two_builds_with_one_seed_are_identical(tmp_path, small_corpus):
     log = json.loads((tmp_path / "a" / "tiny" / "TRAINING.json").read_text())
     assert log["captioner_clip"]["steps"] == SMALL.clip_steps and log["ifcap"]["steps"] == SMALL.ifcap_steps
     assert log["blip"]["steps"] == SMALL.blip_steps and log["retrieval_clip"]["steps"] == SMALL.retrieval_clip_steps
+    assert log["workers"] == 1 and json.loads((tmp_path / "b" / "tiny" / "TRAINING.json").read_text())["workers"] == 2
     # trained, not the builders' random weights: another seed gives other weights
     c = build_tiny_world(tmp_path / "c", small_corpus, seed=8, settings=SMALL)
     assert not torch.equal(_state(a["ifcap"])["gpt.transformer.wte.weight"], _state(c["ifcap"])["gpt.transformer.wte.weight"])

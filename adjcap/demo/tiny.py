@@ -62,11 +62,12 @@ def tiny_world_ready(root: Path, corpus_texts: Sequence[str], seed: int = 42, se
 
 
 def build_tiny_world(cache_dir: Path, corpus_texts: Sequence[str], seed: int = 42,
-                     settings=None) -> dict[str, Path]:
+                     settings=None, workers: int | None = None) -> dict[str, Path]:
     """Build (or reuse) the tiny world under cache_dir/tiny: random models of the real classes, then
     trained on the demo world (``settings``: :class:`adjcap.demo.train.TinyTrainSettings`,
-    default the demo's; a world built with other settings is rebuilt). Idempotent: READY.json is
-    written last."""
+    default the demo's; a world built with other settings is rebuilt). ``workers``: processes to
+    train in (default: the cores available, at most 2 used; the files do not depend on it).
+    Idempotent: READY.json is written last."""
     root = Path(cache_dir) / "tiny"
     paths = {
         "retrieval_clip": root / "retrieval-clip" / "open_clip_model.safetensors",
@@ -88,7 +89,7 @@ def build_tiny_world(cache_dir: Path, corpus_texts: Sequence[str], seed: int = 4
     clip_dim = load_dual_encoder(CAPTIONER_CLIP, str(clip_path), device="cpu").embed_dim
     build_tiny_ifcap(paths["ifcap"].parent, paths["tokenizer"], clip_dim=clip_dim, seed=seed)
     logs = train_tiny_world(paths, corpus_texts, seed, settings, retrieval_model=RETRIEVAL_CLIP,
-                            captioner_model=CAPTIONER_CLIP)
+                            captioner_model=CAPTIONER_CLIP, workers=workers)
     atomic_write_json(root / "TRAINING.json", logs)
     atomic_write_json(root / QUALITY, judge_quality(root, seed, models={"retrieval": RETRIEVAL_CLIP,
                                                                         "captioner": CAPTIONER_CLIP}))
