@@ -34,7 +34,8 @@ def on_demo_world(cfg: Config) -> Config:
     splits, precision) on the demo world: the demo preset's model and data keys replace ``cfg``'s;
     ``paths``, ``limit`` and the name are kept. An output scorer of its own (``scorer.encoder``)
     becomes the demo's captioner CLIP, loaded apart from the retrieval encoder, so the path that does
-    not reuse stage 1's image embedding still runs (the demo's two tiny CLIP files hold the same weights)."""
+    not reuse stage 1's image embedding still runs (the small tiny CLIP, as the paper's ViT-B/32 scorer is
+    smaller than its bigG retrieval encoder)."""
     demo = load_config("demo").model_dump(mode="json")
     data = cfg.model_dump(mode="json")
     for key in DEMO_WORLD_KEYS:

@@ -69,7 +69,7 @@ def test_two_builds_with_one_seed_are_identical(tmp_path, small_corpus):
     from adjcap.models.clip import load_dual_encoder
     from adjcap.models.ifcap import load_ifcap
 
-    load_dual_encoder("adjcap-tiny-clip", str(a["retrieval_clip"]), device="cpu")
+    load_dual_encoder("adjcap-tiny-clip-large", str(a["retrieval_clip"]), device="cpu")
     load_verifier(str(a["blip"]), device="cpu")
     cap = load_ifcap(a["ifcap"], lm_config=a["ifcap"].parent, tokenizer=a["tokenizer"], device="cpu", mapping_heads=2)
     assert cap.dims.clip_dim == 32
@@ -177,7 +177,7 @@ def world(demo_cfg):
 
 
 def test_every_training_lowered_its_loss(world):
-    for name in ("captioner_clip", "blip", "ifcap"):
+    for name in ("captioner_clip", "retrieval_clip", "blip", "ifcap"):
         entry = world["log"][name]
         assert entry["steps"] > 0 and entry["loss_last"] < 0.9 * entry["loss_first"], (name, entry)
 
@@ -186,7 +186,7 @@ def test_trained_clip_retrieves_held_out_pairs(world):
     from adjcap.models.clip import load_dual_encoder
 
     held = world["held"]
-    enc = load_dual_encoder("adjcap-tiny-clip", str(world["root"] / "retrieval-clip"), device="cpu")
+    enc = load_dual_encoder("adjcap-tiny-clip-large", str(world["root"] / "retrieval-clip"), device="cpu")
     sim = enc.encode_images(held.images) @ enc.encode_texts([c[0] for c in held.captions]).T
     n = len(held)
     recall5 = (sim.topk(5, dim=1).indices == torch.arange(n)[:, None]).any(1).float().mean().item()
@@ -219,7 +219,7 @@ def test_trained_ifcap_captions_held_out_images(world):
 
     root, held = world["root"], world["held"]
     corpus = world["corpus"][:1500]
-    ret = load_dual_encoder("adjcap-tiny-clip", str(root / "retrieval-clip"), device="cpu")
+    ret = load_dual_encoder("adjcap-tiny-clip-large", str(root / "retrieval-clip"), device="cpu")
     clip = load_dual_encoder("adjcap-tiny-clip", str(root / "captioner-clip"), device="cpu")
     cap = load_ifcap(root / "ifcap" / "tiny-ifcap.pt", lm_config=root / "ifcap", tokenizer=root / "gpt2-tokenizer",
                      device="cpu", mapping_heads=2)

@@ -81,8 +81,8 @@ def test_every_preset_is_tested():
 def test_on_demo_world_keeps_the_method_and_swaps_the_models(demo_cfg):
     paper = load_config("ifcap-nocaps")
     demo = on_demo_world(paper)
-    assert demo.benchmark == "demo" and demo.retrieval.encoder.model == "adjcap-tiny-clip"
-    assert demo.captioner.checkpoint.endswith("tiny-ifcap.pt") and demo.eval.clipscore.model == "adjcap-tiny-clip"
+    assert demo.benchmark == "demo" and demo.retrieval.encoder.model == "adjcap-tiny-clip-large"
+    assert demo.captioner.checkpoint.endswith("tiny-ifcap.pt") and demo.eval.clipscore.model == "adjcap-tiny-clip-large"
     for key in ("verifier.enabled", "retrieval.top_l", "captioner.beam_width", "captioner.entities.mode",
                 "captioner.entities.threshold", "captioner.entities.pool", "rerank.picker", "rerank.protocol",
                 "splits", "scorer.lm_feature"):

@@ -9,6 +9,7 @@ counts), and only then can adjudication beat the LM-only pick.
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from collections.abc import Sequence
@@ -20,6 +21,7 @@ import torch
 from adjcap.demo.train_base import HELDOUT_POOL, TrainingPool, deterministic, render_pool
 from adjcap.demo.negatives import count_negative, insert_negative, swap_negative
 from adjcap.demo.world import COLOURS, OBJECTS
+from adjcap.models.sources import OPEN_CLIP_CONFIG
 
 _NUMBER_WORDS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "single": 1}
 # "a green field", "a white wall", "a plain background": colour words of the setting, not of an object
@@ -130,12 +132,14 @@ def itm_accuracy(ver, pool: TrainingPool, seed: int = 0) -> dict[str, float]:
 def judge_quality(tiny_root: str | Path, seed: int = 42, n: int = 200, models: dict[str, str] | None = None
                   ) -> dict[str, Any]:
     """Held-out quality of the judges (retrieval CLIP, BLIP ITM) and, for comparison, of the
-    captioner's own CLIP, on ``n`` scenes of the held-out pool."""
+    captioner's own CLIP, on ``n`` scenes of the held-out pool. ``models``: the open_clip model name
+    of each role ("retrieval", "captioner"); default the name saved beside its weights."""
     from adjcap.models.blip import load_verifier
     from adjcap.models.clip import load_dual_encoder
 
     root = Path(tiny_root)
-    models = models or {"retrieval": "adjcap-tiny-clip", "captioner": "adjcap-tiny-clip"}
+    models = models or {role: json.loads((root / f"{role}-clip" / OPEN_CLIP_CONFIG).read_text())["model_name"]
+                        for role in ("retrieval", "captioner")}
     pool = heldout_pool(seed, n)
     out: dict[str, Any] = {"pool": HELDOUT_POOL, "images": n}
     with deterministic(seed, 1):

@@ -1,8 +1,8 @@
 """The tiny-model world: small models of the real classes, built deterministically and saved to disk
 so the real loaders load them exactly as they load the released weights.
 
-    {cache}/tiny/retrieval-clip/   open_clip `adjcap-tiny-clip` (retrieval encoder role)
-    {cache}/tiny/captioner-clip/   open_clip `adjcap-tiny-clip` (IFCap's CLIP role)
+    {cache}/tiny/retrieval-clip/   open_clip `adjcap-tiny-clip-large` (retrieval encoder role, bigG's)
+    {cache}/tiny/captioner-clip/   open_clip `adjcap-tiny-clip` (IFCap's CLIP role, ViT-B/32's)
     {cache}/tiny/blip-itm/         transformers BlipForImageTextRetrieval + BERT WordPiece tokenizer
     {cache}/tiny/gpt2-tokenizer/   GPT-2 byte-level BPE trained on the corpus
     {cache}/tiny/ifcap/            IFCap state dict with the official key names + GPT-2 config.json
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Sequence
 
 from adjcap.demo.tiny_blip import build_tiny_blip
-from adjcap.demo.tiny_clip import TINY_CLIP, build_tiny_clip
+from adjcap.demo.tiny_clip import TINY_CLIP, TINY_CLIP_LARGE, build_tiny_clip
 from adjcap.demo.quality import judge_quality
 from adjcap.demo.tiny_ifcap import build_tiny_ifcap, train_gpt2_tokenizer
 from adjcap.demo.train import TinyTrainSettings, train_tiny_world
@@ -35,8 +35,8 @@ from adjcap.models.clip import load_dual_encoder
 
 READY = "READY.json"
 QUALITY = "QUALITY.json"  # the judges' held-out quality (adjcap.demo.quality.judge_quality)
-VERSION = 3
-RETRIEVAL_CLIP = TINY_CLIP  # the same architecture; TinyTrainSettings decides copy or own training
+VERSION = 4
+RETRIEVAL_CLIP = TINY_CLIP_LARGE  # the judge sees finer patches than the captioner's CLIP, as bigG/14 vs B/32
 CAPTIONER_CLIP = TINY_CLIP
 
 

@@ -1,6 +1,10 @@
-"""The tiny open_clip model ``adjcap-tiny-clip`` (its config in ``adjcap/demo/configs``, registered
-with open_clip on import), saved like a hub snapshot: weights as safetensors with an
-``open_clip_config.json`` beside them, so open_clip's ``local-dir:`` loading rebuilds it."""
+"""The tiny open_clip models (their configs in ``adjcap/demo/configs``, registered with open_clip on
+import), saved like a hub snapshot: weights as safetensors with an ``open_clip_config.json`` beside
+them, so open_clip's ``local-dir:`` loading rebuilds them.
+
+``adjcap-tiny-clip`` (16-pixel patches: IFCap's ViT-B/32 role) and ``adjcap-tiny-clip-large`` (the
+same widths with 8-pixel patches, four times the image tokens: the retrieval judge, ViT-bigG-14's
+role)."""
 
 from __future__ import annotations
 
@@ -16,13 +20,14 @@ from adjcap.models.sources import OPEN_CLIP_CONFIG, PREPROCESS_KEYS
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 TINY_CLIP = "adjcap-tiny-clip"
+TINY_CLIP_LARGE = "adjcap-tiny-clip-large"
 
 open_clip.add_model_config(CONFIG_DIR)  # idempotent: open_clip rescans the directory
 
 
 def build_tiny_clip(path: str | os.PathLike, seed: int = 42, embed_dim: int | None = None,
                     model: str = TINY_CLIP) -> Path:
-    """Save a deterministic random ``adjcap-tiny-clip`` as safetensors at ``path``.
+    """Save a deterministic random tiny open_clip ``model`` as safetensors at ``path``.
 
     An ``open_clip_config.json`` (model config + preprocessing) is written beside it, so
     ``load_dual_encoder("adjcap-tiny-clip", str(path))`` rebuilds exactly this model (also with a

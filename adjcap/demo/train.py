@@ -1,16 +1,17 @@
 """Training of the tiny world's models on the demo world: short, deterministic, CPU-only, pure torch.
 
 The tiny models are small models of the real classes (see :mod:`adjcap.demo.tiny`). Random weights
-make the demo run but retrieve at random and caption gibberish; these trainings (about a minute on
-one CPU core, all together) make the demo show the method working:
+make the demo run but retrieve at random and caption gibberish; these trainings (about four minutes
+of CPU, two minutes on two cores) make the demo show the method working:
 
 * the open_clip model of IFCap's CLIP role: contrastive CLIP training (symmetric InfoNCE with the
   learnt temperature) on images of a separate rendered pool (:func:`adjcap.demo.world.iter_training_pairs`,
   pool "clip-train") paired with their captions;
-* the retrieval encoder (the judge's CLIP, bigG's role): the same architecture, starting from the
-  captioner's CLIP and trained further on the same pairs with one-word hard negatives in the image ->
-  text logits (a swapped colour / object, a wrong count; :mod:`adjcap.demo.negatives`, as NegCLIP), so
-  it is the stronger judge of caption-image fit, as bigG is against IFCap's ViT-B/32;
+* the retrieval encoder (the judge's CLIP, bigG's role): a finer open_clip (``adjcap-tiny-clip-large``:
+  8-pixel patches where the captioner's CLIP has 16, as bigG/14 against IFCap's ViT-B/32) trained
+  from its own random start on the same pairs, with one-word hard negatives in the image -> text
+  logits (a swapped colour / object, a wrong count; :mod:`adjcap.demo.negatives`, as NegCLIP), so it
+  is the stronger judge of caption-image fit;
 * the BLIP ITM verifier: binary matched / mismatched training of the ITM head (and the whole tiny
   model) on the same pool, with hard negatives (one-word swaps of colour, object or count, and captions
   of the most similar other scenes by CLIP text cosine), tokenised through
@@ -51,23 +52,21 @@ from adjcap.demo.train_clip import train_clip
 from adjcap.demo.train_ifcap import train_ifcap
 from adjcap.io import atomic_write_bytes
 from adjcap.models.clip import load_dual_encoder
-from adjcap.models.sources import OPEN_CLIP_CONFIG
 
 
 @dataclass(frozen=True)
 class TinyTrainSettings:
     """Sizes and schedules of the tiny-world trainings (defaults: the demo's; tests shrink them).
 
-    ``retrieval_clip_steps`` = 0 copies the trained captioner CLIP into the retrieval role (both roles
-    use the same architecture); > 0 trains that copy further with hard negatives (the stronger judge).
-    The judges (retrieval CLIP, BLIP ITM) see paired images; IFCap sees text only."""
+    The judges (retrieval CLIP, BLIP ITM) see paired images; IFCap sees text only. Every model trains
+    on the same rendered pool of ``pool_images`` scenes."""
 
-    pool_images: int = 2000
+    pool_images: int = 5000
     clip_steps: int = 500
     clip_batch: int = 64
     clip_lr: float = 5e-3
-    retrieval_clip_steps: int = 500
-    retrieval_clip_lr: float = 3e-3
+    retrieval_clip_steps: int = 2000
+    retrieval_clip_lr: float = 5e-3
     blip_steps: int = 1000
     blip_batch: int = 64
     blip_lr: float = 5e-3
@@ -96,13 +95,6 @@ class TinyTrainSettings:
 # --------------------------------------------------------------------------------------------
 
 
-def _copy_clip(src: Path, dst: Path) -> None:
-    """The trained CLIP file and its sidecar config, copied into another role's directory."""
-    src, dst = Path(src), Path(dst)
-    atomic_write_bytes(dst, src.read_bytes())
-    atomic_write_bytes(dst.parent / OPEN_CLIP_CONFIG, (src.parent / OPEN_CLIP_CONFIG).read_bytes())
-
-
 def scene_text_features(enc, pool: TrainingPool) -> torch.Tensor:
     """One unit vector per scene: the normalised mean of its captions' CLIP text embeddings."""
     caps = [c for cs in pool.captions for c in cs]
@@ -119,18 +111,24 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-class _BlipApart:
-    """The BLIP ITM training in a fresh interpreter (``python -m adjcap.demo.train``): the job (paths,
-    numbers, the scene features) goes through a file, the pool is rendered again there (deterministic,
-    well under a second), the log comes back through a file. A fresh interpreter, not multiprocessing,
+_TRAINERS = {"clip": train_clip, "blip": train_blip_itm}  # what may train in a process of its own
+
+
+class _Apart:
+    """One training in a fresh interpreter (``python -m adjcap.demo.train JOB``): the job (trainer,
+    model path, numbers) goes through a file, the pool is rendered again there (deterministic, a few
+    seconds at most), the log comes back through a file. A fresh interpreter, not multiprocessing,
     so nothing depends on the caller's ``__main__``."""
 
-    def __init__(self, work: Path, blip_dir: Path, seed: int, pool_images: int, kwargs: dict[str, Any]) -> None:
+    def __init__(self, work: Path, role: str, trainer: str, path: Path, seed: int, pool_images: int,
+                 kwargs: dict[str, Any]) -> None:
         import adjcap
 
-        self.job, self.result = work / "blip-job.pt", work / "blip-log.json"
+        self.role = role
+        self.job, self.result = work / f"{role}-job.pt", work / f"{role}-log.json"
         self.result.unlink(missing_ok=True)
-        torch.save({"blip_dir": str(blip_dir), "seed": seed, "pool_images": pool_images, "kwargs": kwargs}, self.job)
+        torch.save({"trainer": trainer, "path": str(path), "seed": seed, "pool_images": pool_images,
+                    "kwargs": kwargs}, self.job)
         root = str(Path(adjcap.__file__).resolve().parent.parent)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
         self.proc = subprocess.Popen([sys.executable, "-m", "adjcap.demo.train", str(self.job)], env=env)
@@ -138,12 +136,12 @@ class _BlipApart:
     def result_log(self) -> dict[str, Any]:
         rc = self.proc.wait()
         if rc != 0 or not self.result.is_file():
-            raise RuntimeError(f"the BLIP judge's training (a separate process) failed with exit code {rc}; "
+            raise RuntimeError(f"training the {self.role} in a separate process failed with exit code {rc}; "
                                "its error is printed above")
         log = json.loads(self.result.read_text())
         self.job.unlink(missing_ok=True)
         self.result.unlink(missing_ok=True)
-        return log
+        return log | {"process": "separate"}
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -151,11 +149,11 @@ class _BlipApart:
             self.proc.wait()
 
 
-def _run_blip_job(job: Path) -> None:
+def _run_job(job: Path) -> None:
     spec = torch.load(job, weights_only=False)
     pool = render_pool(spec["seed"], spec["pool_images"], CLIP_POOL)
-    log = train_blip_itm(spec["blip_dir"], pool, seed=spec["seed"], **spec["kwargs"]).as_dict()
-    atomic_write_bytes(job.parent / "blip-log.json", json.dumps(log).encode())
+    log = _TRAINERS[spec["trainer"]](spec["path"], pool, seed=spec["seed"], **spec["kwargs"]).as_dict()
+    atomic_write_bytes(job.with_name(job.name.replace("-job.pt", "-log.json")), json.dumps(log).encode())
 
 
 def train_tiny_world(
@@ -164,67 +162,59 @@ def train_tiny_world(
     seed: int = 42,
     settings: TinyTrainSettings = TinyTrainSettings(),
     *,
-    retrieval_model: str = "adjcap-tiny-clip",
+    retrieval_model: str = "adjcap-tiny-clip-large",
     captioner_model: str = "adjcap-tiny-clip",
     mapping_heads: int = 2,
     workers: int | None = None,
 ) -> dict[str, Any]:
     """Train every model of a freshly built (random) tiny world in place; returns the training logs.
 
-    After the captioner CLIP (which the others start from or read), the BLIP judge trains in a second
-    process while this one trains the retrieval CLIP and then IFCap, when ``workers`` (default: the
-    cores this process may use) is 2 or more. Every training is single-threaded and seeded on its
-    own, so the files are byte-identical either way; only the wall time differs."""
+    The retrieval judge depends on nothing else: with ``workers`` (default: the cores this process may
+    use) 2 or more it trains in a second process while this one trains the captioner CLIP, IFCap (on
+    that CLIP) and the BLIP judge (its hard negatives ranked by that CLIP). Every training is
+    single-threaded and seeded on its own, so the files are byte-identical either way; only the wall
+    time differs."""
     s = settings
     workers = available_cores() if workers is None else int(workers)
     t0, c0 = time.perf_counter(), time.process_time()
     pool = render_pool(seed, s.pool_images, CLIP_POOL)
     render_s = time.perf_counter() - t0
     logs: dict[str, Any] = {"render_seconds": round(render_s, 3), "settings": asdict(s)}
-    logs["captioner_clip"] = train_clip(
-        paths["captioner_clip"], pool, model=captioner_model, seed=seed + 1, steps=s.clip_steps,
-        batch=s.clip_batch, lr=s.clip_lr, threads=s.threads).as_dict()
-    if retrieval_model != captioner_model:
-        raise ValueError(
-            f"the retrieval CLIP starts from the captioner CLIP ({captioner_model}) but is configured as "
-            f"{retrieval_model}; use one architecture for both roles")
-    _copy_clip(paths["captioner_clip"], paths["retrieval_clip"])
-    enc = load_dual_encoder(captioner_model, str(paths["captioner_clip"]), device="cpu", precision="fp32",
-                            towers=("text",))
-    with deterministic(seed, s.threads):
-        scene_feats = scene_text_features(enc, pool)
-    blip_kwargs = dict(
-        steps=s.blip_steps, batch=s.blip_batch, lr=s.blip_lr, text_features=scene_feats,
-        swap_fraction=s.blip_swap_fraction, count_fraction=s.blip_count_fraction,
-        insert_fraction=s.blip_insert_fraction, hard_fraction=s.blip_hard_fraction, threads=s.threads)
-    blip_job = None
+    judge_kwargs = dict(model=retrieval_model, steps=s.retrieval_clip_steps, batch=s.clip_batch,
+                        lr=s.retrieval_clip_lr, hard_negatives=True, threads=s.threads)
+    judge = None
     if workers >= 2:
-        blip_job = _BlipApart(paths["blip"].parent, paths["blip"], seed, s.pool_images, blip_kwargs)
+        judge = _Apart(paths["retrieval_clip"].parent, "retrieval CLIP", "clip", paths["retrieval_clip"], seed,
+                       s.pool_images, judge_kwargs)
     try:
-        if s.retrieval_clip_steps > 0:
-            logs["retrieval_clip"] = train_clip(
-                paths["retrieval_clip"], pool, model=retrieval_model, seed=seed, steps=s.retrieval_clip_steps,
-                batch=s.clip_batch, lr=s.retrieval_clip_lr, hard_negatives=True, threads=s.threads).as_dict()
-            logs["retrieval_clip"]["starts_from"] = "captioner_clip"
-        else:
-            logs["retrieval_clip"] = {"copy_of": "captioner_clip"}
+        logs["captioner_clip"] = train_clip(
+            paths["captioner_clip"], pool, model=captioner_model, seed=seed + 1, steps=s.clip_steps,
+            batch=s.clip_batch, lr=s.clip_lr, threads=s.threads).as_dict()
         logs["ifcap"] = train_ifcap(
             paths["ifcap"].parent, paths["tokenizer"], paths["captioner_clip"], corpus_texts, seed=seed,
             steps=s.ifcap_steps, batch=s.ifcap_batch, lr=s.ifcap_lr, clip_model=captioner_model,
             mapping_heads=mapping_heads, threads=s.threads).as_dict()
-        if blip_job is None:
-            logs["blip"] = train_blip_itm(paths["blip"], pool, seed=seed, **blip_kwargs).as_dict()
+        enc = load_dual_encoder(captioner_model, str(paths["captioner_clip"]), device="cpu", precision="fp32",
+                                towers=("text",))
+        with deterministic(seed, s.threads):
+            scene_feats = scene_text_features(enc, pool)
+        logs["blip"] = train_blip_itm(
+            paths["blip"], pool, seed=seed, steps=s.blip_steps, batch=s.blip_batch, lr=s.blip_lr,
+            text_features=scene_feats, swap_fraction=s.blip_swap_fraction, count_fraction=s.blip_count_fraction,
+            insert_fraction=s.blip_insert_fraction, hard_fraction=s.blip_hard_fraction,
+            threads=s.threads).as_dict()
+        if judge is None:
+            logs["retrieval_clip"] = train_clip(paths["retrieval_clip"], pool, seed=seed, **judge_kwargs).as_dict()
         else:
-            logs["blip"] = blip_job.result_log()
-            logs["blip"]["process"] = "separate"
+            logs["retrieval_clip"] = judge.result_log()
     finally:
-        if blip_job is not None:
-            blip_job.stop()
+        if judge is not None:
+            judge.stop()
     logs["workers"] = min(workers, 2)
     logs["seconds"] = round(time.perf_counter() - t0, 3)
     logs["cpu_seconds"] = round(time.process_time() - c0, 3)  # this process only
     return logs
 
 
-if __name__ == "__main__":  # the BLIP training of a parallel build (see _BlipApart)
-    _run_blip_job(Path(sys.argv[1]))
+if __name__ == "__main__":  # one training of a parallel build (see _Apart)
+    _run_job(Path(sys.argv[1]))
