@@ -264,12 +264,13 @@ def demo(
     run_dir: Path = typer.Option(Path("runs/demo"), "--run-dir"),
     workers: int = typer.Option(1, "--workers", "-w"),
     sets: Optional[List[str]] = SET,
+    resume: bool = typer.Option(True, "--resume/--fresh", help="skip images already written / start over"),
 ):
     """The whole job on the built-in demo world with tiny models on a local Ray."""
     from jobs import demo as job
 
     cfg = _cfg("demo", sets, None, {"ray.workers": workers})
-    _run(lambda: job.main(cfg, run_dir))
+    _run(lambda: job.main(cfg, run_dir, resume=resume))
 
 
 @app.command("lavis-env")

@@ -21,6 +21,14 @@ def test_help_everywhere(cmd):
     assert "Usage" in res.output
 
 
+def test_commands_that_can_refuse_a_stale_run_dir_offer_fresh():
+    """The refusal of a run directory made with other settings says "rerun with --fresh": every command
+    that writes one must take it (`make demo` after an update that changed the demo world)."""
+    for cmd in (["run-job"], ["demo"]):
+        res = runner.invoke(app, [*cmd, "--help"], terminal_width=200)
+        assert "--fresh" in res.output, (cmd, res.output)
+
+
 def test_config_prints_resolved_toml_with_overrides():
     res = runner.invoke(app, ["config", "--preset", "ifcap", "--set", "verifier.enabled=true", "--set", "rerank.alpha=0.3"])
     assert res.exit_code == 0, res.output
