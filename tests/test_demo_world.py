@@ -29,7 +29,7 @@ def test_layout_and_counts(world: dict[str, Path]):
     test = json.loads(world["test"].read_text())
     val = json.loads(world["val"].read_text())
     train = json.loads(world["train"].read_text())
-    assert (len(test), len(val), len(train)) == (100, 100, 600)
+    assert (len(test), len(val), len(train)) == (300, 100, 600)  # the demo's defaults
     assert all(len(c) == 5 for d in (test, val, train) for c in d.values())
     assert all(isinstance(s, str) and s for d in (test, val, train) for c in d.values() for s in c)
     pngs = sorted(p.name for p in world["images"].glob("*.png"))
@@ -38,7 +38,7 @@ def test_layout_and_counts(world: dict[str, Path]):
 
 
 def test_readable_by_ifcap_reader_and_images_decode(world: dict[str, Path]):
-    for split, n in (("test", 100), ("val", 100)):
+    for split, n in (("test", 300), ("val", 100)):
         recs = read_benchmark("ifcap", world["annotations"], world["images"], split)
         assert len(recs) == n and all(len(r.references) == 5 for r in recs)
         assert recs[0].split == split and recs[0].image_id == f"demo-{split}-0000.png"
@@ -46,7 +46,7 @@ def test_readable_by_ifcap_reader_and_images_decode(world: dict[str, Path]):
             d = decode_image(r.image_path)
             assert d.ok and d.image.mode == "RGB" and min(d.image.size) >= 100
     recs = read_benchmark("auto", world["test"], world["images"], "test")
-    assert len(recs) == 100
+    assert len(recs) == 300
 
 
 def test_corpus_texts(world: dict[str, Path]):
