@@ -117,6 +117,26 @@ def test_read_from_parquet_parts_directory(tmp_path):
         load_features(tmp_path / "empty-dir-that-does-not-exist")
 
 
+def test_rows_come_in_image_id_order_so_a_fit_does_not_depend_on_part_order(tmp_path):
+    """A Ray job writes its parts in whatever order they finish: the same rows in another order must
+    give the same features and, trained on them, the same heads (byte for byte)."""
+    from adjcap.config import RerankCfg
+    from adjcap.rerank import fit_heads
+
+    rows = synthetic_feature_rows(24, n_candidates=6, seed=7, signal="verifier", error_every=9)
+    shuffled = [rows[i] for i in np.random.default_rng(0).permutation(len(rows))]
+    a, b = load_features(rows_to_table(rows)), load_features(rows_to_table(shuffled))
+    assert a.image_ids == b.image_ids == sorted(a.image_ids)
+    assert sorted(a.failed_ids) == sorted(b.failed_ids) and a.failed_ids
+    for name in ("scores", "beam", "memory", "mask", "memory_mask", "beam_rank"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    cfg = RerankCfg.model_validate({"trifuse": {"epochs": 2}, "memattend": {"epochs": 2}})
+    ha, hb = fit_heads(a, cfg, seed=3), fit_heads(b, cfg, seed=3)
+    for head in ("trifuse", "memattend"):
+        sa, sb = getattr(ha, head).state_dict(), getattr(hb, head).state_dict()
+        assert all(torch.equal(sa[k], sb[k]) for k in sa), head
+
+
 def test_duplicate_ids_and_foreign_tables_are_refused(tmp_path):
     rows = synthetic_feature_rows(3, n_candidates=4, seed=1)
     with pytest.raises(ValueError, match="appears twice"):

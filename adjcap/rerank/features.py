@@ -205,7 +205,8 @@ def load_features(
 ) -> BeamFeatures:
     """Read reranker inputs from a feature table (Arrow table, Parquet file, features directory or a
     list of those). ``lm_feature`` picks ``lm_logprob_mean`` or ``lm_logprob_sum``. Beams are padded
-    to the longest beam (or ``max_candidates``); the verified memory to ``memory_tokens``."""
+    to the longest beam (or ``max_candidates``); the verified memory to ``memory_tokens``. Rows come in
+    image-id order, whatever the order of the table's rows or files."""
     if lm_feature not in LM_FEATURES:
         raise ValueError(f"scorer.lm_feature must be one of {LM_FEATURES}, got {lm_feature!r}")
     table = read_feature_table(table_or_paths)
@@ -232,6 +233,9 @@ def load_features(
         else:
             keep_rows.append(r)
 
+    # image-id order, not the table's: a Ray job writes its parts in whatever order they finish, and
+    # the heads' fit (its minibatches) must not depend on that
+    keep_rows.sort(key=lambda r: ids_all[r])
     keep = np.asarray(keep_rows, dtype=np.int64)
     cands = cands.take(pa.array(keep, type=pa.int64()))
     verified = verified.take(pa.array(keep, type=pa.int64()))
