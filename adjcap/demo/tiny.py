@@ -35,7 +35,7 @@ from adjcap.models.clip import load_dual_encoder
 
 READY = "READY.json"
 QUALITY = "QUALITY.json"  # the judges' held-out quality (adjcap.demo.quality.judge_quality)
-VERSION = 4
+VERSION = 5
 RETRIEVAL_CLIP = TINY_CLIP_LARGE  # the judge sees finer patches than the captioner's CLIP, as bigG/14 vs B/32
 CAPTIONER_CLIP = TINY_CLIP
 

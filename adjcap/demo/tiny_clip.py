@@ -26,16 +26,23 @@ open_clip.add_model_config(CONFIG_DIR)  # idempotent: open_clip rescans the dire
 
 
 def build_tiny_clip(path: str | os.PathLike, seed: int = 42, embed_dim: int | None = None,
-                    model: str = TINY_CLIP) -> Path:
+                    model: str = TINY_CLIP, resize_mode: str = "squash") -> Path:
     """Save a deterministic random tiny open_clip ``model`` as safetensors at ``path``.
 
     An ``open_clip_config.json`` (model config + preprocessing) is written beside it, so
     ``load_dual_encoder("adjcap-tiny-clip", str(path))`` rebuilds exactly this model (also with a
     non-default ``embed_dim``). Returns ``path``.
+
+    ``resize_mode``: how the model's preprocessing fits an image to its square input (open_clip's
+    ``squash``, ``shortest`` = resize and centre-crop, or ``longest``). The demo world's scenes are
+    4:3, 1:1 and 3:4 with objects up to their edges: a centre crop would cut a quarter of a wide
+    scene away, and with it the objects a caption names, so the tiny CLIPs squash.
     """
     from safetensors.torch import save
 
     path = Path(path)
+    if resize_mode not in ("squash", "shortest", "longest"):
+        raise ValueError(f"resize_mode must be 'squash', 'shortest' or 'longest', got {resize_mode!r}")
     if path.suffix != ".safetensors":
         raise ValueError(f"{path}: the tiny CLIP is saved as safetensors; give a *.safetensors path")
     model_cfg = open_clip.get_model_config(model)
@@ -52,5 +59,6 @@ def build_tiny_clip(path: str | os.PathLike, seed: int = 42, embed_dim: int | No
     atomic_write_bytes(path, save(state, metadata={"adjcap": json.dumps({"model": model, "seed": seed})}))
     pp = dict(open_clip.get_model_preprocess_cfg(net))
     pp = {k: (list(v) if isinstance(v, tuple) else v) for k, v in pp.items() if k in PREPROCESS_KEYS}
+    pp["resize_mode"] = resize_mode
     atomic_write_json(path.parent / OPEN_CLIP_CONFIG, {"model_name": model, "model_cfg": model_cfg, "preprocess_cfg": pp})
     return path
