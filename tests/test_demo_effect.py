@@ -6,8 +6,9 @@ breaks the effect names the stage that got worse:
 2. the text-only captioner makes the paper's errors (colours, objects, counts its scene contradicts);
 3. adjudication (the demo's headline: heads fitted on the val split's Borda pseudo-labels only, never
    on references, applied to test) beats the LM-only pick on CIDEr, with a paired bootstrap interval
-   over the 300 test images that excludes zero, and lowers CHAIR_i (its interval excludes zero on
-   another seed's world, not yet on this one: BENCHMARKS.md).
+   over the 300 test images that excludes zero, and lowers CHAIR_i (asserted: the direction; its
+   interval excludes zero on this world too, narrowly, and the trained models' floats differ a little
+   between CPU types: BENCHMARKS.md).
 
 Everything runs on the fixed demo world built once per session (``demo_cfg``), in-process (no Ray).
 """
