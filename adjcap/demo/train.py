@@ -125,10 +125,10 @@ class _Apart:
         import adjcap
 
         self.role = role
-        self.job, self.result = work / f"{role}-job.pt", work / f"{role}-log.json"
+        self.job, self.result = work / f"{role}-job.json", work / f"{role}-log.json"
         self.result.unlink(missing_ok=True)
-        torch.save({"trainer": trainer, "path": str(path), "seed": seed, "pool_images": pool_images,
-                    "kwargs": kwargs}, self.job)
+        atomic_write_bytes(self.job, json.dumps({"trainer": trainer, "path": str(path), "seed": seed,
+                                                 "pool_images": pool_images, "kwargs": kwargs}).encode())
         root = str(Path(adjcap.__file__).resolve().parent.parent)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
         self.proc = subprocess.Popen([sys.executable, "-m", "adjcap.demo.train", str(self.job)], env=env)
@@ -150,10 +150,10 @@ class _Apart:
 
 
 def _run_job(job: Path) -> None:
-    spec = torch.load(job, weights_only=False)
+    spec = json.loads(job.read_text())
     pool = render_pool(spec["seed"], spec["pool_images"], CLIP_POOL)
     log = _TRAINERS[spec["trainer"]](spec["path"], pool, seed=spec["seed"], **spec["kwargs"]).as_dict()
-    atomic_write_bytes(job.with_name(job.name.replace("-job.pt", "-log.json")), json.dumps(log).encode())
+    atomic_write_bytes(job.with_name(job.name.replace("-job.json", "-log.json")), json.dumps(log).encode())
 
 
 def train_tiny_world(
