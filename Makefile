@@ -8,6 +8,8 @@ export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export RAY_USAGE_STATS_ENABLED ?= 0
 export TOKENIZERS_PARALLELISM ?= false
+# the demo world + tiny models the tests read, built once and shared by test sessions (tests/conftest.py)
+export ADJCAP_TEST_WORLD ?= $(CURDIR)/.cache/test-world
 
 .PHONY: demo test install clean-demo
 

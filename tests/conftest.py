@@ -24,6 +24,26 @@ def demo_cfg(tmp_path_factory):
     from jobs.demo import prepare
 
     cache = tmp_path_factory.mktemp("adjcap-cache")
+    world = os.environ.get("ADJCAP_TEST_WORLD")
+    if world:  # the demo world and tiny models built once into a cache shared by test sessions (read only)
+        _shared_world(Path(world).expanduser(), cache)
     cfg = load_config("demo", [f"paths.cache_dir={cache}", f"paths.runs_dir={cache / 'runs'}"])
     prepare(cfg)
     return cfg
+
+
+def _shared_world(world: Path, cache: Path) -> None:
+    """Build (or reuse) the demo world and tiny models under ``world`` once, under a file lock so that
+    parallel test sessions wait for one build, then link them into the session's own ``cache`` (runs,
+    indexes and stage outputs stay per session)."""
+    import fcntl
+
+    from adjcap.config import load_config
+    from jobs.demo import prepare
+
+    world.mkdir(parents=True, exist_ok=True)
+    with open(world / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        prepare(load_config("demo", [f"paths.cache_dir={world}"]))
+    for sub in ("demo", "tiny"):
+        (cache / sub).symlink_to(world / sub, target_is_directory=True)
