@@ -62,6 +62,10 @@ class EncoderCfg(_Strict):
     image_batch_size: int = Field(32, gt=0)
     text_batch_size: int = Field(512, gt=0)
 
+    def same_model(self, other: "EncoderCfg") -> bool:
+        """Loads the same model at the same precision as ``other`` (batch sizes aside)."""
+        return (self.model, self.pretrained, self.precision) == (other.model, other.pretrained, other.precision)
+
 
 class RetrievalCfg(_Strict):
     encoder: EncoderCfg = Field(default_factory=EncoderCfg)

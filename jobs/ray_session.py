@@ -94,6 +94,7 @@ def ray_session(cfg: Config) -> Iterator[None]:
         _private_token_dir()
         try:
             ctx = ray.init(
+                address="local",  # a new embedded instance, never a cluster some `ray start` left on this machine
                 include_dashboard=cfg.ray.include_dashboard,
                 dashboard_host=cfg.ray.dashboard_host,
                 _node_ip_address=LOOPBACK,

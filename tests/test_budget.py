@@ -80,3 +80,28 @@ def test_gpu_shares_must_fit_the_gpus():
     assert all(r["num_gpus"] == 0.25 for r in plan.values())
     with pytest.raises(ResourceError, match=r"need 0.25 \+ 0.25 \+ 0.25 \+ 0.25 GPU x 8 = 8 GPUs, the cluster has 2"):
         pool_plan(_cfg(8), {"CPU": 64.0, "GPU": 2.0, "memory": 100 * GiB})
+
+
+def test_scorer_counts_the_encoders_it_loads_beyond_the_retrieval_text_tower():
+    """The scorer pool loads the CLIPScore encoder (both towers) when it is another model than the output
+    scorer, and the output encoder's both towers when it is not the retrieval encoder (roles.load_scorer)."""
+    big, rn = budget.CLIP_TOWERS["ViT-bigG-14"], budget.CLIP_TOWERS["RN50x64"]
+    ifcap = budget.pool_budget(load_config("ifcap", ["paths.data_dir=/nonexistent"]).resolved(), gpu=False)
+    # RN50x64 retrieves (its text tower scores); CLIPScore is bigG, another model: both its towers; no verifier
+    assert ifcap["scorer"]["params"] == rn["text"] + sum(big.values())
+    vitb = budget.pool_budget(load_config("output-scorer-vitb32", ["paths.data_dir=/nonexistent"]).resolved(), gpu=False)
+    b32 = sum(budget.CLIP_TOWERS["ViT-B-32"].values())
+    assert vitb["scorer"]["params"] == b32 + sum(big.values()) + budget.BLIP_ITM_LARGE
+
+
+def test_cpu_16gb_preset_fits_a_16_gb_machine_where_the_headline_does_not():
+    """A 16 GB machine's local Ray offers about 70% of it for actors (the rest is its object store)."""
+    cluster = {"CPU": 8.0, "memory": 0.7 * 16 * GiB}
+    small = load_config("cpu-16gb", ["paths.data_dir=/nonexistent"]).resolved()
+    plan = pool_plan(small, cluster)
+    assert sum(r["memory"] for r in plan.values()) < 0.7 * 16 * GiB
+    b = budget.pool_budget(small, gpu=False)
+    l14 = budget.CLIP_TOWERS["ViT-L-14"]
+    assert b["retriever"]["params"] == l14["image"] and b["verifier"]["params"] == budget.BLIP_ITM_BASE
+    with pytest.raises(ResourceError):
+        pool_plan(load_config("headline", ["paths.data_dir=/nonexistent"]).resolved(), cluster)

@@ -28,12 +28,18 @@ CLIP_TOWERS: dict[str, dict[str, int]] = {
     "ViT-B-32": {"image": 87_849_216, "text": 63_428_097},
     "ViT-B-32-quickgelu": {"image": 87_849_216, "text": 63_428_097},
     "RN50x64": {"image": 420_380_352, "text": 202_877_953},
+    "ViT-L-14": {"image": 303_966_208, "text": 123_650_305},
+    "ViT-B-16": {"image": 86_192_640, "text": 63_428_097},
 }
 # Hugging Face BlipForImageTextRetrieval, ViT-L/16 at 384 px + BERT-base with cross-attention
 BLIP_ITM_LARGE = 446_128_642
+# the base model: ViT-B/16 at 384 px + the same BERT-base (counted on the meta device from its config)
+BLIP_ITM_BASE = 223_744_258
 BLIP_PARAMS: dict[str, int] = {
     "Salesforce/blip-itm-large-coco": BLIP_ITM_LARGE,
     "Salesforce/blip-itm-large-flickr": BLIP_ITM_LARGE,
+    "Salesforce/blip-itm-base-coco": BLIP_ITM_BASE,
+    "Salesforce/blip-itm-base-flickr": BLIP_ITM_BASE,
 }
 # IFCap without its CLIP: GPT-2 small (124,439,808) + the mapping network (46,864,128; both counted on
 # the meta device from the released layout, spec/ifcap.md); the checkpoint file's size is used when on disk
@@ -137,19 +143,28 @@ def pool_budget(cfg: Any, gpu: bool | None = None) -> dict[str, dict[str, int]]:
     if gpu is None:
         gpu = str(cfg.device).startswith("cuda")
     enc, ver, cap = cfg.retrieval.encoder, cfg.verifier, cfg.captioner
+    out_enc, cs_enc = cfg.scorer_encoder(), cfg.eval.clipscore
     enc_b = precision_bytes(enc.precision, gpu)
     ver_b = precision_bytes(ver.precision, gpu)
     cap_b = precision_bytes(cap.precision, gpu)
     clip_b = precision_bytes(cap.clip.precision, gpu)
     v = verifier_params(ver)
     image, text = encoder_params(enc, ("image",)), encoder_params(enc, ("text",))
+    # the scorer pool (adjcap.models.roles.load_scorer): the output encoder's text tower when it is the
+    # retrieval encoder (stage 1's image embedding is reused), else both towers; the CLIPScore encoder's
+    # two towers when it is another model than the output encoder
+    scorer = [(text, enc_b)] if out_enc.same_model(enc) else [
+        (encoder_params(out_enc), precision_bytes(out_enc.precision, gpu))]
+    if not cs_enc.same_model(out_enc):
+        scorer.append((encoder_params(cs_enc), precision_bytes(cs_enc.precision, gpu)))
+    scorer.append((v, ver_b))
     cap_own = captioner_params(cap) - encoder_params(cap.clip)
     cap_clip = encoder_params(cap.clip)
     out = {
         "retriever": {"params": image, "bytes": image * enc_b},
         "verifier": {"params": v, "bytes": v * ver_b},
         "captioner": {"params": cap_own + cap_clip, "bytes": cap_own * cap_b + cap_clip * clip_b},
-        "scorer": {"params": text + v, "bytes": text * enc_b + v * ver_b},
+        "scorer": {"params": sum(n for n, _ in scorer), "bytes": sum(n * b for n, b in scorer)},
         # the corpus-encoder pool of `adjcap encode-corpus` (not one of the four feature pools)
         "encoder": {"params": text, "bytes": text * enc_b},
     }

@@ -91,7 +91,7 @@ def entity_vocabulary(c: CaptionerCfg, clip) -> tuple[list[str], torch.Tensor]:
 
 def same_encoder(a: EncoderCfg, b: EncoderCfg) -> bool:
     """Two encoder sections that load the same model at the same precision (batch sizes aside)."""
-    return (a.model, a.pretrained, a.precision) == (b.model, b.pretrained, b.precision)
+    return a.same_model(b)
 
 
 @dataclass
