@@ -24,6 +24,7 @@
                                                     judge's score, every picker's pick, per-image metrics (card: .md)
       report.md, report.html, tables/*.tex, plots/*.png
       gallery.html, gallery/rows-*.js               the paged gallery of every image (its rows load lazily)
+      wandb/                                        W&B's local run files (--log wandb, unless WANDB_DIR is set)
       captions.jsonl, captions.html                 `adjcap caption DIR`: per image the chosen caption and its candidates
 
 A :class:`RunDir` only names and reads/writes files; it never decides what goes into them.
