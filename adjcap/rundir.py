@@ -319,6 +319,15 @@ class RunDir:
     def write_metrics(self, protocol: str, doc: Mapping[str, Any]) -> Path:
         return atomic_write_json(self.metrics_path(protocol), dict(doc))
 
+    def metrics_current(self, protocol: str) -> bool:
+        """metrics/<protocol>.json exists and is not older than any of the protocol's predictions
+        (a new ``adjcap fit`` makes it stale until ``adjcap evaluate``)."""
+        p = self.metrics_path(protocol)
+        if not p.exists():
+            return False
+        newest = max((f.stat().st_mtime_ns for f in self.prediction_files(protocol).values()), default=0)
+        return p.stat().st_mtime_ns >= newest
+
     def metrics_files(self) -> list[Path]:
         d = self.metrics_dir
         return sorted(p for p in d.glob("*.json") if not p.name.startswith(".")) if d.is_dir() else []

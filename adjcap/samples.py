@@ -77,16 +77,12 @@ FIELDS = {
 
 
 def _fresh_metrics(run: RunDir, protocol: str) -> dict[str, Any] | None:
-    """metrics/<protocol>.json when it is not older than every predictions file of the protocol."""
-    p = run.metrics_path(protocol)
-    if not p.exists():
-        return None
-    newest = max((f.stat().st_mtime_ns for f in run.prediction_files(protocol).values()), default=0)
-    if p.stat().st_mtime_ns < newest:
+    """metrics/<protocol>.json when it is not older than the protocol's predictions."""
+    if not run.metrics_current(protocol):
         return None
     import json
 
-    return json.loads(p.read_text(encoding="utf-8"))
+    return json.loads(run.metrics_path(protocol).read_text(encoding="utf-8"))
 
 
 def _chair_objects(picks: Mapping[tuple[str, str], str], references: Mapping[str, list[str]]) -> dict:

@@ -69,11 +69,14 @@ def run_params(run: RunDir) -> dict[str, str]:
 
 def run_metrics(run: RunDir) -> dict[str, float]:
     """``<protocol>/<picker>/<metric>`` -> value for every number in metrics/<protocol>.json's
-    pickers (COCO metrics, NoCaps domains, CLIPScore, CHAIR rates and counts)."""
+    pickers (COCO metrics, NoCaps domains, CLIPScore, CHAIR rates and counts). A protocol whose
+    metrics are older than its predictions (refit, not yet evaluated) is left out."""
     out: dict[str, float] = {}
     for path in run.metrics_files():
         doc = json.loads(path.read_text(encoding="utf-8"))
         proto = doc.get("protocol", path.stem)
+        if not run.metrics_current(proto):
+            continue
         for picker, m in (doc.get("pickers") or {}).items():
             for k, v in (m.get("metrics") or {}).items():
                 _put(out, f"{proto}/{picker}/{k}", v)

@@ -25,6 +25,7 @@ def main(cfg: Config, run_dir: str | Path | None = None, resume: bool = True, ev
     trackers = parse_log_specs(log)  # a bad --log fails before anything runs
     run = run_dir_for(cfg, run_dir)
     rcfg = cfg.resolved()
+    scored = False
     records = run_benchmark.read_records(rcfg)  # bad annotations fail before anything is written
     with run.lock():
         run.check_identity(cfg.feature_identity(), fresh=not resume)
@@ -37,7 +38,9 @@ def main(cfg: Config, run_dir: str | Path | None = None, resume: bool = True, ev
                 if evaluate_after:
                     fit.main(rcfg, run)
             if evaluate_after:
-                finish(cfg, rcfg, run, records)
+                scored = evaluate_and_tabulate(cfg, rcfg, run, records)
+        if evaluate_after and scored:  # rendered from the finished results (provenance.json complete)
+            evaluate.report([run.path], None)
         if trackers:
             log_run(trackers, run)
     print("outputs: provenance.json, features/, predictions/, metrics/, samples.parquet, report.md, report.html in")
@@ -45,13 +48,14 @@ def main(cfg: Config, run_dir: str | Path | None = None, resume: bool = True, ev
     return run
 
 
-def finish(cfg: Config, rcfg: Config, run: RunDir, records: dict) -> None:
-    """Evaluate, write the per-sample table and report (when the benchmark has references)."""
-    if any(r.references for recs in records.values() for r in recs):
+def evaluate_and_tabulate(cfg: Config, rcfg: Config, run: RunDir, records: dict) -> bool:
+    """Evaluate (when the benchmark has references) and write the per-sample table; True when
+    there are metrics to report."""
+    scored = any(r.references for recs in records.values() for r in recs)
+    if scored:
         evaluate.evaluate_run_dir(rcfg.eval, rcfg.paths.cache_dir, run)
-        evaluate.write_samples(rcfg, run, records)
-        evaluate.report([run.path], None)
     else:  # the user's own images: captions, but nothing to score them against
-        evaluate.write_samples(rcfg, run, records)
         print(f"no reference captions for {cfg.benchmark}: predictions and samples.parquet written, "
               "metrics and report skipped")
+    evaluate.write_samples(rcfg, run, records)
+    return scored
