@@ -249,7 +249,9 @@ def feature_identities(cfg: Config) -> dict[str, Any]:
     (:func:`adjcap.stage_cache.stage_identities`), as resume and the stage cache key them."""
     from adjcap.index import benchmark_corpus
     from adjcap.index.lifecycle import encoder_identity, index_location
-    from adjcap.stage_cache import content_id, stage_identities
+    from adjcap.index.store import MANIFEST
+    from adjcap.io import file_digest
+    from adjcap.stage_cache import stage_identities
 
     try:
         corpus = benchmark_corpus(cfg.benchmark_cfg(), cfg.benchmark)
@@ -257,10 +259,11 @@ def feature_identities(cfg: Config) -> dict[str, Any]:
         return {"error": f"corpus unavailable: {str(e).splitlines()[0] if str(e) else type(e).__name__}"}
     index = index_location(cfg.retrieval, cfg.paths.cache_dir, encoder_identity(cfg.retrieval.encoder),
                            corpus.fingerprint)
+    manifest = index / MANIFEST  # written last; it holds every shard's sha256, so it stands for them all
     return {
         "corpus_fingerprint": corpus.fingerprint,
         "corpus_captions": len(corpus),
-        "index": {"path": str(index), "digest": content_id(str(index)) if index.is_dir() else None},
+        "index": {"path": str(index), "digest": f"manifest:{file_digest(manifest)}" if manifest.is_file() else None},
         "stages": stage_identities(cfg, corpus.fingerprint),
     }
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from adjcap import samples
 from adjcap.config import Config, EvalCfg
 from adjcap.metrics.evaluate import evaluate_predictions, evaluate_run, format_table
 from adjcap.report import write_report
-from adjcap import samples
 from adjcap.rundir import RunDir
+from jobs.provenance import note_step
 
 
 def evaluate_run_dir(eval_cfg: EvalCfg, cache_dir: str | Path, run: RunDir, intersection: bool = False) -> dict:
@@ -27,6 +28,7 @@ def evaluate_saved_run(cfg: Config, run: RunDir, intersection: bool = False) -> 
     per-sample table is rewritten with the new metrics."""
     cfg = cfg.resolved()
     out = evaluate_run_dir(cfg.eval, cfg.paths.cache_dir, run, intersection=intersection)
+    note_step(run, "evaluate")
     write_samples(cfg, run)
     return out
 

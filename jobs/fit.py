@@ -29,6 +29,7 @@ from adjcap.rerank import Heads, applicability, fit_device, load_features, load_
 from adjcap.rundir import RunDir
 from adjcap.tracking import log_run, parse_log_specs
 from jobs.evaluate import write_samples
+from jobs.provenance import note_step
 from jobs.ray_session import has_gpus
 
 
@@ -124,6 +125,7 @@ def refit(cfg: Config, run: RunDir, heads_dir: str | Path | None = None, log: Se
     stay null until ``adjcap evaluate``) and log the run where asked (``--log``)."""
     trackers = parse_log_specs(log)
     written = main(cfg, run, heads_dir=heads_dir)
+    note_step(run, "fit")
     write_samples(cfg, run)
     if trackers:
         log_run(trackers, run)

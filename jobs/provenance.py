@@ -68,3 +68,16 @@ def recorded(cfg: Config, run: RunDir, job: str = "run-job") -> Iterator[Provena
         rec.finish(cfg, status=f"failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": "))
         raise
     rec.finish(cfg)
+
+
+def note_step(run: RunDir, job: str) -> None:
+    """A later command that changed the run's outputs (``adjcap fit``, ``adjcap evaluate``): appended
+    to provenance.json's ``later_steps`` with its time, command and adjcap version."""
+    doc = run.provenance()
+    if not doc:
+        return
+    import sys
+
+    doc.setdefault("later_steps", []).append({"job": job, "utc": provenance.utc_now(), "command": list(sys.argv),
+                                              "adjcap": provenance.adjcap_version()})
+    run.write_provenance(doc)

@@ -191,3 +191,21 @@ def test_wandb_offline_run_reads_back(job):
     assert "benchmark-demo" in w["tags"]
     (files_logged,) = w["artifacts"].values()
     assert {"report.md", "report.html", "samples.parquet", "provenance.json"} <= set(files_logged)
+
+
+def test_fit_command_rewrites_the_samples_table(job):
+    """`adjcap fit --run DIR` (last here: it leaves the metrics older than the picks): the samples
+    table gets the new picks, without the metrics that were computed for the old ones."""
+    import pandas as pd
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    cfg, run_dir, _ = job
+    res = CliRunner().invoke(app, ["fit", "--run", str(run_dir)])
+    assert res.exit_code == 0, res.output
+    df = pd.read_parquet(run_dir / "samples.parquet")
+    picks = [p for ps in df[df.split == "test"].picks for p in ps]
+    assert len(picks) >= 10 * 5 and all(p["cider"] is None and p["candidate_index"] is not None for p in picks)
+    prov = json.loads((run_dir / "provenance.json").read_text())
+    assert prov["later_steps"][-1]["job"] == "fit"

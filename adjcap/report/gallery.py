@@ -179,6 +179,9 @@ table.metrics th,table.metrics td{border-bottom:1px solid #e3e3e3;padding:3px 9p
 table.metrics td.num{text-align:right;font-variant-numeric:tabular-nums}
 table.metrics tr.rule td{border-top:2px solid #999}
 p.caption{font-size:12px;color:#555;max-width:900px}
+table.provenance{border-collapse:collapse;font-size:12px;margin:8px 0;color:#444}
+table.provenance caption{text-align:left;font-weight:600;padding:2px 0}
+table.provenance th{text-align:left;padding:1px 12px 1px 0;vertical-align:top;white-space:nowrap}
 table.gallery{border-collapse:collapse;font-size:13px;width:100%}
 table.gallery th{position:sticky;top:0;background:#f4f4f4;padding:6px;text-align:left;white-space:nowrap}
 table.gallery th.sort{cursor:pointer;text-decoration:underline dotted}
@@ -360,7 +363,8 @@ var adjcapGallery=(function(){
     if(miss.length){miss.forEach(load); return;}
     var body=document.getElementById('rows'), out=[], data={};
     rows.forEach(function(r){var c=Math.floor(r[0]/C.chunkRows), d=chunks[c][r[0]-c*C.chunkRows]; if(d){data[d.id]=d; out.push(row(d));}});
-    body.innerHTML=out.join('');
+    body.innerHTML=out.join(''); body.dataset.renderedMs=Math.round(performance.now());
+    history.replaceState(null,'','#sort='+document.getElementById('sort').value+'&filter='+document.getElementById('filter').value+'&page='+(page+1));
     body.querySelectorAll('td.id a').forEach(function(a){a.addEventListener('click',function(){
       var tr=a.closest('tr'), nx=tr.nextSibling;
       if(nx&&nx.className==='beamrow'){nx.remove(); return;}
@@ -368,11 +372,13 @@ var adjcapGallery=(function(){
       tr.parentNode.insertBefore(b,tr.nextSibling);});});
   }
   function ready(){
+    var h={}; location.hash.replace(/^#/,'').split('&').forEach(function(kv){var p=kv.split('='); if(p[1]){h[p[0]]=decodeURIComponent(p[1]);}});
+    ['sort','filter'].forEach(function(k){var el=document.getElementById(k); if(h[k]&&el.querySelector("option[value='"+h[k]+"']")){el.value=h[k];}});
     document.getElementById('filter').addEventListener('change',build);
     document.getElementById('sort').addEventListener('change',build);
     document.getElementById('prev').addEventListener('click',function(){if(page>0){page--; show(); window.scrollTo(0,0);}});
     document.getElementById('next').addEventListener('click',function(){page++; show(); window.scrollTo(0,0);});
-    build();
+    build(); if(h.page){page=Math.max(0,parseInt(h.page,10)-1||0); show();}
   }
   var started=false;
   return {chunk:function(n,rows){chunks[n]=rows; if(n===0&&!started){started=true; ready();} else if(started){show();}}};
