@@ -106,7 +106,11 @@ def cpu_info(cpuinfo: str | None = None) -> dict[str, Any]:
 
 
 def gpu_info() -> dict[str, Any]:
-    """This node's GPUs as torch sees them (NVIDIA, or AMD through ROCm): count, names, driver."""
+    """This node's GPUs: count, names, driver. From ``nvidia-smi`` where there is one (no CUDA context
+    is created in the calling process), else as torch sees them (AMD through ROCm)."""
+    smi = _nvidia_smi()
+    if smi is not None:
+        return smi
     try:
         import torch
     except ImportError:
@@ -115,25 +119,31 @@ def gpu_info() -> dict[str, Any]:
         return {"count": 0, "names": [], "driver": None}
     names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     hip = getattr(torch.version, "hip", None)
-    return {"count": len(names), "names": names, "driver": _gpu_driver(),
+    driver = None
+    p = Path("/sys/module/amdgpu/version")
+    try:
+        driver = f"amdgpu {p.read_text().strip()}" if p.exists() else None
+    except OSError:
+        pass
+    return {"count": len(names), "names": names, "driver": driver,
             "runtime": f"ROCm {hip}" if hip else f"CUDA {torch.version.cuda}"}
 
 
-def _gpu_driver() -> str | None:
+def _nvidia_smi() -> dict[str, Any] | None:
     smi = shutil.which("nvidia-smi")
-    if smi:
-        try:
-            out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=20)
-            if out.returncode == 0 and out.stdout.strip():
-                return out.stdout.strip().splitlines()[0].strip()
-        except (OSError, subprocess.SubprocessError):
-            pass
-    p = Path("/sys/module/amdgpu/version")
-    try:
-        return f"amdgpu {p.read_text().strip()}" if p.exists() else None
-    except OSError:
+    if not smi:
         return None
+    try:
+        out = subprocess.run([smi, "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    rows = [[x.strip() for x in line.split(",")] for line in out.stdout.strip().splitlines() if line.strip()]
+    if out.returncode != 0 or not rows:
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return {"count": len(rows), "names": [r[0] for r in rows], "driver": rows[0][1] if len(rows[0]) > 1 else None,
+            "memory": [r[2] for r in rows if len(r) > 2], "cuda_visible_devices": visible}
 
 
 def os_info() -> dict[str, Any]:
