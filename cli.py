@@ -27,10 +27,22 @@ SET = typer.Option(None, "--set", "-s", help="override a config key: --set verif
 CONFIG_FILE = typer.Option(None, "--config", help="a saved config.toml (e.g. runs/x/config.toml) instead of a preset")
 WORKERS = typer.Option(None, "--workers", "-w", help="actors per pool (default: config ray.workers)")
 ADDRESS = typer.Option(None, help="existing Ray cluster (ray://... or auto); default: a local Ray")
+LOG = typer.Option(None, "--log", help="log the finished run to an experiment tracker: mlflow[=TRACKING_URI] or "
+                   "wandb[=PROJECT] (repeatable; needs the package: pip install 'adjcap\\[mlflow]' or 'adjcap\\[wandb]')")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from adjcap.provenance import version_text
+
+        typer.echo(version_text())
+        raise typer.Exit()
 
 
 @app.callback()
-def main_options(debug: bool = typer.Option(False, "--debug", help="show tracebacks instead of one-line errors")):
+def main_options(debug: bool = typer.Option(False, "--debug", help="show tracebacks instead of one-line errors"),
+                 version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                              help="print adjcap's version and the key libraries' and exit")):
     STATE["debug"] = debug
 
 
@@ -113,6 +125,7 @@ def run_job(
     run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="output directory (default runs/<preset>-<benchmark>)"),
     resume: bool = typer.Option(True, "--resume/--fresh", help="skip images already written / start over"),
     evaluate: bool = typer.Option(True, "--evaluate/--no-evaluate", help="fit, predict and evaluate after the features"),
+    log: Optional[List[str]] = LOG,
 ):
     """Stream a benchmark through the four actor pools, write features, fit, predict, evaluate."""
     from jobs import demo, run
@@ -120,7 +133,7 @@ def run_job(
     cfg = _cfg(preset or ("demo" if benchmark == "demo" else "headline"), sets, config_file,
                _typed(**{"benchmark": benchmark, "ray.workers": workers, "limit": limit, "ray.address": address}))
     job = demo.main if benchmark == "demo" else run.main
-    _run(lambda: job(cfg, run_dir=run_dir, resume=resume, evaluate_after=evaluate))
+    _run(lambda: job(cfg, run_dir=run_dir, resume=resume, evaluate_after=evaluate, log=list(log or [])))
 
 
 @app.command("caption")
@@ -202,6 +215,7 @@ def fit(
     sets: Optional[List[str]] = SET,
     heads: Optional[Path] = typer.Option(None, "--heads",
                                          help="apply heads fitted in another run (e.g. runs/A/heads) instead of fitting"),
+    log: Optional[List[str]] = LOG,
 ):
     """Fit the rerankers per protocol on a run's feature tables and write predictions
     (or, with --heads, apply heads fitted on another benchmark)."""
@@ -212,7 +226,7 @@ def fit(
         typer.secho(f"error: {rd.config_path} not found: is {run} a run directory?", fg="red", err=True)
         raise typer.Exit(2)
     cfg = _cfg(None, sets, rd.config_path)
-    _run(lambda: job.main(cfg.resolved(), rd, heads_dir=heads))
+    _run(lambda: job.refit(cfg.resolved(), rd, heads_dir=heads, log=list(log or [])))
 
 
 @app.command("evaluate")
@@ -265,12 +279,13 @@ def demo(
     workers: int = typer.Option(1, "--workers", "-w"),
     sets: Optional[List[str]] = SET,
     resume: bool = typer.Option(True, "--resume/--fresh", help="skip images already written / start over"),
+    log: Optional[List[str]] = LOG,
 ):
     """The whole job on the built-in demo world with tiny models on a local Ray."""
     from jobs import demo as job
 
     cfg = _cfg("demo", sets, None, {"ray.workers": workers})
-    _run(lambda: job.main(cfg, run_dir, resume=resume))
+    _run(lambda: job.main(cfg, run_dir, resume=resume, log=list(log or [])))
 
 
 @app.command("lavis-env")

@@ -5,6 +5,8 @@
     runs/<name>/
       config.toml                                   the config that produced the run (placeholders kept;
                                                     re-runs as is with --config)
+      provenance.json                               what made the run: versions, hardware, command, times,
+                                                    config digest, model and data identities (adjcap/provenance.py)
       run.lock                                      held (flock) by the one job writing the run; names its pid/host
       features/identity.json                        the settings that produced the features; a rerun with
                                                     other feature settings is refused (--fresh starts over)
@@ -18,7 +20,11 @@
       heads/                                        trifuse.safetensors, memattend.safetensors, heads.json
       predictions/<protocol>/<picker>.json          COCO results [{image_id, caption, candidate_index, coco_id?}]
       metrics/<protocol>.json                       every picker's metrics, rank statistics, per-image scores
+      samples.parquet, samples.md                   one row per image and split: references, candidates with every
+                                                    judge's score, every picker's pick, per-image metrics (card: .md)
       report.md, report.html, tables/*.tex, plots/*.png
+      gallery.html, gallery/rows-*.js               the paged gallery of every image (its rows load lazily)
+      wandb/                                        W&B's local run files (--log wandb, unless WANDB_DIR is set)
       captions.jsonl, captions.html                 `adjcap caption DIR`: per image the chosen caption and its candidates
 
 A :class:`RunDir` only names and reads/writes files; it never decides what goes into them.
@@ -105,6 +111,17 @@ class RunDir:
 
     def write_config(self, toml_text: str) -> Path:
         return atomic_write_text(self.config_path, toml_text)
+
+    # ---- provenance --------------------------------------------------------------------------
+    @property
+    def provenance_path(self) -> Path:
+        return self.path / "provenance.json"
+
+    def write_provenance(self, doc: Mapping[str, Any]) -> Path:
+        return atomic_write_json(self.provenance_path, dict(doc))
+
+    def provenance(self) -> dict[str, Any]:
+        return _read_json(self.provenance_path, {})
 
     # ---- references --------------------------------------------------------------------------
     def references_path(self, benchmark: str, split: str) -> Path:
@@ -302,6 +319,15 @@ class RunDir:
     def write_metrics(self, protocol: str, doc: Mapping[str, Any]) -> Path:
         return atomic_write_json(self.metrics_path(protocol), dict(doc))
 
+    def metrics_current(self, protocol: str) -> bool:
+        """metrics/<protocol>.json exists and is not older than any of the protocol's predictions
+        (a new ``adjcap fit`` makes it stale until ``adjcap evaluate``)."""
+        p = self.metrics_path(protocol)
+        if not p.exists():
+            return False
+        newest = max((f.stat().st_mtime_ns for f in self.prediction_files(protocol).values()), default=0)
+        return p.stat().st_mtime_ns >= newest
+
     def metrics_files(self) -> list[Path]:
         d = self.metrics_dir
         return sorted(p for p in d.glob("*.json") if not p.name.startswith(".")) if d.is_dir() else []
@@ -313,6 +339,22 @@ class RunDir:
     @property
     def report_html(self) -> Path:
         return self.path / "report.html"
+
+    @property
+    def samples_path(self) -> Path:
+        return self.path / "samples.parquet"
+
+    @property
+    def samples_card_path(self) -> Path:
+        return self.path / "samples.md"
+
+    def gallery_html(self, label: str | None = None) -> Path:
+        """The paged gallery of every image (``gallery-<label>.html`` for one of several runs reported together)."""
+        return self.path / (f"gallery-{label}.html" if label else "gallery.html")
+
+    def gallery_dir(self, label: str | None = None) -> Path:
+        """The gallery's row chunks (``rows-<n>.js``), loaded by the gallery page as it pages."""
+        return self.path / "gallery" / label if label else self.path / "gallery"
 
     @property
     def tables_dir(self) -> Path:

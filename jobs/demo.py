@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from adjcap import lavis_env
@@ -96,10 +96,11 @@ def prepare_if_demo(cfg: Config) -> Config:
     return prepare(cfg) if cfg.benchmark == "demo" else cfg
 
 
-def main(cfg: Config, run_dir: str | Path | None = None, resume: bool = True, evaluate_after: bool = True) -> RunDir:
+def main(cfg: Config, run_dir: str | Path | None = None, resume: bool = True, evaluate_after: bool = True,
+         log: Sequence[str] = ()) -> RunDir:
     cfg = prepare(cfg)
     with _step("run (extract -> fit -> evaluate -> report)"):
-        out = run.main(cfg, run_dir=run_dir, resume=resume, evaluate_after=evaluate_after)
+        out = run.main(cfg, run_dir=run_dir, resume=resume, evaluate_after=evaluate_after, log=log)
     print(f"report: {out.report_md} and {out.report_html}")
     print(out.path)
     return out

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from adjcap import samples
 from adjcap.config import Config, EvalCfg
 from adjcap.metrics.evaluate import evaluate_predictions, evaluate_run, format_table
 from adjcap.report import write_report
 from adjcap.rundir import RunDir
+from jobs.provenance import note_step
 
 
 def evaluate_run_dir(eval_cfg: EvalCfg, cache_dir: str | Path, run: RunDir, intersection: bool = False) -> dict:
@@ -22,9 +24,30 @@ def evaluate_run_dir(eval_cfg: EvalCfg, cache_dir: str | Path, run: RunDir, inte
 
 
 def evaluate_saved_run(cfg: Config, run: RunDir, intersection: bool = False) -> dict:
-    """``adjcap evaluate --run DIR``: the run's own config, with the caller's eval settings."""
+    """``adjcap evaluate --run DIR``: the run's own config, with the caller's eval settings; the
+    per-sample table is rewritten with the new metrics."""
     cfg = cfg.resolved()
-    return evaluate_run_dir(cfg.eval, cfg.paths.cache_dir, run, intersection=intersection)
+    out = evaluate_run_dir(cfg.eval, cfg.paths.cache_dir, run, intersection=intersection)
+    note_step(run, "evaluate")
+    write_samples(cfg, run)
+    return out
+
+
+def write_samples(cfg: Config, run: RunDir, records: dict | None = None) -> Path:
+    """``samples.parquet`` and ``samples.md`` of a run (``cfg`` resolved); ``records``: the benchmark's
+    records as the job read them (their image paths), default: read again (none when unreadable)."""
+    if records is None:
+        from jobs.run_benchmark import read_records
+
+        try:
+            records = read_records(cfg)
+        except Exception:  # noqa: BLE001 - the table is still written, its image paths from the last one
+            records = {}
+    paths = {(split, r.image_id): r.image_path for split, recs in records.items() for r in recs}
+    root = cfg.benchmark_cfg().images if cfg.benchmark in cfg.benchmarks else None
+    out = samples.write_samples(run, paths, image_root=root)
+    print(f"samples: {out} ({run.samples_card_path.name} describes its fields)")
+    return out
 
 
 def evaluate_file(eval_cfg: EvalCfg, predictions: Path, references: Path, fmt: str, split: str | None,

@@ -17,6 +17,7 @@ Ray task holding one GPU of the cluster; outside one, this machine's GPU; otherw
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,9 @@ import torch
 from adjcap.config import Config
 from adjcap.rerank import Heads, applicability, fit_device, load_features, load_heads, pick, run_protocol, save_heads
 from adjcap.rundir import RunDir
+from adjcap.tracking import log_run, parse_log_specs
+from jobs.evaluate import write_samples
+from jobs.provenance import note_step
 from jobs.ray_session import has_gpus
 
 
@@ -113,4 +117,16 @@ def main(cfg: Config, run: RunDir, heads_dir: str | Path | None = None) -> dict[
           + (f", heads fit on {result.n_fit_images} images of '{result.fit_split}'" if result.heads is not None else "")
           + f"; predictions for {len(written)} pickers in {run.predictions_dir(r.protocol)}"
           + (f"; not applicable: {', '.join(f'{n} ({w})' for n, w in not_applicable.items())}" if not_applicable else ""))
+    return written
+
+
+def refit(cfg: Config, run: RunDir, heads_dir: str | Path | None = None, log: Sequence[str] = ()) -> dict[str, str]:
+    """``adjcap fit``: fit and predict, then rewrite the per-sample table (the new picks; their metrics
+    stay null until ``adjcap evaluate``) and log the run where asked (``--log``)."""
+    trackers = parse_log_specs(log)
+    written = main(cfg, run, heads_dir=heads_dir)
+    note_step(run, "fit")
+    write_samples(cfg, run)
+    if trackers:
+        log_run(trackers, run)
     return written

@@ -3,11 +3,14 @@ evaluate -> report, all in one run directory (:class:`adjcap.rundir.RunDir`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from adjcap.config import Config
 from adjcap.rundir import RunDir
+from adjcap.tracking import log_run, parse_log_specs
 from jobs import evaluate, fit, run_benchmark
+from jobs.provenance import recorded
 from jobs.ray_session import ray_session
 
 
@@ -15,30 +18,44 @@ def run_dir_for(cfg: Config, run_dir: str | Path | None) -> RunDir:
     return RunDir(run_dir) if run_dir else RunDir.default_for(cfg.paths.runs_dir, cfg.name, cfg.benchmark)
 
 
-def main(cfg: Config, run_dir: str | Path | None = None, resume: bool = True, evaluate_after: bool = True) -> RunDir:
-    """``cfg`` as the user gave it (placeholders kept: it is what config.toml records)."""
+def main(cfg: Config, run_dir: str | Path | None = None, resume: bool = True, evaluate_after: bool = True,
+         log: Sequence[str] = ()) -> RunDir:
+    """``cfg`` as the user gave it (placeholders kept: it is what config.toml records). ``log``:
+    experiment trackers to log the finished run to (``mlflow[=URI]``, ``wandb[=PROJECT]``)."""
+    trackers = parse_log_specs(log)  # a bad --log fails before anything runs
     run = run_dir_for(cfg, run_dir)
     rcfg = cfg.resolved()
+    scored = False
     records = run_benchmark.read_records(rcfg)  # bad annotations fail before anything is written
     with run.lock():
         run.check_identity(cfg.feature_identity(), fresh=not resume)
         run.write_config(cfg.to_toml())
         run_benchmark.write_references(run, rcfg.benchmark, records)
-        with ray_session(rcfg):
-            run_benchmark.main(rcfg, run, records, resume=resume)
+        with recorded(rcfg, run) as prov:
+            with ray_session(rcfg):
+                prov.add_cluster()
+                run_benchmark.main(rcfg, run, records, resume=resume)
+                if evaluate_after:
+                    fit.main(rcfg, run)
             if evaluate_after:
-                fit.main(rcfg, run)
-        if evaluate_after:
-            finish(cfg, rcfg, run, records)
-    print("outputs: features/, predictions/, metrics/, report.md, report.html in")
+                scored = evaluate_and_tabulate(cfg, rcfg, run, records)
+        if evaluate_after and scored:  # rendered from the finished results (provenance.json complete)
+            evaluate.report([run.path], None)
+        if trackers:
+            log_run(trackers, run)
+    print("outputs: provenance.json, features/, predictions/, metrics/, samples.parquet, report.md, report.html in")
     print(run.path)
     return run
 
 
-def finish(cfg: Config, rcfg: Config, run: RunDir, records: dict) -> None:
-    """Evaluate and report (when the benchmark has references)."""
-    if any(r.references for recs in records.values() for r in recs):
+def evaluate_and_tabulate(cfg: Config, rcfg: Config, run: RunDir, records: dict) -> bool:
+    """Evaluate (when the benchmark has references) and write the per-sample table; True when
+    there are metrics to report."""
+    scored = any(r.references for recs in records.values() for r in recs)
+    if scored:
         evaluate.evaluate_run_dir(rcfg.eval, rcfg.paths.cache_dir, run)
-        evaluate.report([run.path], None)
     else:  # the user's own images: captions, but nothing to score them against
-        print(f"no reference captions for {cfg.benchmark}: predictions written, metrics and report skipped")
+        print(f"no reference captions for {cfg.benchmark}: predictions and samples.parquet written, "
+              "metrics and report skipped")
+    evaluate.write_samples(rcfg, run, records)
+    return scored

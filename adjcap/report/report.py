@@ -19,11 +19,13 @@ from typing import Any
 from adjcap.io import atomic_write_text
 from adjcap.report.collect import LM_PICKER, RunData, load_run
 from adjcap.report.headline import headline_table
-from adjcap.report.gallery import GALLERY_CSS, GALLERY_JS, gallery_html, gallery_items
+from adjcap import provenance
+from adjcap.report.gallery import GALLERY_CSS, GALLERY_JS, gallery_html, gallery_items, write_paged_gallery
 from adjcap.report.plots import cider_by_configuration, hallucination_per_class
 from adjcap.report.published import PAPER_COLUMNS, PAPER_HEADERS, comparison_table, context_table
 from adjcap.report.tables import Table, bold_best
 from adjcap.rundir import RunDir
+from adjcap.samples import read_samples
 
 DOMAINS = ("in-domain", "near-domain", "out-domain", "overall")
 
@@ -302,6 +304,11 @@ def write_report(
     body.append("<h1>adjcap report</h1>")
     body.append(f"<p>Generated {html.escape(stamp)}. Caption metrics x100; CLIPScore w=2.5; CHAIR proxy in %; "
                 "n/a = not computed.</p>")
+    for run, lab in zip(runs, labels):  # what made each run (provenance.json), in short
+        prov = RunDir(run.path).provenance()
+        if prov:
+            md.append((f"**{lab}** " if len(runs) > 1 else "") + provenance.short_markdown(prov))
+            body.append((f"<p><b>{html.escape(lab)}</b></p>" if len(runs) > 1 else "") + provenance.short_html(prov))
     for run, lab in zip(runs, labels):  # the first table: the paper's headline comparison, per run
         add(headline_table(run, lab), f"{lab}-headline")
     run_list = Table(title="Runs", columns=["run", "config", "benchmark", "protocols", "failed images",
@@ -361,11 +368,21 @@ def write_report(
         add(rank_table(run, lab))
         add(heads_table(run, lab))
         if LM_PICKER in run.pickers(proto) and adj != LM_PICKER:
-            items = gallery_items(run, proto, adj, limit=gallery_limit,
-                                  image_root=Path(image_root) if image_root else None, embed=embed_images)
+            samples = read_samples(RunDir(run.path))
+            root = Path(image_root) if image_root else run.image_root
+            items = gallery_items(run, proto, adj, limit=gallery_limit, image_root=root, embed=embed_images,
+                                  samples=samples)
+            tag = None if len(runs) == 1 else _slug(lab)
+            paged = write_paged_gallery(samples, dest.gallery_html(tag), dest.gallery_dir(tag), proto, adj,
+                                        title=f"{lab}: every image, LM-only vs {adj} ({proto})",
+                                        split=run.apply_split, image_root=root)
+            link = paged["html"].name
             galleries.append(gallery_html(items, title=f"{lab}: LM-only vs {adj} ({proto}), {len(items)} images",
-                                          table_id=f"gallery-{_slug(lab)}", adj_name=adj))
-            md.append(f"Qualitative gallery ({len(items)} images, sortable by CIDEr gain): report.html\n")
+                                          table_id=f"gallery-{_slug(lab)}", adj_name=adj)
+                             + f"<p>Every image ({paged['images']}), paged, with each candidate's judge scores: "
+                             f"<a href='{html.escape(link)}'>{html.escape(link)}</a></p>")
+            md.append(f"Qualitative gallery ({len(items)} images, sortable by CIDEr gain): report.html; "
+                      f"every image ({paged['images']}), paged: [{link}]({link})\n")
 
     # published numbers
     pub = comparison_table(measured_for_pub)
