@@ -59,3 +59,10 @@ def evaluate_and_tabulate(cfg: Config, rcfg: Config, run: RunDir, records: dict)
               "metrics and report skipped")
     evaluate.write_samples(rcfg, run, records)
     return scored
+
+
+def finish(cfg: Config, rcfg: Config, run: RunDir, records: dict) -> None:
+    """Evaluate, write the per-sample table and (when scored) the report: what run-job does after
+    fitting, for callers outside a recorded run (no provenance to wait for)."""
+    if evaluate_and_tabulate(cfg, rcfg, run, records):
+        evaluate.report([run.path], None)
