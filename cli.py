@@ -149,12 +149,15 @@ def caption(
     config_file: Optional[Path] = CONFIG_FILE,
     address: Optional[str] = ADDRESS,
     run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="output directory (default runs/caption-<folder>-<hash>)"),
+    absolute_paths: bool = typer.Option(False, "--absolute-paths", help="absolute image paths in captions.jsonl "
+                                        "(default: relative to FOLDER, so a moved folder keeps working)"),
 ):
-    """Caption a folder of your own images: the same Ray job, one caption per image with its candidates."""
+    """Caption a folder of your own images: the same Ray job, one caption per image with its candidates.
+    Checks the preset's weights and memory first and says what is missing (adjcap prepare --for PRESET)."""
     from jobs import caption as job
 
     cfg = _cfg(preset, sets, config_file, _typed(**{"ray.workers": workers, "ray.address": address}))
-    _run(lambda: job.main(cfg, folder, heads=heads, out=out, run_dir=run_dir))
+    _run(lambda: job.main(cfg, folder, heads=heads, out=out, run_dir=run_dir, absolute_paths=absolute_paths))
 
 
 @app.command("reproduce")

@@ -10,17 +10,20 @@ features/ and predictions/."""
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 from adjcap.config import Config
+from adjcap.data.layouts.folder import scan_folder
 from adjcap.rerank import get_picker, load_heads, picker_names, run_protocol
 from adjcap.report.captions import caption_records, write_gallery, write_jsonl
 from adjcap.rundir import RunDir
-from jobs import demo, run
+from jobs import demo, preflight, run
 
 FOLDER_BENCHMARK = "folder"
 LM_PICKER = "lm"
 DEFAULT_TRAINING_FREE = "fixed"
+DEMO_BENCHMARK = "demo"  # the demo preset's benchmark: the synthetic world its tiny models know
 
 
 def folder_config(cfg: Config, folder: Path, with_heads: bool) -> Config:
@@ -47,6 +50,31 @@ def folder_config(cfg: Config, folder: Path, with_heads: bool) -> Config:
     return Config.model_validate(data)
 
 
+def demo_world_mismatch(cfg: Config, folder: Path) -> str | None:
+    """A one-line warning when the demo preset (tiny models trained on the synthetic demo world) meets
+    images that are not the demo world's: every image must be a file of the world's manifest
+    (``images/<name>`` at the same byte size). None when they all are, or ``cfg`` is not on the demo world."""
+    rcfg = cfg.resolved()
+    if rcfg.benchmark != DEMO_BENCHMARK:
+        return None
+    manifest = Path(rcfg.benchmark_cfg(DEMO_BENCHMARK).images).parent / "manifest.json"
+    try:
+        files = json.loads(manifest.read_text()).get("files", {})
+    except (OSError, ValueError):
+        files = {}
+    try:
+        names = [e.image_id for e in scan_folder(folder)]
+    except Exception:  # noqa: BLE001 - the job itself reports an unusable folder
+        return None
+    foreign = [n for n in names if files.get(f"images/{n}") != (folder / n).stat().st_size]
+    if not foreign:
+        return None
+    return (f"warning: --preset demo captions with tiny models trained only on the synthetic demo world; "
+            f"{len(foreign)} of {len(names)} images in {folder} are not demo-world images (e.g. {foreign[0]}), "
+            f"so their captions describe coloured shapes, not your photos: use a real preset "
+            f"(adjcap doctor --preset headline / cpu-16gb)")
+
+
 def default_run_dir(cfg: Config, folder: Path) -> RunDir:
     """``<runs_dir>/caption-<folder name>-<hash of its absolute path>``: two folders never share one."""
     tag = hashlib.sha256(str(folder).encode()).hexdigest()[:8]
@@ -54,14 +82,21 @@ def default_run_dir(cfg: Config, folder: Path) -> RunDir:
 
 
 def main(cfg: Config, folder: str | Path, heads: str | Path | None = None, out: str | Path | None = None,
-         run_dir: str | Path | None = None, resume: bool = True) -> Path:
-    """Caption every image under ``folder``; returns the captions.jsonl path."""
+         run_dir: str | Path | None = None, resume: bool = True, absolute_paths: bool = False) -> Path:
+    """Caption every image under ``folder``; returns the captions.jsonl path. Refuses (PreflightError,
+    before Ray starts and before anything is written) when the preset's weights, corpus or memory are
+    not there. ``absolute_paths``: image paths in captions.jsonl absolute instead of relative to
+    ``folder``."""
     folder = Path(folder).expanduser().resolve()
     if not folder.is_dir():
         raise NotADirectoryError(f"{folder}: not a directory; give a folder of images")
     cfg = demo.prepare_if_demo(cfg)
     fcfg = folder_config(cfg, folder, heads is not None)
     rcfg = fcfg.resolved()
+    preflight.check(rcfg)
+    warning = demo_world_mismatch(cfg, folder)
+    if warning:
+        print(warning)
     fitted = load_heads(Path(heads).expanduser(), rcfg) if heads is not None else None
     rd = RunDir(run_dir) if run_dir else default_run_dir(fcfg, folder)
     run.main(fcfg, run_dir=rd.path, resume=resume, evaluate_after=False)
@@ -77,11 +112,11 @@ def main(cfg: Config, folder: str | Path, heads: str | Path | None = None, out: 
     for name, picks in ((picker, result.picks["test"]), (LM_PICKER, lm.picks["test"])):
         rd.write_predictions(proto, name, [{"image_id": i, "caption": p.caption, "candidate_index": p.index}
                                            for i, p in sorted(picks.items())])
-    records = caption_records(table.to_pylist(), chosen, lm_chosen, folder, picker)
     dest = Path(out).expanduser() if out else rd.captions_jsonl
+    records = caption_records(table.to_pylist(), chosen, lm_chosen, folder, picker, absolute=absolute_paths)
     write_jsonl(dest, records)
-    gallery = write_gallery(dest.with_suffix(".html"), records,
-                            title=f"adjcap captions: {folder} ({picker}" + (", fitted heads)" if fitted else ")"))
+    gallery = write_gallery(dest.with_suffix(".html"), records, image_root=folder,
+                            title=f"adjcap captions: {folder.name} ({picker}" + (", fitted heads)" if fitted else ")"))
     failed = sum(1 for r in records if r["error"])
     print(f"captions: {len(records) - failed} images captioned by '{picker}'"
           + (f", {failed} failed (their lines say why)" if failed else ""))

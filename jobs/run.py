@@ -9,7 +9,7 @@ from pathlib import Path
 from adjcap.config import Config
 from adjcap.rundir import RunDir
 from adjcap.tracking import log_run, parse_log_specs
-from jobs import evaluate, fit, run_benchmark
+from jobs import evaluate, fit, preflight, run_benchmark
 from jobs.provenance import recorded
 from jobs.ray_session import ray_session
 
@@ -23,8 +23,9 @@ def main(cfg: Config, run_dir: str | Path | None = None, resume: bool = True, ev
     """``cfg`` as the user gave it (placeholders kept: it is what config.toml records). ``log``:
     experiment trackers to log the finished run to (``mlflow[=URI]``, ``wandb[=PROJECT]``)."""
     trackers = parse_log_specs(log)  # a bad --log fails before anything runs
-    run = run_dir_for(cfg, run_dir)
     rcfg = cfg.resolved()
+    preflight.check(rcfg)  # missing weights/data or a memory plan that cannot fit: refused before Ray and files
+    run = run_dir_for(cfg, run_dir)
     scored = False
     records = run_benchmark.read_records(rcfg)  # bad annotations fail before anything is written
     with run.lock():

@@ -377,3 +377,108 @@ def _local(model: str, path: Path, quick_gelu: bool | None) -> ClipSource:
         qg = bool(qg_tags)
     return ClipSource(model, str(ckpt), model_cfg, f"{model}/{model_id_tail}", force_preprocess=pp,
                       force_quick_gelu=qg, checkpoint=ckpt)
+
+
+# --------------------------------------------------------------------------------------------
+# What a config needs: every weights file / tag / hub id, and where it is found locally
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Weights:
+    """One frozen model (or tokenizer) a config loads: ``kind`` "open_clip" (``name`` the model,
+    ``tag`` the pretrained tag), "hf" (``name`` the hub id; ``tag`` which files: "verifier" or
+    "tokenizer") or "file" (``name`` a local path)."""
+
+    role: str
+    kind: str
+    name: str
+    tag: str | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}/{self.tag}" if self.kind == "open_clip" else self.name
+
+    def locate(self, cache_dir: str | None = None) -> str | None:
+        """Where the files are on this machine (a path), without any network access; None if missing."""
+        return LOCATORS[self.kind](self, cache_dir)
+
+
+def _is_local(text: str) -> bool:
+    return looks_like_path(text) or expand(text).exists()
+
+
+def weights_of(cfg: Any, checkpoint: bool = True) -> list[Weights]:
+    """The models a resolved config loads, deduplicated, in pipeline order (``checkpoint``: with the
+    IFCap checkpoint file, which `adjcap prepare ifcap` fetches rather than `prepare models`)."""
+    out: list[Weights] = []
+
+    def clip(role: str, enc: Any) -> None:
+        if enc.pretrained is None:
+            return
+        tag = str(enc.pretrained)
+        out.append(Weights(role, "file", tag) if _is_local(tag) else Weights(role, "open_clip", enc.model, tag))
+
+    def hub(role: str, value: str, files: str) -> None:
+        out.append(Weights(role, "file" if _is_local(value) else "hf", value, None if _is_local(value) else files))
+
+    clip("retrieval encoder", cfg.retrieval.encoder)
+    if cfg.verifier.enabled:
+        hub("verifier", cfg.verifier.model, "verifier")
+        if cfg.verifier.backend == "lavis":
+            hub("verifier tokenizer", cfg.verifier.tokenizer, "tokenizer")
+    if checkpoint:
+        out.append(Weights("IFCap checkpoint", "file", cfg.captioner.checkpoint))
+    clip("IFCap CLIP", cfg.captioner.clip)
+    clip("output scorer", cfg.scorer_encoder())
+    clip("CLIPScore encoder", cfg.eval.clipscore)
+    hub("GPT-2 tokenizer", cfg.captioner.tokenizer, "tokenizer")
+    if cfg.captioner.lm_config != "gpt2":
+        out.append(Weights("GPT-2 config", "file", cfg.captioner.lm_config))
+    seen: set[tuple[str, str]] = set()
+    uniq = []
+    for w in out:
+        if (w.kind, w.key) not in seen:
+            seen.add((w.kind, w.key))
+            uniq.append(w)
+    return uniq
+
+
+def _locate_file(w: Weights, cache_dir: str | None) -> str | None:
+    p = expand(w.name)
+    return str(p) if p.exists() else None
+
+
+def _locate_open_clip(w: Weights, cache_dir: str | None) -> str | None:
+    import open_clip
+
+    pcfg = open_clip.get_pretrained_cfg(w.name, w.tag or "")
+    if not pcfg:
+        return None
+    hit = cached_tag_file(pcfg, cache_dir)
+    if hit is not None:
+        return str(hit)
+    url = tag_files(pcfg)[2]
+    p = Path(cache_dir or expand("~/.cache/clip")) / os.path.basename(url or "")
+    return str(p) if url and p.is_file() else None
+
+
+# the files a hub repo must hold locally, per what it is used as (any one of each group)
+HUB_FILES = {"verifier": (("config.json",), ("model.safetensors", "pytorch_model.bin")),
+             "tokenizer": (("tokenizer.json", "vocab.json"),)}
+
+
+def _locate_hf(w: Weights, cache_dir: str | None) -> str | None:
+    from huggingface_hub import try_to_load_from_cache
+
+    found = None
+    for group in HUB_FILES.get(w.tag or "verifier", (("config.json",),)):
+        hits = [got for f in group if isinstance(got := try_to_load_from_cache(w.name, f, cache_dir=cache_dir), str)
+                and os.path.isfile(got)]
+        if not hits:
+            return None
+        found = found or hits[0]
+    return str(Path(found).parent) if found else None
+
+
+LOCATORS = {"file": _locate_file, "open_clip": _locate_open_clip, "hf": _locate_hf}

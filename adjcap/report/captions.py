@@ -7,9 +7,11 @@ import base64
 import html
 import io
 import json
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from adjcap.io import atomic_write_text
 from adjcap.report.gallery import GALLERY_CSS
@@ -24,9 +26,11 @@ def caption_records(
     lm_chosen: Mapping[str, int],
     image_root: Path,
     picker: str,
+    absolute: bool = False,
 ) -> list[dict[str, Any]]:
     """Feature rows (FEATURE_SCHEMA) + the picked candidate index per image -> one record per image,
-    in image-id order: ``image`` (path), ``image_id``, ``caption`` (the picker's), ``lm_caption``
+    in image-id order: ``image`` (its path relative to ``image_root``, so a moved folder keeps
+    working; ``absolute``: the absolute path), ``image_id``, ``caption`` (the picker's), ``lm_caption``
     (IFCap's own pick), ``picker``, ``error`` and ``candidates`` [{text, lm_logprob_mean,
     retrieval_cosine, verifier, beam_rank, chosen}] in beam order. A failed image keeps its record
     with ``caption`` None and ``error`` set."""
@@ -37,7 +41,7 @@ def caption_records(
         k = chosen.get(iid)
         lm = lm_chosen.get(iid)
         out.append({
-            "image": str(Path(image_root) / iid),
+            "image": str(Path(image_root) / iid) if absolute else Path(iid).as_posix(),
             "image_id": iid,
             "caption": cands[k]["text"] if k is not None and not row.get("error") else None,
             "lm_caption": cands[lm]["text"] if lm is not None and not row.get("error") else None,
@@ -72,14 +76,21 @@ def thumbnail(path: str | Path, size: int = 256) -> str | None:
     return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def write_gallery(path: str | Path, records: Sequence[Mapping[str, Any]], *, title: str, show: int = 5) -> Path:
+def write_gallery(path: str | Path, records: Sequence[Mapping[str, Any]], *, title: str, show: int = 5,
+                  image_root: str | Path | None = None) -> Path:
     """An HTML page: per image its thumbnail, the chosen caption, IFCap's own pick when different,
-    and ``show`` candidates (the chosen one first, then the beam's best) with their three scores."""
+    and ``show`` candidates (the chosen one first, then the beam's best) with their three scores.
+    Portable: thumbnails are embedded, and each links to its image by a path relative to the page
+    (``image_root``: the folder relative ``image`` paths are under), so page and folder move together."""
     e = html.escape
+    here = Path(path).expanduser().absolute().parent
     rows = []
     for r in records:
-        src = thumbnail(r["image"])
-        img = f"<img src='{src}' alt='{e(r['image_id'])}'>" if src else f"<div class='noimg'>{e(r['image_id'])}</div>"
+        file = Path(image_root or ".") / r["image"]
+        src = thumbnail(file)
+        href = quote(Path(os.path.relpath(file.absolute(), here)).as_posix())
+        img = (f"<a href='{href}'><img src='{src}' alt='{e(r['image_id'])}'></a>" if src
+               else f"<div class='noimg'>{e(r['image_id'])}</div>")
         if r.get("error"):
             body = f"<div class='err'>error: {e(str(r['error']))}</div>"
         else:

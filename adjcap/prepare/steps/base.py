@@ -31,6 +31,7 @@ class Options:
     timeout: float = 60.0
     hf_cache_dir: str | None = None
     sets: list[str] = field(default_factory=list)  # config overrides for the models step
+    configs: list[Any] = field(default_factory=list)  # resolved configs (`--for`): the models step fetches theirs
 
 
 @dataclass

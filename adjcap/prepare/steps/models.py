@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from adjcap.models.sources import Weights, hf_offline, weights_of
 from adjcap.prepare.errors import NetworkError, PrepareError
 from adjcap.prepare.steps.base import Context, Planned
 
@@ -21,62 +21,35 @@ _HF_FILES = {
 _SHA_IN_URL = re.compile(r"/([0-9a-f]{64})/")
 
 
-@dataclass(frozen=True)
-class Need:
-    role: str
-    kind: str  # "open_clip" | "hf" | "file"
-    name: str  # hub id, open_clip model name or path
-    tag: str | None = None  # open_clip: the pretrained tag; hf: which files ("verifier" | "tokenizer")
-
-    @property
-    def key(self) -> str:
-        return f"{self.name}/{self.tag}" if self.kind == "open_clip" else self.name
+Need = Weights  # one model of a config (adjcap.models.sources owns what a config loads)
 
 
 def _offline() -> bool:
-    return any(os.environ.get(v, "").strip().lower() in {"1", "true", "yes", "on"}
-               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return hf_offline()
 
 
-def _is_path(text: str) -> bool:
-    return text.startswith(("/", ".", "~")) or Path(os.path.expanduser(text)).exists() or text.endswith(
-        (".pt", ".pth", ".bin", ".safetensors"))
+def configs(ctx: Context) -> list:
+    """The resolved configs whose models the step fetches: ``--for``'s (Options.configs), else
+    ``--preset`` with ``--set`` overrides."""
+    from adjcap.config import ConfigError, load_config
+
+    if ctx.opts.configs:
+        return list(ctx.opts.configs)
+    try:
+        return [load_config(ctx.opts.preset, [f"paths.data_dir={ctx.data}", *ctx.opts.sets]).resolved()]
+    except ConfigError as e:
+        raise PrepareError(str(e)) from None
 
 
 def needs(ctx: Context) -> list[Need]:
-    """The models of ``--preset`` (with ``--set`` overrides), deduplicated, in pipeline order."""
-    from adjcap.config import ConfigError, load_config
-
-    try:
-        cfg = load_config(ctx.opts.preset, [f"paths.data_dir={ctx.data}", *ctx.opts.sets]).resolved()
-    except ConfigError as e:
-        raise PrepareError(str(e)) from None
-    out: list[Need] = []
-
-    def clip(role: str, model: str, tag: str | None) -> None:
-        if tag is None:
-            return
-        out.append(Need(role, "file" if _is_path(tag) else "open_clip", tag if _is_path(tag) else model,
-                        None if _is_path(tag) else tag))
-
-    def hub(role: str, value: str, files: str) -> None:
-        out.append(Need(role, "file" if _is_path(value) else "hf", value, files))
-
-    clip("retrieval encoder", cfg.retrieval.encoder.model, cfg.retrieval.encoder.pretrained)
-    if cfg.verifier.enabled:
-        hub("verifier", cfg.verifier.model, "verifier")
-    clip("IFCap CLIP", cfg.captioner.clip.model, cfg.captioner.clip.pretrained)
-    clip("output scorer", cfg.scorer_encoder().model, cfg.scorer_encoder().pretrained)
-    clip("CLIPScore encoder", cfg.eval.clipscore.model, cfg.eval.clipscore.pretrained)
-    hub("GPT-2 tokenizer", cfg.captioner.tokenizer, "tokenizer")
-    if cfg.captioner.lm_config != "gpt2":
-        out.append(Need("GPT-2 config", "file", cfg.captioner.lm_config))
-    seen, uniq = set(), []
-    for n in out:
-        if (n.kind, n.key) not in seen:
-            seen.add((n.kind, n.key))
-            uniq.append(n)
-    return uniq
+    """The models of the configs (without the IFCap checkpoint: `prepare ifcap`), deduplicated."""
+    seen, out = set(), []
+    for cfg in configs(ctx):
+        for n in weights_of(cfg, checkpoint=False):
+            if (n.kind, n.key) not in seen:
+                seen.add((n.kind, n.key))
+                out.append(n)
+    return out
 
 
 # ---- presence ------------------------------------------------------------------------------
@@ -94,39 +67,11 @@ def _open_clip_cfg(n: Need) -> dict[str, Any]:
     return pcfg
 
 
-def _hf_cached(repo: str, filename: str, cache_dir: str | None) -> str | None:
-    from huggingface_hub import try_to_load_from_cache
-
-    got = try_to_load_from_cache(repo, filename, cache_dir=cache_dir)
-    return got if isinstance(got, str) and os.path.isfile(got) else None
-
-
 def present(ctx: Context, n: Need) -> str | None:
     """Where the model is found locally (a path), or None."""
-    cache = ctx.opts.hf_cache_dir
-    if n.kind == "file":
-        p = Path(os.path.expanduser(n.name))
-        return str(p) if p.exists() else None
     if n.kind == "open_clip":
-        from adjcap.models.sources import tag_cached, tag_files
-
-        pcfg = _open_clip_cfg(n)
-        if not tag_cached(pcfg, cache):
-            return None
-        repo, files, url = tag_files(pcfg)
-        for f in files if repo else []:
-            hit = _hf_cached(repo, f, cache)
-            if hit:
-                return hit
-        return str(Path(cache or os.path.expanduser("~/.cache/clip")) / os.path.basename(url or ""))
-    cfg_file = _hf_cached(n.name, "config.json", cache)
-    if cfg_file is None:
-        return None
-    if n.tag == "verifier" and not any(_hf_cached(n.name, w, cache) for w in ("model.safetensors", "pytorch_model.bin")):
-        return None
-    if n.tag == "tokenizer" and not any(_hf_cached(n.name, w, cache) for w in ("tokenizer.json", "vocab.json")):
-        return None
-    return str(Path(cfg_file).parent)
+        _open_clip_cfg(n)  # an unknown tag is an error, not a missing file
+    return n.locate(ctx.opts.hf_cache_dir)
 
 
 def _revision(path: str) -> str | None:
@@ -225,11 +170,8 @@ class ModelsStep:
         return "; ".join(done)
 
     def _checkpoint(self, ctx: Context) -> str | None:
-        from adjcap.config import load_config
-
-        cfg = load_config(ctx.opts.preset, [f"paths.data_dir={ctx.data}", *ctx.opts.sets]).resolved()
-        p = Path(cfg.captioner.checkpoint)
-        return None if p.is_file() else f"note: the IFCap checkpoint {p} comes from `adjcap prepare ifcap`"
+        missing = [c.captioner.checkpoint for c in configs(ctx) if not Path(c.captioner.checkpoint).is_file()]
+        return f"note: the IFCap checkpoint {missing[0]} comes from `adjcap prepare ifcap`" if missing else None
 
     def check(self, ctx: Context) -> list[str]:
         return [f"{n.role} {n.key}: not in the local caches (run `adjcap prepare models`)"

@@ -1,0 +1,154 @@
+"""What a resolved config needs on this machine, and whether each thing is here: model weights, the
+IFCap checkpoint, the benchmark's files, the NLTK data of the entity filter, Java and the SPICE jars.
+One list, read by ``adjcap doctor``, the caption/run-job preflight, ``adjcap prepare --for`` and
+``adjcap reproduce --list``. Nothing is downloaded or loaded; hub caches are only looked up.
+
+Each :class:`Need` names the ``adjcap prepare`` step that fetches it (None: prepare cannot; ``hint``
+says what to do). The checks are a registry (:data:`CHECKS`), one function per group."""
+
+from __future__ import annotations
+
+import functools
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from adjcap.models.sources import weights_of
+
+# the benchmark steps of `adjcap prepare` by the folder they lay out under {data}
+DATA_STEPS = ("ifcap", "coco", "flickr30k", "nocaps")
+
+
+@dataclass(frozen=True)
+class Need:
+    group: str  # a key of CHECKS
+    what: str  # e.g. "verifier Salesforce/blip-itm-large-coco"
+    found: str | None  # where it is; None: missing
+    step: str | None = None  # the `adjcap prepare` step that fetches it
+    hint: str = ""  # what to do when prepare cannot fetch it
+
+    @property
+    def ok(self) -> bool:
+        return self.found is not None
+
+
+CHECKS: dict[str, Callable[[Any], list[Need]]] = {}
+
+
+def check(group: str) -> Callable[[Callable[[Any], list[Need]]], Callable[[Any], list[Need]]]:
+    def register(fn: Callable[[Any], list[Need]]) -> Callable[[Any], list[Need]]:
+        CHECKS[group] = fn
+        return fn
+
+    return register
+
+
+def _data_step(cfg: Any, path: str) -> str | None:
+    """The prepare step that lays out ``path`` (a file under {data}/<step>/), or None (a user's path)."""
+    try:
+        rel = Path(path).resolve().relative_to(Path(cfg.paths.data_dir).expanduser().resolve())
+    except ValueError:
+        return None
+    return rel.parts[0] if rel.parts and rel.parts[0] in DATA_STEPS else None
+
+
+@check("weights")
+def weights(cfg: Any) -> list[Need]:
+    out = []
+    for w in weights_of(cfg):
+        step = "models" if w.kind != "file" else _data_step(cfg, w.name)
+        hint = "" if step else f"{w.name} is a local path in the config: put the file there or change the config"
+        out.append(Need("weights", f"{w.role} {w.key}", w.locate(), step, hint))
+    return out
+
+
+def _exists(path: str | None) -> str | None:
+    return str(path) if path and Path(path).exists() else None
+
+
+@check("data")
+def data(cfg: Any) -> list[Need]:
+    """The benchmark's reference files (per split), its images and its caption corpus."""
+    b = cfg.benchmarks.get(cfg.benchmark)
+    if b is None:
+        return []
+    files = [(f"{split} references", b.annotations_by_split.get(split, b.annotations)) for split in cfg.splits]
+    if b.format == "folder":  # the user's own images: no references; the folder is checked by the job
+        files = []
+    files += [("images", b.images)] if b.format != "folder" else []
+    if b.corpus:
+        files.append(("caption corpus", b.corpus))
+    seen, out = set(), []
+    for what, path in files:
+        if path in seen:
+            continue
+        seen.add(path)
+        step = _data_step(cfg, path)
+        out.append(Need("data", f"{cfg.benchmark} {what} {path}", _exists(path), step,
+                        "" if step else f"{path} is a path in the config: put the file there or change the config"))
+    return out
+
+
+@check("nltk")
+def nltk_data(cfg: Any) -> list[Need]:
+    """NLTK's tokenizer, tagger and WordNet when the entity filter tags with NLTK."""
+    e = cfg.captioner.entities
+    if e.mode != "frequency" or e.tagger != "nltk":
+        return []
+    from adjcap.entities import NLTK_RESOURCES, missing_nltk_resources
+
+    missing = set(missing_nltk_resources())
+    return [Need("nltk", f"NLTK data {name} (entity filter)", None if name in missing else "nltk_data", "nltk")
+            for name in NLTK_RESOURCES]
+
+
+@functools.lru_cache(maxsize=4)
+def java_found(java: str = "java") -> str | None:
+    """``java`` on PATH and its major version, or None."""
+    from adjcap.metrics.java import java_major_version
+
+    path = shutil.which(java)
+    if not path:
+        return None
+    try:
+        return f"{path} (Java {java_major_version(java)})"
+    except Exception:  # noqa: BLE001 - a java that does not run is missing
+        return None
+
+
+@check("java")
+def java(cfg: Any) -> list[Need]:
+    """Java for the PTB tokenizer and METEOR (every evaluation)."""
+    return [Need("java", "Java 11+ (PTB tokenizer, METEOR)", java_found(), None,
+                 "install a Java 11+ runtime (e.g. apt-get install default-jre-headless) and put java on PATH")]
+
+
+@check("spice")
+def spice(cfg: Any) -> list[Need]:
+    """The Stanford CoreNLP 3.6.0 jars, only when the config evaluates SPICE."""
+    if not cfg.eval.spice:
+        return []
+    from adjcap.metrics.spice import spice_status
+
+    status = spice_status(cfg.eval)
+    return [Need("spice", "SPICE CoreNLP 3.6.0 jars", status if status.startswith("ready") else None, "spice",
+                 status)]
+
+
+def needs_of(cfg: Any, groups: tuple[str, ...] | None = None) -> list[Need]:
+    """Every need of a resolved config (``groups``: only those), in registry order."""
+    out: list[Need] = []
+    for group, fn in CHECKS.items():
+        if groups is None or group in groups:
+            out += fn(cfg)
+    return out
+
+
+def missing(needs: list[Need]) -> list[Need]:
+    return [n for n in needs if not n.ok]
+
+
+def steps_for(needs: list[Need]) -> list[str]:
+    """The prepare steps that fetch ``needs``, without repeats, in first-use order."""
+    return list(dict.fromkeys(n.step for n in needs if n.step))

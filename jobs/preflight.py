@@ -1,0 +1,82 @@
+"""Before a job starts Ray or writes anything: are the config's weights, data and NLTK data here
+(:mod:`adjcap.needs`), and does one actor of every pool fit in the memory a local Ray would have
+(the plan of :func:`jobs.ray_session.pool_plan`)? A refusal is one line naming each missing thing,
+the one ``adjcap prepare`` command that fetches it, and the memory shortfall."""
+
+from __future__ import annotations
+
+import os
+
+from adjcap.accelerators import visible_gpus
+from adjcap.config import Config
+from adjcap.needs import missing, needs_of
+from jobs.ray_session import ResourceError, pool_plan
+
+# what a job cannot start without (Java and SPICE only matter to the evaluation, which reports them)
+PREFLIGHT_GROUPS = ("weights", "data", "nltk")
+
+
+class PreflightError(RuntimeError):
+    """The job would fail after starting: the message says what is missing and how to get it."""
+
+
+def local_cluster() -> dict[str, float]:
+    """The resources a new local Ray would register on this machine: its CPUs, GPUs, and the memory
+    it leaves for tasks and actors (available memory less the object store, as Ray computes it)."""
+    try:
+        from ray._private.utils import estimate_available_memory, resolve_object_store_memory
+
+        avail = float(estimate_available_memory())
+        memory = avail - float(resolve_object_store_memory(int(avail)))
+    except Exception:  # noqa: BLE001 - another Ray version: Ray's default share (70%) of what is free
+        import psutil
+
+        memory = 0.7 * psutil.virtual_memory().available
+    return {"CPU": float(os.cpu_count() or 1), "GPU": float(len(visible_gpus())), "memory": memory}
+
+
+def memory_problem(cfg: Config) -> str | None:
+    """Why the pools cannot be placed (``cfg`` resolved), or None. On an existing cluster
+    (``--address``) the job checks after connecting instead."""
+    import ray
+
+    if ray.is_initialized():
+        cluster = ray.cluster_resources()
+    elif cfg.ray.address or os.environ.get("RAY_ADDRESS"):
+        return None
+    else:
+        cluster = local_cluster()
+    try:
+        pool_plan(cfg, cluster)
+    except ResourceError as e:
+        return str(e)
+    return None
+
+
+def prepare_command(cfg: Config) -> str:
+    return f"adjcap prepare --for {cfg.name}"
+
+
+def problems(cfg: Config) -> str | None:
+    """One line saying why ``cfg`` (resolved) cannot run here, or None."""
+    gone = missing(needs_of(cfg, PREFLIGHT_GROUPS))
+    parts = []
+    if gone:
+        fetchable = [n for n in gone if n.step]
+        other = [n for n in gone if not n.step]
+        if fetchable:
+            parts.append(f"missing {', '.join(n.what for n in fetchable)} (fetch with `{prepare_command(cfg)}`)")
+        parts += [f"missing {n.what} ({n.hint})" for n in other]
+    mem = memory_problem(cfg)
+    if mem:
+        parts.append(f"memory: {mem}")
+    if not parts:
+        return None
+    return f"preset '{cfg.name}' cannot run here: " + "; ".join(parts) + " (adjcap doctor --preset " + cfg.name + ")"
+
+
+def check(cfg: Config) -> None:
+    """Raise PreflightError (one line) unless ``cfg`` (resolved) can run here."""
+    why = problems(cfg)
+    if why:
+        raise PreflightError(why)
