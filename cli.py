@@ -306,10 +306,16 @@ def lavis_env_cmd(
 
 @app.command("doctor")
 def doctor(preset: str = PRESET, sets: Optional[List[str]] = SET):
-    """Report Python, torch, CUDA/ROCm, Ray, Java, SPICE jars and which weights are found."""
-    from adjcap.doctor import report as doctor_report
+    """Check everything the preset needs here (weights, data, NLTK data, Java, SPICE jars when it scores
+    SPICE, the memory plan); exit 1 when something is missing."""
+    from adjcap.doctor import diagnose
+    from jobs.preflight import memory_problem
 
-    typer.echo(doctor_report(_cfg(preset, sets, None)))
+    cfg = _cfg(preset, sets, None)
+    text, problems = diagnose(cfg, memory_problem(cfg.resolved()))
+    typer.echo(text)
+    if problems:
+        raise typer.Exit(1)
 
 
 @app.command("prepare")
@@ -325,6 +331,8 @@ def prepare(
     coco_zip: bool = typer.Option(False, "--coco-zip", help="fetch the whole val2014 zip (6.6 GB) instead of the 10,000 Karpathy images"),
     mirror: Optional[str] = typer.Option(None, "--mirror", help="fetch every URL as MIRROR/<host>/<path> (an HTTP mirror)"),
     sources: Optional[Path] = typer.Option(None, "--sources", help="a TOML file laid over adjcap/prepare/sources.toml"),
+    for_: Optional[List[str]] = typer.Option(None, "--for", help="exactly what a preset or a reproduce table needs "
+                                             "(adjcap config --list, adjcap reproduce --list; repeatable)"),
 ):
     """Fetch, verify and lay out benchmarks, the IFCap release, model weights, NLTK data and SPICE jars."""
     from adjcap.prepare import Options, PrepareError, run
@@ -332,7 +340,7 @@ def prepare(
     if data is None:
         data = Path(_cfg(preset, sets, None).resolved().paths.data_dir)
     opts = Options(data=data, from_dir=from_dir, dry_run=dry_run, workers=workers, preset=preset,
-                   coco_zip=coco_zip, mirror=mirror, sources=sources, sets=list(sets or []))
+                   coco_zip=coco_zip, mirror=mirror, sources=sources, sets=list(sets or []), targets=list(for_ or []))
     try:
         run(what or [], opts, verify=verify)
     except (PrepareError, OSError) as e:

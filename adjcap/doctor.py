@@ -11,6 +11,7 @@ from pathlib import Path
 
 from adjcap.accelerators import HIP, ROCR, Gpu, backend, rocm_visible_env, visible_gpus
 from adjcap.config import Config
+from adjcap.needs import Need, missing, needs_of
 
 
 def _version(pkg: str) -> str:
@@ -28,28 +29,35 @@ def _java() -> str:
     return (out.stderr or out.stdout).splitlines()[0] if (out.stderr or out.stdout) else java
 
 
-def _hf_cached(repo: str) -> bool:
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        return isinstance(try_to_load_from_cache(repo, "config.json"), str)
-    except Exception:  # noqa: BLE001
-        return False
-
-
-def _model_status(cfg: Config, value: str | None, kind: str) -> str:
-    """``cfg`` resolved: ``value`` is a path, hub id or tag as the loaders will see it."""
-    if value is None:
-        return "random weights"
-    resolved = value
-    if resolved and (Path(resolved).exists() or "/" in resolved and Path(resolved).is_absolute()):
-        return f"{resolved}: {'found' if Path(resolved).exists() else 'MISSING'}"
-    if kind == "hf":
-        return f"{value}: {'in HF cache' if _hf_cached(value) else 'not in HF cache (needs a download or a local path)'}"
-    return f"{value}: open_clip tag (downloaded on first use unless HF_HUB_OFFLINE=1)"
+def needs_lines(cfg: Config, needed: list[Need]) -> list[str]:
+    """One line per thing the config needs: ok (and where) or MISSING (and how to get it)."""
+    lines = [f"config '{cfg.name}' (benchmark {cfg.benchmark}) needs:"]
+    for n in needed:
+        if n.ok:
+            lines.append(f"  ok       {n.what}  ({n.found})")
+        else:
+            how = f"adjcap prepare --for {cfg.name}" if n.step else n.hint
+            lines.append(f"  MISSING  {n.what}  -> {how}")
+    return lines
 
 
-def report(cfg: Config) -> str:
+def diagnose(cfg: Config, memory: str | None = None) -> tuple[str, list[str]]:
+    """The report and the problems that stop ``cfg`` from running here: every missing need and
+    ``memory`` (why the pools cannot be placed, from the job's own plan; None: they can)."""
+    needed = needs_of(cfg.resolved())
+    text = report(cfg, needed)
+    gone = missing(needed)
+    problems = [n.what for n in gone]
+    if memory:
+        problems.append(f"memory: {memory}")
+    verdict = (f"\nnot ready: {len(problems)} problem(s): {'; '.join(problems)}" if problems
+               else f"\nready: everything preset '{cfg.name}' needs is here")
+    if any(n.step for n in gone):
+        verdict += f"\nfetch what is missing: adjcap prepare --for {cfg.name}"
+    return text + verdict, problems
+
+
+def report(cfg: Config, needed: list[Need] | None = None) -> str:
     import torch
 
     cfg = cfg.resolved()
@@ -74,29 +82,12 @@ def report(cfg: Config) -> str:
         lines.append(f"spice       unknown ({e})")
     lines.append(f"HF offline  {os.environ.get('HF_HUB_OFFLINE', '0')}")
     lines.append("")
-    lines.append(f"config '{cfg.name}' (benchmark {cfg.benchmark}):")
-    e = cfg.retrieval.encoder
-    lines.append(f"  retrieval encoder  {e.model} / {_model_status(cfg, e.pretrained, 'clip')}")
-    if cfg.verifier.enabled:
-        lines.append(f"  verifier           {_model_status(cfg, cfg.verifier.model, 'hf')}")
+    needed = needs_of(cfg) if needed is None else needed
+    lines.extend(needs_lines(cfg, needed))
     from adjcap import lavis_env
 
     lines.append(f"  LAVIS environment  {lavis_env.status(cfg.paths.cache_dir)}"
                  f"{' (verifier.backend=lavis)' if cfg.verifier.backend == 'lavis' else ''}")
-    lines.append(f"  IFCap checkpoint   {_model_status(cfg, cfg.captioner.checkpoint, 'file')}")
-    lines.append(f"  IFCap CLIP         {cfg.captioner.clip.model} / {_model_status(cfg, cfg.captioner.clip.pretrained, 'clip')}")
-    lines.append(f"  GPT-2 tokenizer    {_model_status(cfg, cfg.captioner.tokenizer, 'hf')}")
-    for role, enc in (("output scorer", cfg.scorer.encoder), ("CLIPScore enc.", cfg.eval.clipscore)):
-        if enc is not None:
-            lines.append(f"  {role:18s} {enc.model} / {_model_status(cfg, enc.pretrained, 'clip')}")
-    b = cfg.benchmarks.get(cfg.benchmark)
-    if b:
-        for split in cfg.splits:
-            ann = b.annotations_by_split.get(split, b.annotations)
-            lines.append(f"  {split:5s} references {_model_status(cfg, ann, 'file')}")
-        lines.append(f"  images             {_model_status(cfg, b.images, 'file')}")
-        if b.corpus:
-            lines.append(f"  corpus             {_model_status(cfg, b.corpus, 'file')}")
     lines.append("")
     lines.extend(budget_lines(cfg, gpus))
     return "\n".join(lines)

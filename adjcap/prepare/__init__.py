@@ -16,6 +16,7 @@ from adjcap.prepare.lock import LOCK_NAME, Lock
 from adjcap.prepare.progress import human_bytes
 from adjcap.prepare.sources import load_sources
 from adjcap.prepare.steps import ALL, STEPS, Context, Options, Planned
+from adjcap.prepare.targets import configs_for, configs_for_all, steps_of_configs
 
 __all__ = ["ALL", "STEPS", "Options", "PrepareError", "run", "steps_of"]
 
@@ -78,6 +79,10 @@ def _verify(ctx: Context, names: list[str] | None) -> int:
     return 0
 
 
+def _flickr_where(opts: Options) -> str:
+    return load_sources(opts.sources)["flickr30k"]["where"]
+
+
 def _tidy(work: Path) -> None:
     """Remove the empty folders of the work area (downloads/staging of finished steps)."""
     if not work.is_dir():
@@ -95,12 +100,22 @@ def run(what: Iterable[str], opts: Options, *, verify: bool = False, say: Callab
     knows). Returns 0; failures raise PrepareError (one line)."""
     say = say or (lambda s: print(s, flush=True))
     what = list(what)
-    if not what and not verify:
-        raise PrepareError(f"name what to prepare: {', '.join([*STEPS, 'all'])} (e.g. `adjcap prepare coco ifcap models nltk`)")
+    if not what and not verify and not opts.targets:
+        raise PrepareError(f"name what to prepare: {', '.join([*STEPS, 'all'])} or --for PRESET|TABLE "
+                           "(e.g. `adjcap prepare --for headline`)")
+    opts.data = Path(opts.data).expanduser()
     names = steps_of(what) if what else None
     if names is not None and opts.from_dir is not None and "all" in [w.lower() for w in what]:
         names = steps_of([*names, "flickr30k"])
-    opts.data = Path(opts.data).expanduser()
+    if opts.targets:  # exactly what these presets / tables need
+        for t in opts.targets:
+            opts.configs += configs_for(t, opts.data, opts.sets)
+        names = steps_of([*(names or []), *steps_of_configs(opts.configs, STEPS)])
+        if opts.from_dir is None and not opts.dry_run and "flickr30k" in names:
+            names.remove("flickr30k")
+            say(f"flickr30k: skipped ({_flickr_where(opts)}; then `adjcap prepare flickr30k --from DIR`)")
+    elif names is not None and "all" in [w.lower() for w in what]:  # every table's models, not one preset's
+        opts.configs = configs_for_all(opts.data, opts.preset, opts.sets)
     if opts.from_dir is not None:
         opts.from_dir = Path(opts.from_dir).expanduser()
         if not opts.from_dir.is_dir():

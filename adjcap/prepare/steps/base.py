@@ -32,6 +32,7 @@ class Options:
     hf_cache_dir: str | None = None
     sets: list[str] = field(default_factory=list)  # config overrides for the models step
     configs: list[Any] = field(default_factory=list)  # resolved configs (`--for`): the models step fetches theirs
+    targets: list[str] = field(default_factory=list)  # `--for PRESET|TABLE` (repeatable)
 
 
 @dataclass
