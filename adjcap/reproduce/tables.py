@@ -131,8 +131,9 @@ def get_table(key: str) -> TableDef:
     return tables[key]
 
 
-def listing() -> str:
-    """``adjcap reproduce --list``: every table, its rows and the presets they run (missing presets said)."""
+def listing(status: bool = True) -> str:
+    """``adjcap reproduce --list``: every table, its rows and the presets they run (missing presets said)
+    and, with ``status``, whether its weights and data are here (ready / missing and the prepare command)."""
     known = set(list_presets())
     defaults: dict[str, str] = {}
     lines = []
@@ -141,6 +142,10 @@ def listing() -> str:
         lines.append(f"{t.key}  {t.title} [{t.label or 'numbers from the paper text'}], {t.benchmark}; "
                      f"{len(t.rows)} rows, {len({r.run_key + (r.benchmark or t.benchmark) for r in t.rows})} runs"
                      + (f"; MISSING presets: {', '.join(missing)}" if missing else ""))
+        if status and not missing:
+            from adjcap.reproduce.readiness import table_status
+
+            lines.append(f"  status: {table_status(t)}")
         for r in t.rows:
             if r.preset in known and r.preset not in defaults:
                 rr = load_config(r.preset).rerank
