@@ -49,7 +49,7 @@ def diagnose(cfg: Config, memory: str | None = None) -> tuple[str, list[str]]:
     gone = missing(needed)
     problems = [n.what for n in gone]
     if memory:
-        problems.append(f"memory: {memory}")
+        problems.append(f"resource plan: {memory}")
     verdict = (f"\nnot ready: {len(problems)} problem(s): {'; '.join(problems)}" if problems
                else f"\nready: everything preset '{cfg.name}' needs is here")
     if any(n.step for n in gone):

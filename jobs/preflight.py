@@ -69,7 +69,7 @@ def problems(cfg: Config) -> str | None:
         parts += [f"missing {n.what} ({n.hint})" for n in other]
     mem = memory_problem(cfg)
     if mem:
-        parts.append(f"memory: {mem}")
+        parts.append(f"resource plan: {mem}")
     if not parts:
         return None
     return f"preset '{cfg.name}' cannot run here: " + "; ".join(parts) + " (adjcap doctor --preset " + cfg.name + ")"
