@@ -175,11 +175,11 @@ def reproduce(
     list_: bool = typer.Option(False, "--list", help="list the tables, their rows and presets, and exit"),
 ):
     """Run every row of one of the paper's tables and render it beside the published values."""
-    from adjcap.reproduce import listing
+    from adjcap.reproduce import listing_with_status
     from jobs import reproduce as job
 
     if list_ or table is None:
-        typer.echo(listing())
+        typer.echo(listing_with_status())
         return
     updates = _typed(**{"ray.workers": workers, "limit": limit, "ray.address": address})
     try:

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from adjcap.needs import missing, needs_of
 from adjcap.reproduce.plan import distinct_runs, plan_table
-from adjcap.reproduce.tables import TableDef
+from adjcap.reproduce.tables import TableDef, listing
 
 
 def table_missing(table: TableDef, sets: Iterable[str] = ()) -> list[str]:
@@ -26,3 +26,8 @@ def table_status(table: TableDef, sets: Iterable[str] = ()) -> str:
         return "ready"
     shown = ", ".join(gone[:4]) + (f", ... (+{len(gone) - 4})" if len(gone) > 4 else "")
     return f"missing {len(gone)}: {shown} -> adjcap prepare --for {table.key}"
+
+
+def listing_with_status() -> str:
+    """``adjcap reproduce --list``: the tables, their rows, and per table ready / missing."""
+    return listing(status=table_status)

@@ -10,7 +10,7 @@ import hashlib
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any
+from typing import Any, Callable
 
 from adjcap.config import ConfigError, list_presets, load_config
 
@@ -131,9 +131,9 @@ def get_table(key: str) -> TableDef:
     return tables[key]
 
 
-def listing(status: bool = True) -> str:
+def listing(status: Callable[[TableDef], str] | None = None) -> str:
     """``adjcap reproduce --list``: every table, its rows and the presets they run (missing presets said)
-    and, with ``status``, whether its weights and data are here (ready / missing and the prepare command)."""
+    and, with ``status`` (:func:`adjcap.reproduce.readiness.table_status`), a status line per table."""
     known = set(list_presets())
     defaults: dict[str, str] = {}
     lines = []
@@ -142,10 +142,8 @@ def listing(status: bool = True) -> str:
         lines.append(f"{t.key}  {t.title} [{t.label or 'numbers from the paper text'}], {t.benchmark}; "
                      f"{len(t.rows)} rows, {len({r.run_key + (r.benchmark or t.benchmark) for r in t.rows})} runs"
                      + (f"; MISSING presets: {', '.join(missing)}" if missing else ""))
-        if status and not missing:
-            from adjcap.reproduce.readiness import table_status
-
-            lines.append(f"  status: {table_status(t)}")
+        if status is not None and not missing:
+            lines.append(f"  status: {status(t)}")
         for r in t.rows:
             if r.preset in known and r.preset not in defaults:
                 rr = load_config(r.preset).rerank
