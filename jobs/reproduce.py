@@ -19,7 +19,7 @@ from adjcap.reproduce import RowResult, build_table, distinct_runs, get_table, p
 from adjcap.reproduce.plan import DEMO, RowPlan
 from adjcap.rundir import RunDir
 from adjcap.stages import STAGES
-from jobs import run
+from jobs import preflight, run
 from jobs.ray_session import ray_session
 
 
@@ -64,14 +64,20 @@ def main(table_key: str, benchmark: str | None = None, sets: list[str] | tuple[s
     runs = distinct_runs(plans)
     failed: dict[Path, str] = {}
     t0 = time.time()
-    if runs:
-        if any(p.benchmark == DEMO for p in runs):
-            from jobs import demo
+    if any(p.benchmark == DEMO for p in runs):
+        from jobs import demo
 
-            demo.prepare(runs[0].cfg)
-        with ray_session(runs[0].cfg.resolved()):
-            for i, p in enumerate(runs, 1):
-                print(f"== {table.key} run {i}/{len(runs)}: {p.row.preset} on {p.benchmark} -> {p.run_dir}")
+        demo.prepare(runs[0].cfg)
+    for p in runs:  # rows that cannot run here are said before Ray starts, and skipped
+        why = preflight.problems(p.cfg.resolved())
+        if why:
+            failed[p.run_dir] = why
+            print(f"row run {p.run_dir} skipped: {why}")
+    ready = [p for p in runs if p.run_dir not in failed]
+    if ready:
+        with ray_session(ready[0].cfg.resolved()):
+            for i, p in enumerate(ready, 1):
+                print(f"== {table.key} run {i}/{len(ready)}: {p.row.preset} on {p.benchmark} -> {p.run_dir}")
                 try:
                     run.main(p.cfg, run_dir=p.run_dir)
                 except KeyboardInterrupt:
