@@ -7,7 +7,6 @@ import platform
 import shutil
 import subprocess
 from importlib import metadata
-from pathlib import Path
 
 from adjcap.accelerators import HIP, ROCR, Gpu, backend, rocm_visible_env, visible_gpus
 from adjcap.config import Config

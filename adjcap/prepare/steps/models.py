@@ -24,10 +24,6 @@ _SHA_IN_URL = re.compile(r"/([0-9a-f]{64})/")
 Need = Weights  # one model of a config (adjcap.models.sources owns what a config loads)
 
 
-def _offline() -> bool:
-    return hf_offline()
-
-
 def configs(ctx: Context) -> list:
     """The resolved configs whose models the step fetches: ``--for``'s (Options.configs), else
     ``--preset`` with ``--set`` overrides."""
@@ -94,7 +90,7 @@ def fetch(ctx: Context, n: Need) -> str:
     if n.kind == "file":
         raise PrepareError(f"{n.role}: {n.name} not found; it is a local path, so provide the file or "
                            "point the config at a hub id / open_clip tag")
-    if _offline():
+    if hf_offline():
         raise PrepareError(
             f"{n.role} {n.key}: not in the local cache and HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE forbid "
             "downloading it; unset them (or copy a Hugging Face cache that holds it via HF_HOME)"
