@@ -38,6 +38,11 @@ class State:
         self.log: list[tuple[str, str, str | None]] = []  # (method, path, Range header)
         self.lock = threading.Lock()
         self.delay = 0.0  # seconds each GET takes (to see concurrency)
+        self.etags = True  # send a strong ETag (and honour If-Range against it)
+        self.ignore_range: set[str] = set()  # paths whose Range requests get the whole file (200)
+        self.ignore_if_range: set[str] = set()  # paths served from the offset whatever If-Range says
+        self.after_drop: dict[str, bytes] = {}  # the file changes to these bytes right after the cut
+        self.if_ranges: list[str | None] = []  # the If-Range header of every GET with a Range
         self.in_flight = 0
         self.max_in_flight = 0
 
@@ -72,6 +77,14 @@ def _handler(state: State):
                 self.end_headers()
                 return
             start = 0
+            etag = f'"{hashlib.sha256(body).hexdigest()[:20]}"'
+            if rng and not head:
+                if_range = self.headers.get("If-Range")
+                with state.lock:
+                    state.if_ranges.append(if_range)
+                if path in state.ignore_range or (
+                        if_range is not None and if_range != etag and path not in state.ignore_if_range):
+                    rng = None  # RFC 9110: a validator that does not match gets the whole file
             if rng and rng.startswith("bytes=") and not head:
                 start = int(rng[6:].split("-", 1)[0])
                 if start >= len(body):
@@ -85,6 +98,8 @@ def _handler(state: State):
             else:
                 self.send_response(200)
             self.send_header("Accept-Ranges", "bytes")
+            if state.etags:
+                self.send_header("ETag", etag)
             self.send_header("Content-Length", str(len(body) - start))
             self.end_headers()
             if head:
@@ -99,6 +114,9 @@ def _handler(state: State):
             if drop:
                 self.wfile.write(body[: len(body) // 2])
                 self.wfile.flush()
+                with state.lock:
+                    if path in state.after_drop:
+                        state.files[path] = state.after_drop.pop(path)
                 self.connection.shutdown(socket.SHUT_RDWR)
                 self.close_connection = True
                 return
