@@ -225,7 +225,7 @@ def extract(archive: Path, parent: Path, members: Iterable[str] | None = None,
                         continue
                     target = tmp / info.filename
                     if info.is_dir():
-                        target.mkdir(parents=True, exist_ok=True)
+                        _mkdir(target)
                         continue
                     add = budget.member(info.filename, info.file_size, info.compress_size)
                     with z.open(info) as src:
@@ -237,7 +237,7 @@ def extract(archive: Path, parent: Path, members: Iterable[str] | None = None,
                         continue
                     target = tmp / m.name
                     if m.isdir():
-                        target.mkdir(parents=True, exist_ok=True)
+                        _mkdir(target)
                         continue
                     src = t.extractfile(m)
                     if src is None:
@@ -251,30 +251,53 @@ def extract(archive: Path, parent: Path, members: Iterable[str] | None = None,
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, PrepareError):
             raise
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise DiskFullError(
-                f"{parent}: no space left on the device while extracting {archive.name}; free space and run "
-                "again - nothing was laid out"
-            ) from None
-        if isinstance(e, _DAMAGED) or (isinstance(e, OSError) and e.errno is None):
+        if isinstance(e, _TargetFailed):
+            if e.err.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise DiskFullError(
+                    f"{parent}: no space left on the device while extracting {archive.name}; free space and run "
+                    "again - nothing was laid out"
+                ) from None
+            raise PrepareError(f"{archive}: cannot extract into {parent} ({e.err.strerror or e.err}); "
+                               "check the permissions of --data") from None
+        if isinstance(e, (*_DAMAGED, OSError)):  # reading the archive failed
             raise _damaged(archive, e) from None
-        if isinstance(e, OSError):
-            raise PrepareError(f"{archive}: cannot extract into {parent} ({e.strerror or e})") from None
         raise
     return tmp, hashes
 
 
+class _TargetFailed(Exception):
+    """Writing the extracted tree failed (not reading the archive)."""
+
+    def __init__(self, err: OSError):
+        super().__init__(str(err))
+        self.err = err
+
+
+def _mkdir(d: Path) -> None:
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise _TargetFailed(e) from None
+
+
 def _write(src: IO[bytes], target: Path, add: Callable[[int, int], None]) -> tuple[str, int]:
-    target.parent.mkdir(parents=True, exist_ok=True)
     h = hashlib.sha256()
     n = 0
-    with open(target, "wb") as dst:
+    _mkdir(target.parent)
+    try:
+        dst = open(target, "wb")
+    except OSError as e:
+        raise _TargetFailed(e) from None
+    with dst:
         while True:
-            b = src.read(1 << 20)
+            b = src.read(1 << 20)  # errors here are the archive's
             if not b:
                 break
             add(len(b), n + len(b))
-            dst.write(b)
+            try:
+                dst.write(b)
+            except OSError as e:
+                raise _TargetFailed(e) from None
             h.update(b)
             n += len(b)
     return h.hexdigest(), n
