@@ -5,6 +5,7 @@ step against a Hugging Face cache holding a tiny model."""
 
 from __future__ import annotations
 
+import email.utils
 import errno
 import hashlib
 import io
@@ -39,6 +40,7 @@ class State:
         self.lock = threading.Lock()
         self.delay = 0.0  # seconds each GET takes (to see concurrency)
         self.etags = True  # send a strong ETag (and honour If-Range against it)
+        self.last_modified = False  # send Last-Modified instead of an ETag (honoured the same way)
         self.ignore_range: set[str] = set()  # paths whose Range requests get the whole file (200)
         self.ignore_if_range: set[str] = set()  # paths served from the offset whatever If-Range says
         self.after_drop: dict[str, bytes] = {}  # the file changes to these bytes right after the cut
@@ -77,7 +79,10 @@ def _handler(state: State):
                 self.end_headers()
                 return
             start = 0
-            etag = f'"{hashlib.sha256(body).hexdigest()[:20]}"'
+            digest = hashlib.sha256(body).hexdigest()
+            etag = f'"{digest[:20]}"'
+            if state.last_modified:  # a date that changes with the content
+                etag = email.utils.formatdate(1_700_000_000 + int(digest[:6], 16), usegmt=True)
             if rng and not head:
                 if_range = self.headers.get("If-Range")
                 with state.lock:
@@ -98,7 +103,9 @@ def _handler(state: State):
             else:
                 self.send_response(200)
             self.send_header("Accept-Ranges", "bytes")
-            if state.etags:
+            if state.last_modified:
+                self.send_header("Last-Modified", etag)
+            elif state.etags:
                 self.send_header("ETag", etag)
             self.send_header("Content-Length", str(len(body) - start))
             self.end_headers()
@@ -630,7 +637,8 @@ WORDNET = f"{NLTK}/corpora/wordnet.zip"
 WORDNET_URL = "https://raw.githubusercontent.com/nltk/nltk_data/gh-pages/packages/corpora/wordnet.zip"
 
 
-@pytest.mark.parametrize("server_kind", ["if-range", "ignores-if-range", "no-validator", "ignores-range"])
+@pytest.mark.parametrize("server_kind", ["if-range", "last-modified", "ignores-if-range", "no-validator",
+                                         "ignores-range"])
 def test_a_file_changed_between_a_cut_response_and_the_resume_is_fetched_afresh(tmp_path, server, sources, server_kind):
     """The first response is cut halfway and the file changes on the server before the resume: whatever
     the server does with Range / If-Range, the result is the new file whole, and the lock records its
@@ -644,6 +652,8 @@ def test_a_file_changed_between_a_cut_response_and_the_resume_is_fetched_afresh(
         server.state.ignore_if_range.add(WORDNET)  # 206 from the offset, with the new file's ETag
     elif server_kind == "no-validator":
         server.state.etags = False
+    elif server_kind == "last-modified":
+        server.state.etags, server.state.last_modified = False, True
     elif server_kind == "ignores-range":
         server.state.ignore_range.add(WORDNET)
     data = tmp_path / "data"
@@ -651,12 +661,14 @@ def test_a_file_changed_between_a_cut_response_and_the_resume_is_fetched_afresh(
 
     gets = server.state.gets(WORDNET)
     half = f"bytes={len(old) // 2}-"
-    expected = {"if-range": [None, half], "ignores-if-range": [None, half, None],
+    expected = {"if-range": [None, half], "last-modified": [None, half], "ignores-if-range": [None, half, None],
                 "no-validator": [None, None], "ignores-range": [None, half]}[server_kind]
     assert gets == expected
-    if server_kind != "no-validator":  # every resume names the first response's ETag
-        assert server.state.if_ranges and all(v == f'"{hashlib.sha256(old).hexdigest()[:20]}"'
-                                              for v in server.state.if_ranges)
+    if server_kind != "no-validator":  # every resume names the first response's ETag (or date)
+        first = hashlib.sha256(old).hexdigest()
+        want = (email.utils.formatdate(1_700_000_000 + int(first[:6], 16), usegmt=True)
+                if server_kind == "last-modified" else f'"{first[:20]}"')
+        assert server.state.if_ranges and all(v == want for v in server.state.if_ranges)
     assert (data / "nltk_data/corpora/wordnet/lexnames").read_bytes() == b"00 adj.all 3\n01 adj.pert 3\n" * 40
     lock = json.loads((data / "prepare.lock.json").read_text())
     assert lock["downloads"][WORDNET_URL]["sha256"] == hashlib.sha256(new).hexdigest()
