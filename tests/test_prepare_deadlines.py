@@ -22,7 +22,7 @@ ETAG = f'"{hashlib.sha256(BODY).hexdigest()[:16]}"'
 
 class Slow:
     """Serves BODY; ``mode``: "ok", "stall-after" (sends ``head`` bytes then nothing), "stall-first"
-    (headers, then nothing) or "drip" (one byte every ``drip_s``). Stalled handlers are released at exit."""
+    (headers, then nothing), "paced" (4 KiB every 0.1 s) or "drip" (one byte every ``drip_s``). Stalled handlers are released at exit."""
 
     def __init__(self, mode: str, head: int = 5000, drip_s: float = 0.05):
         self.mode, self.head, self.drip_s = mode, head, drip_s
@@ -54,6 +54,11 @@ class Slow:
                     elif state.mode == "stall-first":
                         self.wfile.flush()
                         state.release.wait(30)
+                    elif state.mode == "paced":  # steady 4 KiB every 0.1 s: about 1.6 s a file
+                        for i in range(start, len(BODY), 4096):
+                            self.wfile.write(BODY[i:i + 4096])
+                            self.wfile.flush()
+                            time.sleep(0.1)
                     else:  # drip
                         for i in range(start, len(BODY)):
                             if state.release.is_set():
@@ -130,3 +135,16 @@ def test_a_drip_below_the_minimum_rate_ends_with_the_bytes_kept(tmp_path):
     kept = part.read_bytes()
     assert 0 < len(kept) < len(BODY) and kept == BODY[: len(kept)]
     assert f"the {len(kept)} bytes received are kept" in msg
+
+
+def test_waiting_for_a_host_slot_is_not_a_stall(tmp_path):
+    """Two files, one connection allowed to the host: the second waits longer than the stall deadline
+    for the first to finish, and still completes."""
+    with Slow("paced") as s:
+        dl = Downloader(workers=2, host_limits={"127.0.0.1:" + s.url.split(":")[2].split("/")[0]: 1},
+                        retries=1, backoff=0.01, timeout=30,
+                        deadlines=Deadlines(stall_seconds=1.0, min_bytes_per_second=0, rate_window_seconds=1.0))
+        items = [Item(url=s.url, dest=tmp_path / f"{i}.bin") for i in range(2)]
+        got = dl.fetch_all(items, "two")
+    assert [g.sha256 for g in got] == [hashlib.sha256(BODY).hexdigest()] * 2
+    assert len(s.requests) == 2  # neither was retried

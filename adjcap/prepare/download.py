@@ -145,6 +145,12 @@ class _Clock:
         while len(self.samples) > 1 and self.samples[1][0] <= horizon:
             self.samples.popleft()
 
+    def pause(self, seconds: float) -> None:
+        """Time spent waiting for a connection slot (other downloads to the host) is not a stall."""
+        self.t0 += seconds
+        self.last_byte += seconds
+        self.samples = deque((t + seconds, cum) for t, cum in self.samples)
+
     def left(self) -> float:
         """Seconds until the stall deadline."""
         return self.d.stall_seconds - (time.monotonic() - self.last_byte)
@@ -333,7 +339,9 @@ class Downloader:
                 headers["Range"] = f"bytes={offset}-"
                 headers["If-Range"] = validator
             try:
+                queued = time.monotonic()
                 with self._slot(url):
+                    clock.pause(time.monotonic() - queued)
                     req = urllib.request.Request(url, headers=headers)
                     wait = max(0.05, min(self.timeout, clock.left()))
                     with urllib.request.urlopen(req, timeout=wait) as resp:
