@@ -37,6 +37,11 @@ class Slow:
             def do_GET(self):
                 rng, if_range = self.headers.get("Range"), self.headers.get("If-Range")
                 state.requests.append((rng, if_range))
+                if state.mode == "503":
+                    self.send_response(503)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 start = int(rng[6:].split("-")[0]) if rng and if_range == ETAG else 0
                 self.send_response(206 if start else 200)
                 if start:
@@ -148,3 +153,17 @@ def test_waiting_for_a_host_slot_is_not_a_stall(tmp_path):
         got = dl.fetch_all(items, "two")
     assert [g.sha256 for g in got] == [hashlib.sha256(BODY).hexdigest()] * 2
     assert len(s.requests) == 2  # neither was retried
+
+
+def test_retries_end_at_the_stall_deadline_too(tmp_path):
+    """A server that only answers 503: with many retries allowed, the stall deadline still ends it,
+    in one line naming the last reason."""
+    with Slow("503") as s:
+        dl = Downloader(workers=1, retries=1000, backoff=0.2, timeout=30,
+                        deadlines=Deadlines(stall_seconds=1.0, min_bytes_per_second=1000, rate_window_seconds=0.5))
+        with pytest.raises(NetworkError) as e:
+            dl.fetch(Item(url=s.url, dest=tmp_path / "body.bin"))
+        assert 1 < len(s.requests) < 1000
+    msg = str(e.value)
+    assert "\n" not in msg and "no data for 1 s (HTTP 503" in msg and "nothing was received" in msg
+    assert list(tmp_path.iterdir()) == []

@@ -156,8 +156,8 @@ class _Clock:
         return self.d.stall_seconds - (time.monotonic() - self.last_byte)
 
     def rate_shortfall(self) -> float | None:
-        """The average rate over the last window when it is below the minimum (and the download has
-        run a whole window); else None."""
+        """The average rate over the last window when some bytes but fewer than the minimum arrived in
+        it (and the download has run a whole window); else None."""
         if self.d.min_bytes_per_second <= 0:
             return None
         now = time.monotonic()
@@ -169,6 +169,8 @@ class _Clock:
         for t, cum in self.samples:  # bytes received at or before the window's start
             if t <= horizon:
                 base = cum
+        if self.total == base:
+            return None  # nothing at all arrived: a stall (the stall deadline's case), not a drip
         rate = (self.total - base) / window
         return rate if rate < self.d.min_bytes_per_second else None
 
@@ -383,7 +385,6 @@ class Downloader:
                 reason = "the file changed on the server since the partial download began (starting over)"
             except (urllib.error.URLError, http.client.HTTPException, OSError) as e:
                 reason = _reason(e)
-            self._check_rate(clock, url, part)
             attempt += 1
             if clock.left() <= 0:
                 raise NetworkError(
@@ -391,6 +392,7 @@ class Downloader:
                     "run again to resume, use --mirror or --from DIR, or raise [limits] stall_seconds "
                     "in a --sources file"
                 )
+            self._check_rate(clock, url, part)
             if attempt > self.retries:
                 raise NetworkError(
                     f"{url}: {reason} (gave up after {self.retries} retries); check the network or proxy "
