@@ -24,8 +24,9 @@ class Slow:
     """Serves BODY; ``mode``: "ok", "stall-after" (sends ``head`` bytes then nothing), "stall-first"
     (headers, then nothing), "paced" (4 KiB every 0.1 s) or "drip" (one byte every ``drip_s``). Stalled handlers are released at exit."""
 
-    def __init__(self, mode: str, head: int = 5000, drip_s: float = 0.05):
-        self.mode, self.head, self.drip_s = mode, head, drip_s
+    def __init__(self, mode: str, head: int = 5000, drip_s: float = 0.05, body: bytes = BODY):
+        self.mode, self.head, self.drip_s, self.body = mode, head, drip_s, body
+        self.etag = f'"{hashlib.sha256(body).hexdigest()[:16]}"'
         self.release = threading.Event()
         self.requests: list[tuple[str | None, str | None]] = []  # (Range, If-Range)
         state = self
@@ -42,11 +43,12 @@ class Slow:
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
-                start = int(rng[6:].split("-")[0]) if rng and if_range == ETAG else 0
+                BODY = state.body  # noqa: N806
+                start = int(rng[6:].split("-")[0]) if rng and if_range == state.etag else 0
                 self.send_response(206 if start else 200)
                 if start:
                     self.send_header("Content-Range", f"bytes {start}-{len(BODY) - 1}/{len(BODY)}")
-                self.send_header("ETag", ETAG)
+                self.send_header("ETag", state.etag)
                 self.send_header("Content-Length", str(len(BODY) - start))
                 self.end_headers()
                 try:
@@ -167,3 +169,9 @@ def test_retries_end_at_the_stall_deadline_too(tmp_path):
     msg = str(e.value)
     assert "\n" not in msg and "no data for 1 s (HTTP 503" in msg and "nothing was received" in msg
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_empty_file_is_a_valid_download(tmp_path):
+    with Slow("ok", body=b"") as s:
+        got = _dl().fetch(Item(url=s.url, dest=tmp_path / "empty.bin"))
+    assert got.size == 0 and (tmp_path / "empty.bin").read_bytes() == b""

@@ -321,9 +321,10 @@ class Downloader:
         clock = _Clock(self.deadlines)
         try:
             self._attempts(item, part, progress, clock)
-        finally:
+        except BaseException:
             if part.exists() and part.stat().st_size == 0:
                 discard_partial(part)  # never leave an empty .partial
+            raise
 
     def _attempts(self, item: Item, part: Path, progress: Progress | None, clock: _Clock) -> None:
         url = item.url
