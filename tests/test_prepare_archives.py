@@ -123,7 +123,7 @@ def test_member_and_total_caps_from_the_headers(tmp_path):
     p = _zip(tmp_path / "big.zip", [("a/one.bin", bytes(3 * MiB)), ("a/two.bin", bytes(3 * MiB))], zipfile.ZIP_STORED)
     with pytest.raises(UnsafeArchiveError, match=r"'a/one\.bin' is 3145728 bytes uncompressed, over the cap"):
         ex.check_archive(p, limits=ExtractLimits(max_member_bytes=2 * MiB))
-    with pytest.raises(UnsafeArchiveError, match="6291456 bytes uncompressed in total"):
+    with pytest.raises(UnsafeArchiveError, match=r"the archive holds over 5242880 bytes uncompressed in total"):
         ex.check_archive(p, limits=ExtractLimits(max_total_bytes=5 * MiB))
     assert ex.check_archive(p) == ["a/one.bin", "a/two.bin"]  # the defaults hold ordinary archives
     # text that compresses well (JSON annotations) stays under the default ratio
@@ -135,6 +135,21 @@ def test_member_and_total_caps_from_the_headers(tmp_path):
     assert len(text) > ex.ExtractLimits().ratio_floor_bytes
     tmp, hashes = ex.extract(q, tmp_path / "ok")
     assert hashes["annotations/coco/test_captions.json"][1] == len(text)
+
+
+def test_a_tar_gz_bomb_is_refused_at_its_headers(tmp_path):
+    p = tmp_path / "bomb.tar.gz"
+    p.write_bytes(_tar_bytes({"pkg/ok.txt": b"ok", "pkg/zeros.bin": bytes(8 * MiB)}, "w:gz"))
+    assert p.stat().st_size < 64 * 1024
+    with pytest.raises(UnsafeArchiveError, match=r"compressed tar \(ratio over 200: a bomb\?\)") as e:
+        ex.extract(p, tmp_path / "out")
+    assert "\n" not in str(e.value)
+    assert _left_behind(tmp_path / "out") == []
+    # an ordinary tar.gz of the same names passes
+    q = tmp_path / "ok.tar.gz"
+    q.write_bytes(_tar_bytes({"pkg/ok.txt": b"ok", "pkg/data.bin": random.Random(1).randbytes(2 * MiB)}, "w:gz"))
+    tmp, hashes = ex.extract(q, tmp_path / "out")
+    assert hashes["pkg/data.bin"][1] == 2 * MiB
 
 
 def test_duplicate_names_are_refused_whole(tmp_path):

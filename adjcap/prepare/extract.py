@@ -74,8 +74,10 @@ def _damaged(path: Path, e: BaseException) -> PrepareError:
                         f"laid out - delete it and run again, or {_GET}")
 
 
-def _refuse(path: Path, name: str, why: str, hint: str = "") -> UnsafeArchiveError:
-    return UnsafeArchiveError(f"{path}: entry {name!r} is {why}; refusing to extract this archive (nothing was "
+def _refuse(path: Path, name: str | None, why: str, hint: str = "") -> UnsafeArchiveError:
+    """``name``: the offending entry, or None when the archive as a whole is refused."""
+    what = f"entry {name!r} is" if name is not None else "the archive holds"
+    return UnsafeArchiveError(f"{path}: {what} {why}; refusing to extract this archive (nothing was "
                               f"written) - {_GET}{hint}")
 
 
@@ -85,7 +87,7 @@ def _key(name: str) -> str:
     return posixpath.normpath(n).lstrip("/") if n.strip("/") else n
 
 
-def _zip_entries(path: Path, z: zipfile.ZipFile, lim: ExtractLimits) -> list[tuple[str, str, bool, int, int]]:
+def _zip_entries(path: Path, z: zipfile.ZipFile) -> list[tuple[str, str, bool, int, int]]:
     """(raw name, name, is dir, declared size, compressed size) of every zip entry."""
     out = []
     for info in z.infolist():
@@ -97,19 +99,39 @@ def _zip_entries(path: Path, z: zipfile.ZipFile, lim: ExtractLimits) -> list[tup
     return out
 
 
-def _tar_entries(path: Path, t: tarfile.TarFile) -> list[tuple[str, str, bool, int, int]]:
+def _tar_entries(path: Path, t: tarfile.TarFile, lim: ExtractLimits) -> list[tuple[str, str, bool, int, int]]:
+    """Like ``_zip_entries`` (compressed size: the declared size). Read one header at a time, and the
+    caps are checked as they come: a compressed tar is not decompressed past a refusal."""
     out = []
     end = path.stat().st_size
     plain = _is_plain_tar(path)
-    for m in t.getmembers():
+    total = 0
+    for m in t:
         why = unsafe_reason(m.name) or _tar_problem(m)
         if why:
             raise _refuse(path, m.name, why)
         if plain and m.isfile() and m.offset_data + m.size > end:
             raise PrepareError(f"{path}: entry {m.name!r} says {m.size} bytes but the archive ends before them "
                                f"(truncated or size-lying); nothing was laid out - delete it and run again, or {_GET}")
+        total += m.size
+        _over_caps(path, m.name, m.size, total, end, lim, compressed_stream=not plain)
         out.append((m.name, m.name, m.isdir(), m.size, m.size))
     return out
+
+
+def _over_caps(path: Path, name: str, size: int, total: int, archive_bytes: int, lim: ExtractLimits,
+               compressed_stream: bool) -> None:
+    """Refuse a member over the member cap, a running total over the total cap, and a compressed tar
+    that expands past the ratio cap."""
+    if size > lim.max_member_bytes:
+        raise _refuse(path, name, f"{size} bytes uncompressed, over the cap of {lim.max_member_bytes}",
+                      " (or raise [limits] max_member_bytes in a --sources file if it is genuine)")
+    if total > lim.max_total_bytes:
+        raise _refuse(path, None, f"over {lim.max_total_bytes} bytes uncompressed in total (the cap)",
+                      " (or raise [limits] max_total_bytes in a --sources file if it is genuine)")
+    if compressed_stream and total >= lim.ratio_floor_bytes and total > lim.max_ratio * max(archive_bytes, 1):
+        raise _refuse(path, None, f"{total} bytes or more in a {archive_bytes}-byte compressed tar (ratio over "
+                      f"{lim.max_ratio:g}: a bomb?)", " (or raise [limits] max_ratio in a --sources file)")
 
 
 def _is_plain_tar(path: Path) -> bool:
@@ -129,19 +151,11 @@ def _check_sizes(path: Path, entries: list[tuple[str, str, bool, int, int]], lim
         seen[key] = is_dir
         if is_dir:
             continue
-        if size > lim.max_member_bytes:
-            raise _refuse(path, raw, f"{size} bytes uncompressed, over the cap of {lim.max_member_bytes}",
-                          " (or raise [limits] max_member_bytes in a --sources file if it is genuine)")
         if size >= lim.ratio_floor_bytes and size > lim.max_ratio * max(csize, 1) and not compressed_stream:
             raise _refuse(path, raw, f"{size} bytes from {csize} compressed (ratio over {lim.max_ratio:g}: a zip bomb?)",
                           " (or raise [limits] max_ratio in a --sources file if it is genuine)")
         total += size
-    if total > lim.max_total_bytes:
-        raise _refuse(path, "(all)", f"{total} bytes uncompressed in total, over the cap of {lim.max_total_bytes}",
-                      " (or raise [limits] max_total_bytes in a --sources file if it is genuine)")
-    if compressed_stream and total >= lim.ratio_floor_bytes and total > lim.max_ratio * max(archive_bytes, 1):
-        raise _refuse(path, "(all)", f"{total} bytes from a {archive_bytes}-byte compressed tar (ratio over "
-                      f"{lim.max_ratio:g}: a bomb?)", " (or raise [limits] max_ratio in a --sources file)")
+        _over_caps(path, raw, size, total, archive_bytes, lim, compressed_stream)
 
 
 def check_archive(path: Path, members: Iterable[str] | None = None, limits: ExtractLimits | None = None) -> list[str]:
@@ -152,11 +166,11 @@ def check_archive(path: Path, members: Iterable[str] | None = None, limits: Extr
     try:
         if zipfile.is_zipfile(path):
             with zipfile.ZipFile(path) as z:
-                entries = _zip_entries(path, z, lim)
+                entries = _zip_entries(path, z)
             compressed_stream = False
         elif tarfile.is_tarfile(path):
             with tarfile.open(path) as t:
-                entries = _tar_entries(path, t)
+                entries = _tar_entries(path, t, lim)
             compressed_stream = not _is_plain_tar(path)
         else:
             raise PrepareError(f"{path}: neither a zip nor a tar archive; the download is damaged - delete it and run again")
