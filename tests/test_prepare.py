@@ -5,6 +5,7 @@ step against a Hugging Face cache holding a tiny model."""
 
 from __future__ import annotations
 
+import email.utils
 import errno
 import hashlib
 import io
@@ -38,6 +39,12 @@ class State:
         self.log: list[tuple[str, str, str | None]] = []  # (method, path, Range header)
         self.lock = threading.Lock()
         self.delay = 0.0  # seconds each GET takes (to see concurrency)
+        self.etags = True  # send a strong ETag (and honour If-Range against it)
+        self.last_modified = False  # send Last-Modified instead of an ETag (honoured the same way)
+        self.ignore_range: set[str] = set()  # paths whose Range requests get the whole file (200)
+        self.ignore_if_range: set[str] = set()  # paths served from the offset whatever If-Range says
+        self.after_drop: dict[str, bytes] = {}  # the file changes to these bytes right after the cut
+        self.if_ranges: list[str | None] = []  # the If-Range header of every GET with a Range
         self.in_flight = 0
         self.max_in_flight = 0
 
@@ -72,6 +79,17 @@ def _handler(state: State):
                 self.end_headers()
                 return
             start = 0
+            digest = hashlib.sha256(body).hexdigest()
+            etag = f'"{digest[:20]}"'
+            if state.last_modified:  # a date that changes with the content
+                etag = email.utils.formatdate(1_700_000_000 + int(digest[:6], 16), usegmt=True)
+            if rng and not head:
+                if_range = self.headers.get("If-Range")
+                with state.lock:
+                    state.if_ranges.append(if_range)
+                if path in state.ignore_range or (
+                        if_range is not None and if_range != etag and path not in state.ignore_if_range):
+                    rng = None  # RFC 9110: a validator that does not match gets the whole file
             if rng and rng.startswith("bytes=") and not head:
                 start = int(rng[6:].split("-", 1)[0])
                 if start >= len(body):
@@ -85,6 +103,10 @@ def _handler(state: State):
             else:
                 self.send_response(200)
             self.send_header("Accept-Ranges", "bytes")
+            if state.last_modified:
+                self.send_header("Last-Modified", etag)
+            elif state.etags:
+                self.send_header("ETag", etag)
             self.send_header("Content-Length", str(len(body) - start))
             self.end_headers()
             if head:
@@ -99,6 +121,9 @@ def _handler(state: State):
             if drop:
                 self.wfile.write(body[: len(body) // 2])
                 self.wfile.flush()
+                with state.lock:
+                    if path in state.after_drop:
+                        state.files[path] = state.after_drop.pop(path)
                 self.connection.shutdown(socket.SHUT_RDWR)
                 self.close_connection = True
                 return
@@ -602,3 +627,131 @@ def test_a_corenlp_zip_whose_sha1_differs_is_refused(tmp_path, server, sources):
     with pytest.raises(PrepareError, match="sha1 differs"):
         run(["spice"], opts(data, sources, server), say=quiet(), stream=io.StringIO())
     assert not (data / "spice/lib/stanford-corenlp-3.6.0.jar").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# resume never splices two versions; the lock trusts only validated bytes
+# --------------------------------------------------------------------------------------------
+
+WORDNET = f"{NLTK}/corpora/wordnet.zip"
+WORDNET_URL = "https://raw.githubusercontent.com/nltk/nltk_data/gh-pages/packages/corpora/wordnet.zip"
+
+
+@pytest.mark.parametrize("server_kind", ["if-range", "last-modified", "ignores-if-range", "no-validator",
+                                         "ignores-range"])
+def test_a_file_changed_between_a_cut_response_and_the_resume_is_fetched_afresh(tmp_path, server, sources, server_kind):
+    """The first response is cut halfway and the file changes on the server before the resume: whatever
+    the server does with Range / If-Range, the result is the new file whole, and the lock records its
+    sha256 (never a splice of the two)."""
+    old = server.state.files[WORDNET]
+    new = zip_bytes({"wordnet/lexnames": b"00 adj.all 3\n01 adj.pert 3\n" * 40})
+    assert len(new) != len(old) or new != old
+    server.state.drop_once.add(WORDNET)
+    server.state.after_drop[WORDNET] = new
+    if server_kind == "ignores-if-range":
+        server.state.ignore_if_range.add(WORDNET)  # 206 from the offset, with the new file's ETag
+    elif server_kind == "no-validator":
+        server.state.etags = False
+    elif server_kind == "last-modified":
+        server.state.etags, server.state.last_modified = False, True
+    elif server_kind == "ignores-range":
+        server.state.ignore_range.add(WORDNET)
+    data = tmp_path / "data"
+    run(["nltk"], opts(data, sources, server), say=quiet(), stream=io.StringIO())
+
+    gets = server.state.gets(WORDNET)
+    half = f"bytes={len(old) // 2}-"
+    expected = {"if-range": [None, half], "last-modified": [None, half], "ignores-if-range": [None, half, None],
+                "no-validator": [None, None], "ignores-range": [None, half]}[server_kind]
+    assert gets == expected
+    if server_kind != "no-validator":  # every resume names the first response's ETag (or date)
+        first = hashlib.sha256(old).hexdigest()
+        want = (email.utils.formatdate(1_700_000_000 + int(first[:6], 16), usegmt=True)
+                if server_kind == "last-modified" else f'"{first[:20]}"')
+        assert server.state.if_ranges and all(v == want for v in server.state.if_ranges)
+    assert (data / "nltk_data/corpora/wordnet/lexnames").read_bytes() == b"00 adj.all 3\n01 adj.pert 3\n" * 40
+    lock = json.loads((data / "prepare.lock.json").read_text())
+    assert lock["downloads"][WORDNET_URL]["sha256"] == hashlib.sha256(new).hexdigest()
+    assert not (data / ".prepare").exists()  # no .partial, no .meta, no archive
+
+
+def _bad_crc(body: bytes) -> bytes:
+    """The zip with one byte of its (stored) member data changed: the CRC check fails."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("wordnet/lexnames", body)
+    raw = bytearray(buf.getvalue())
+    at = raw.index(body)
+    raw[at] ^= 0xFF
+    return bytes(raw)
+
+
+def test_a_refused_archive_never_becomes_the_trusted_sha256(tmp_path, server, sources):
+    data = tmp_path / "data"
+    corrupt = _bad_crc(b"00 adj.all 3\n")
+    server.state.files[WORDNET] = corrupt
+    with pytest.raises(PrepareError, match="CRC") as e:
+        run(["nltk"], opts(data, sources, server), say=quiet(), stream=io.StringIO())
+    assert "\n" not in str(e.value)
+    lock = json.loads((data / "prepare.lock.json").read_text())
+    assert WORDNET_URL not in lock["downloads"]  # the other packages passed: recorded; this one not
+    assert not [p for p in (data / ".prepare").rglob("*") if p.is_file()] if (data / ".prepare").exists() else True
+    assert not (data / "nltk_data/corpora/wordnet").exists()
+    # the genuine file is then accepted and becomes the trusted value
+    genuine = zip_bytes({"wordnet/lexnames": b"00 adj.all 3\n"})
+    server.state.files[WORDNET] = genuine
+    run(["nltk"], opts(data, sources, server), say=quiet(), stream=io.StringIO())
+    lock = json.loads((data / "prepare.lock.json").read_text())
+    assert lock["downloads"][WORDNET_URL]["sha256"] == hashlib.sha256(genuine).hexdigest()
+
+
+def test_a_lock_entry_naming_refused_bytes_is_dropped(tmp_path, server, sources):
+    """A lock written by an older version that recorded a spliced download before checking it: the same
+    bytes come again, are refused, and the record goes with them; the genuine file then passes."""
+    data = tmp_path / "data"
+    data.mkdir()
+    corrupt = _bad_crc(b"00 adj.all 3\n")
+    (data / "prepare.lock.json").write_text(json.dumps({"version": 1, "files": {}, "models": {}, "downloads": {
+        WORDNET_URL: {"sha256": hashlib.sha256(corrupt).hexdigest(), "size": len(corrupt), "step": "nltk"}}}))
+    server.state.files[WORDNET] = corrupt
+    lines: list[str] = []
+    with pytest.raises(PrepareError, match="CRC"):
+        run(["nltk"], opts(data, sources, server), say=quiet(lines), stream=io.StringIO())
+    assert WORDNET_URL not in json.loads((data / "prepare.lock.json").read_text())["downloads"]
+    assert any("record was dropped" in s for s in lines)
+    server.state.files[WORDNET] = zip_bytes({"wordnet/lexnames": b"00 adj.all 3\n"})
+    run(["nltk"], opts(data, sources, server), say=quiet(), stream=io.StringIO())
+    assert (data / "nltk_data/corpora/wordnet/lexnames").is_file()
+
+
+def test_a_wrong_locked_sha256_says_which_entry_to_delete(tmp_path, server, sources):
+    data = tmp_path / "data"
+    data.mkdir()
+    lock_path = data / "prepare.lock.json"
+    lock_path.write_text(json.dumps({"version": 1, "files": {}, "models": {}, "downloads": {
+        WORDNET_URL: {"sha256": "ab" * 32, "size": 10, "step": "nltk"}}}))
+    with pytest.raises(ChecksumError) as e:
+        run(["nltk"], opts(data, sources, server), say=quiet(), stream=io.StringIO())
+    msg = str(e.value)
+    assert "\n" not in msg and f'"downloads" entry "{WORDNET_URL}" of {lock_path}' in msg
+    assert "older adjcap" in msg
+    # the trusted value is kept (a changed source must not replace it silently)
+    assert json.loads(lock_path.read_text())["downloads"][WORDNET_URL]["sha256"] == "ab" * 32
+
+
+def test_a_hostile_archive_holding_the_expected_files_is_refused_and_not_trusted(tmp_path, server, sources):
+    """A tampered mirror's punkt_tab.zip: the expected folder plus a member that expands 1000 times."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as z:
+        z.writestr("punkt_tab/english/collocations.tab", b"x\ty\n")
+        z.writestr("punkt_tab/english/filler.bin", bytes(4 << 20))
+    server.state.files[f"{NLTK}/tokenizers/punkt_tab.zip"] = buf.getvalue()
+    data = tmp_path / "data"
+    with pytest.raises(UnsafeArchiveError, match=r"filler\.bin.*ratio") as e:
+        run(["nltk"], opts(data, sources, server), say=quiet(), stream=io.StringIO())
+    assert "\n" not in str(e.value)
+    url = "https://raw.githubusercontent.com/nltk/nltk_data/gh-pages/packages/tokenizers/punkt_tab.zip"
+    lock = data / "prepare.lock.json"
+    assert not lock.exists() or url not in json.loads(lock.read_text())["downloads"]
+    assert not (data / "nltk_data/tokenizers").exists()
+    assert not [p for p in data.rglob("*") if p.is_file() and p.name != "prepare.lock.json"]

@@ -12,6 +12,7 @@ from typing import Callable, Iterable, TextIO
 
 from adjcap.prepare.download import Downloader
 from adjcap.prepare.errors import PrepareError
+from adjcap.prepare.limits import limits_of
 from adjcap.prepare.lock import LOCK_NAME, Lock
 from adjcap.prepare.progress import human_bytes
 from adjcap.prepare.sources import load_sources
@@ -37,10 +38,12 @@ def steps_of(what: Iterable[str]) -> list[str]:
 
 def _context(opts: Options, say: Callable[[str], None], stream: TextIO | None, open_file=None) -> Context:
     sources = load_sources(opts.sources)
+    deadlines, extract_limits = limits_of(sources)
     kw = {"open_file": open_file} if open_file is not None else {}
     dl = Downloader(workers=opts.workers, host_limits=sources.get("hosts", {}), retries=opts.retries,
-                    backoff=opts.backoff, timeout=opts.timeout, stream=stream, **kw)
-    return Context(opts=opts, sources=sources, lock=Lock(opts.data), downloader=dl, say=say)
+                    backoff=opts.backoff, timeout=opts.timeout, stream=stream, deadlines=deadlines, **kw)
+    return Context(opts=opts, sources=sources, lock=Lock(opts.data), downloader=dl, say=say,
+                   extract_limits=extract_limits)
 
 
 def _dry_run(ctx: Context, names: list[str]) -> int:

@@ -1,8 +1,10 @@
 """``{data}/prepare.lock.json``: the sha256 of everything `adjcap prepare` downloaded and laid out.
 
 ``downloads``: per source URL (as in sources.toml, before any mirror), the sha256 and size of the bytes
-received; a later download of the same URL must match (sources that publish no checksum are pinned by
-their first download). ``files``: per laid-out file (relative to ``{data}``), its sha256, size, step and
+received, recorded only once those bytes passed every check of their step (archive CRCs, safe
+extraction, the expected files, counts); a later download of the same URL must match (sources that
+publish no checksum are pinned by their first validated download). An entry whose bytes are refused
+later is dropped. ``files``: per laid-out file (relative to ``{data}``), its sha256, size, step and
 source. ``models``: per hub model, the snapshot revision in the HF cache. ``adjcap prepare --verify``
 re-hashes the files; copy the lock to another machine to check it got the same bytes."""
 
@@ -55,6 +57,19 @@ class Lock:
         self.dirty = True
         self.doc["downloads"][url] = {"sha256": sha256, "size": size, "step": step,
                                       "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+    def forget_download(self, url: str, sha256: str) -> bool:
+        """Drop the record of ``url`` when it names ``sha256`` (bytes that were refused); True if dropped."""
+        rec = self.doc["downloads"].get(url)
+        if rec is None or rec.get("sha256") != sha256:
+            return False
+        del self.doc["downloads"][url]
+        self.dirty = True
+        return True
+
+    def entry_name(self, url: str) -> str:
+        """How an error names the record of ``url`` (what a user deletes to clear it)."""
+        return f'"downloads" entry "{url}" of {self.path}'
 
     def record_file(self, rel: str, sha256: str, size: int, step: str, source: str) -> None:
         self.dirty = True

@@ -1,5 +1,6 @@
 """Archive sources (a zip laid out as a directory): fetch, check CRCs, extract safely, verify the
-expected content, rename into place, record in the lock."""
+expected content, rename into place, and only then record the download's sha256 in the lock (a refused
+archive is removed and never becomes the URL's trusted value)."""
 
 from __future__ import annotations
 
@@ -28,24 +29,24 @@ def install_archive(ctx: Context, step: str, url: str, final: Path, *, anchor: s
     name = url.rsplit("/", 1)[-1]
     archive = ctx.downloads / name
     item = ctx.item(url, archive, size=size, sha256=sha256, approx=approx)
-    ctx.fetch([item], [url], step, f"{step} {name}")
-    bad = zip_problem(archive)
-    if bad:
-        archive.unlink(missing_ok=True)
-        raise PrepareError(f"{ctx.source_of(item)}: {bad}; the archive was removed - run again")
-    tmp, hashes = extract(archive, final.parent)
-    try:
-        root = single_root(tmp, anchor, ctx.source_of(item))
-        if take:
-            root = root / take
-        issues = problems(root)
-        if issues:
-            raise PrepareError(f"{ctx.source_of(item)}: {issues[0]}" + (f" (and {len(issues) - 1} more)" if len(issues) > 1 else "")
-                               + "; nothing was laid out")
-        prefix = root.relative_to(tmp).as_posix()
-        place(root, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    got = ctx.fetch_one(item, f"{step} {name}")
+    with ctx.validating(url, got, step):
+        bad = zip_problem(archive)
+        if bad:
+            raise PrepareError(f"{ctx.source_of(item)}: {bad}; the archive was removed - run again")
+        tmp, hashes = extract(archive, final.parent, limits=ctx.extract_limits)
+        try:
+            root = single_root(tmp, anchor, ctx.source_of(item))
+            if take:
+                root = root / take
+            issues = problems(root)
+            if issues:
+                raise PrepareError(f"{ctx.source_of(item)}: {issues[0]}" + (f" (and {len(issues) - 1} more)" if len(issues) > 1 else "")
+                                   + "; nothing was laid out")
+            prefix = root.relative_to(tmp).as_posix()
+            place(root, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     ctx.lock.forget_files(ctx.rel(final))
     for rel, (sha, n) in hashes.items():
         inner = rel if prefix == "." else rel[len(prefix) + 1:] if rel.startswith(prefix + "/") else None

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import os
 import shutil
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 from adjcap.prepare.download import Downloader, Fetched, Item
 from adjcap.prepare.errors import PrepareError
+from adjcap.prepare.limits import ExtractLimits
 from adjcap.prepare.lock import Lock
 from adjcap.prepare.sources import mirrored
 from adjcap.prepare.verify import image_problem, offenders
@@ -55,6 +57,7 @@ class Context:
     lock: Lock
     downloader: Downloader
     say: Callable[[str], None]
+    extract_limits: ExtractLimits = field(default_factory=ExtractLimits)
     _from_index: dict[str, Path] | None = field(default=None, repr=False)
 
     @property
@@ -98,7 +101,8 @@ class Context:
              approx: int | None = None, local_names: tuple[str, ...] = ()) -> Item:
         """An Item for ``url`` (canonical, before the mirror): its sha256 from the lock when none is
         published; with --from, the local copy (PrepareError if it is not there)."""
-        sha = sha256 or self.lock.download_sha(url)
+        locked = None if sha256 else self.lock.download_sha(url)
+        sha = sha256 or locked
         local = None
         if self.opts.from_dir is not None:
             names = local_names or (url.rsplit("/", 1)[-1],)
@@ -108,17 +112,27 @@ class Context:
                     f"{names[0]} not found under --from {self.opts.from_dir} (it is the file {url}); "
                     "copy it there or drop --from to download it"
                 )
-        return Item(url=self.url(url), dest=dest, size=size, sha256=sha, approx=approx, local=local)
+        pinned = self.lock.entry_name(url) if locked else "sources.toml"
+        return Item(url=self.url(url), dest=dest, size=size, sha256=sha, approx=approx, local=local,
+                    pinned_by=pinned)
 
-    def fetch(self, items: list[Item], canonical: list[str], step: str, label: str) -> list[Fetched]:
-        """Fetch and record each download's sha256 under its canonical URL."""
-        got = self.downloader.fetch_all(items, label)
-        by_dest = {str(f.item.dest): f for f in got}
-        for it, url in zip(items, canonical):
-            f = by_dest.get(str(it.dest))
-            if f is not None:
-                self.lock.record_download(url, f.sha256, f.size, step)
-        return got
+    def fetch_one(self, item: Item, label: str) -> Fetched:
+        """Fetch one file (size and sha256 checked); nothing is recorded: see ``validating``."""
+        return self.downloader.fetch_all([item], label)[0]
+
+    @contextmanager
+    def validating(self, url: str, got: Fetched, step: str) -> Iterator[None]:
+        """Check ``got`` (the download of ``url``, canonical) in the body. Only when the body finishes
+        is its sha256 recorded in the lock as the URL's trusted value; when it refuses the bytes
+        (PrepareError) the file is removed and a lock record naming these bytes is dropped."""
+        try:
+            yield
+        except PrepareError:
+            Path(got.item.dest).unlink(missing_ok=True)
+            if self.lock.forget_download(url, got.sha256):
+                self.say(f"{step}: the refused bytes of {url} were the lock's trusted value; that record was dropped")
+            raise
+        self.lock.record_download(url, got.sha256, got.size, step)
 
     def source_of(self, item: Item) -> str:
         return str(item.local) if item.local is not None else item.url

@@ -90,30 +90,30 @@ class CocoStep:
         archive = ctx.downloads / url.rsplit("/", 1)[-1]
         item = ctx.item(url, archive, size=src.get("zip_size"), sha256=src.get("zip_sha256"),
                         approx=src.get("zip_approx_bytes"))
-        ctx.fetch([item], [url], self.name, "coco val2014.zip")
-        bad = zip_problem(archive)
-        if bad:
-            archive.unlink(missing_ok=True)
-            raise PrepareError(f"{ctx.source_of(item)}: {bad}; the archive was removed - run again")
-        tmp, hashes = extract(archive, final.parent)
-        try:
-            root = single_root(tmp, names[0], ctx.source_of(item))
-            lost = [n for n in names if not (root / n).is_file()]
-            broken = [n for n in names if n not in lost and image_problem(root / n) is not None]
-            if lost or broken:
-                raise PrepareError(
-                    f"{ctx.source_of(item)}: {len(lost)} Karpathy images missing, {len(broken)} do not decode "
-                    f"({offenders(lost + broken)}); nothing was laid out"
-                )
-            prefix = root.relative_to(tmp).as_posix()
-            final.mkdir(parents=True, exist_ok=True)
-            moved = 0
-            for p in root.iterdir():
-                if p.is_file() and not (final / p.name).exists():
-                    os.replace(p, final / p.name)
-                    moved += 1
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        got = ctx.fetch_one(item, "coco val2014.zip")
+        with ctx.validating(url, got, self.name):
+            bad = zip_problem(archive)
+            if bad:
+                raise PrepareError(f"{ctx.source_of(item)}: {bad}; the archive was removed - run again")
+            tmp, hashes = extract(archive, final.parent, limits=ctx.extract_limits)
+            try:
+                root = single_root(tmp, names[0], ctx.source_of(item))
+                lost = [n for n in names if not (root / n).is_file()]
+                broken = [n for n in names if n not in lost and image_problem(root / n) is not None]
+                if lost or broken:
+                    raise PrepareError(
+                        f"{ctx.source_of(item)}: {len(lost)} Karpathy images missing, {len(broken)} do not decode "
+                        f"({offenders(lost + broken)}); nothing was laid out"
+                    )
+                prefix = root.relative_to(tmp).as_posix()
+                final.mkdir(parents=True, exist_ok=True)
+                moved = 0
+                for p in root.iterdir():
+                    if p.is_file() and not (final / p.name).exists():
+                        os.replace(p, final / p.name)
+                        moved += 1
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
         for rel, (sha, n) in hashes.items():
             base = rel[len(prefix) + 1:] if prefix != "." and rel.startswith(prefix + "/") else rel
             if "/" not in base:
@@ -196,6 +196,14 @@ class NocapsStep:
             orig[key] = str(im.get("file_name") or key)
         return wanted, orig
 
+    def _counted(self, ctx: Context, src: dict[str, Any], ann: Path, what: str,
+                 fix: str) -> tuple[dict[str, str], dict[str, str]]:
+        """The images of the annotation file, refused (PrepareError) unless there are as many as expected."""
+        wanted, orig = self._wanted(ctx, ann)
+        if len(wanted) != int(src["expect"]):
+            raise PrepareError(f"{what}{len(wanted)} images, expected {src['expect']}; {fix}")
+        return wanted, orig
+
     def plan(self, ctx: Context) -> list[Planned]:
         src = ctx.sources["nocaps"]
         ann, url = self._annotations(ctx)
@@ -216,11 +224,11 @@ class NocapsStep:
         if not ann.is_file():
             item = ctx.item(url, ann, size=src.get("annotations_size"), sha256=src.get("annotations_sha256"),
                             approx=src.get("annotations_approx_bytes"))
-            got = ctx.fetch([item], [url], self.name, "nocaps annotations")
-            ctx.lock.record_file(ctx.rel(ann), got[0].sha256, got[0].size, self.name, ctx.source_of(item))
-        wanted, orig = self._wanted(ctx, ann)
-        if len(wanted) != int(src["expect"]):
-            raise PrepareError(f"{ann}: {len(wanted)} images, expected {src['expect']}; delete it and run again")
+            got = ctx.fetch_one(item, "nocaps annotations")
+            with ctx.validating(url, got, self.name):
+                self._counted(ctx, src, ann, f"{ctx.source_of(item)}: ", "the file was removed - run again")
+            ctx.lock.record_file(ctx.rel(ann), got.sha256, got.size, self.name, ctx.source_of(item))
+        wanted, orig = self._counted(ctx, src, ann, f"{ann}: ", "delete it and run again")
         corpus = ctx.data / "ifcap/annotations/nocaps/nocaps_corpus.json"
         if corpus.is_file():
             lost = [k for k in annotation_images(corpus) if k not in wanted]

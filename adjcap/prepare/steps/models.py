@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import os
 import re
+import zipfile
 from pathlib import Path
 from typing import Any
 
 from adjcap.models.sources import Weights, hf_offline, weights_of
 from adjcap.prepare.errors import NetworkError, PrepareError
 from adjcap.prepare.steps.base import Context, Planned
+from adjcap.prepare.verify import zip_problem
 
 # what a role needs from a hub repo (patterns for snapshot_download)
 _HF_FILES = {
@@ -116,8 +118,11 @@ def fetch(ctx: Context, n: Need) -> str:
             dest = Path(cache or os.path.expanduser("~/.cache/clip")) / os.path.basename(url)
             m = _SHA_IN_URL.search(url)
             item = ctx.item(url, dest, sha256=m.group(1) if m else None)
-            got = ctx.fetch([item], [url], "models", f"models {n.key}")
-            return str(got[0].item.dest)
+            got = ctx.fetch_one(item, f"models {n.key}")
+            with ctx.validating(url, got, "models"):
+                if zipfile.is_zipfile(dest) and (bad := zip_problem(dest)):
+                    raise PrepareError(f"{ctx.source_of(item)}: {bad}; the file was removed - run again")
+            return str(got.item.dest)
         patterns = list(_HF_FILES[n.tag or "verifier"])
         if n.tag == "verifier":
             files = HfApi().list_repo_files(n.name)

@@ -84,15 +84,15 @@ class SpiceStep:
         url = src["url"]
         archive = ctx.downloads / url.rsplit("/", 1)[-1]
         item = ctx.item(url, archive, size=src.get("size"), sha256=src.get("sha256"), approx=src.get("approx_bytes"))
-        ctx.fetch([item], [url], self.name, "spice CoreNLP zip")
-        bad = zip_problem(archive)
-        want_sha1 = src.get("sha1")
-        if not bad and want_sha1 and file_digest(archive, "sha1") != want_sha1:
-            bad = f"sha1 differs from the published {want_sha1}"
-        if bad:
-            archive.unlink(missing_ok=True)
-            raise PrepareError(f"{ctx.source_of(item)}: {bad}; the archive was removed - run again")
-        tmp, hashes = extract(archive, final.parent, members=members)
+        got = ctx.fetch_one(item, "spice CoreNLP zip")
+        with ctx.validating(url, got, self.name):
+            bad = zip_problem(archive)
+            want_sha1 = src.get("sha1")
+            if not bad and want_sha1 and file_digest(archive, "sha1") != want_sha1:
+                bad = f"sha1 differs from the published {want_sha1}"
+            if bad:
+                raise PrepareError(f"{ctx.source_of(item)}: {bad}; the archive was removed - run again")
+            tmp, hashes = extract(archive, final.parent, members=members, limits=ctx.extract_limits)
         try:
             final.parent.mkdir(parents=True, exist_ok=True)
             private_dir(final.parent)
