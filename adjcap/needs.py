@@ -98,9 +98,22 @@ def nltk_data(cfg: Any) -> list[Need]:
         return []
     from adjcap.entities import NLTK_RESOURCES, missing_nltk_resources
 
-    missing = set(missing_nltk_resources())
-    return [Need("nltk", f"NLTK data {name} (entity filter)", None if name in missing else "nltk_data", "nltk")
-            for name in NLTK_RESOURCES]
+    missing = set(missing_nltk_resources())  # also puts ADJCAP_NLTK_DATA / {data}/nltk_data on NLTK's path
+    return [Need("nltk", f"NLTK data {name} (entity filter)", None if name in missing else _nltk_where(paths),
+                 "nltk") for name, paths in NLTK_RESOURCES.items()]
+
+
+def _nltk_where(paths: tuple[str, ...]) -> str:
+    """Where NLTK finds the first of ``paths`` (a directory, or a zip member)."""
+    import nltk
+
+    for path in paths:
+        try:
+            found = nltk.data.find(path)
+        except LookupError:
+            continue
+        return str(getattr(found, "path", None) or getattr(getattr(found, "zipfile", None), "filename", found))
+    return "nltk_data"
 
 
 @functools.lru_cache(maxsize=4)

@@ -166,7 +166,7 @@ def test_doctor_exits_non_zero_when_the_nltk_tagger_data_is_missing(demo_cfg, tm
     for sub in NLTK_LAYOUT:  # the data laid out: NLTK is no longer a problem
         (empty / sub).mkdir(parents=True)
     res = _cli(*args)
-    assert "ok       NLTK data averaged_perceptron_tagger_eng" in res.output
+    assert f"ok       NLTK data averaged_perceptron_tagger_eng (entity filter)  ({empty / NLTK_LAYOUT[1]}" in res.output
     assert "NLTK" not in "\n".join(x for x in res.output.splitlines() if x.startswith("not ready"))
 
 
