@@ -85,7 +85,8 @@ def data(cfg: Any) -> list[Need]:
             continue
         seen.add(path)
         step = _data_step(cfg, path)
-        out.append(Need("data", f"{cfg.benchmark} {what} {path}", _exists(path), step,
+        owner = "retrieval" if b.format == "folder" else cfg.benchmark
+        out.append(Need("data", f"{owner} {what} {path}", _exists(path), step,
                         "" if step else f"{path} is a path in the config: put the file there or change the config"))
     return out
 

@@ -9,7 +9,8 @@ import os
 
 from adjcap.accelerators import visible_gpus
 from adjcap.config import Config
-from adjcap.needs import missing, needs_of
+from adjcap.needs import Need, missing, needs_of, steps_for
+from adjcap.prepare.steps import STEPS
 from jobs.ray_session import ResourceError, pool_plan
 
 # what a job cannot start without (Java and SPICE only matter to the evaluation, which reports them)
@@ -53,8 +54,16 @@ def memory_problem(cfg: Config) -> str | None:
     return None
 
 
-def prepare_command(cfg: Config) -> str:
-    return f"adjcap prepare --for {cfg.name}"
+def prepare_command(cfg: Config, gone: list[Need]) -> str:
+    """The one ``adjcap prepare`` command that fetches exactly the missing things: their steps, with
+    ``--preset`` for the models step (it fetches that preset's weights), ``--from DIR`` for Flickr30k."""
+    steps = [s for s in STEPS if s in steps_for(gone)]
+    cmd = f"adjcap prepare {' '.join(steps)}"
+    if "models" in steps:
+        cmd += f" --preset {cfg.name}"
+    if "flickr30k" in steps:
+        cmd += " --from DIR"
+    return cmd
 
 
 def problems(cfg: Config) -> str | None:
@@ -65,7 +74,8 @@ def problems(cfg: Config) -> str | None:
         fetchable = [n for n in gone if n.step]
         other = [n for n in gone if not n.step]
         if fetchable:
-            parts.append(f"missing {', '.join(n.what for n in fetchable)} (fetch with `{prepare_command(cfg)}`)")
+            parts.append(f"missing {', '.join(n.what for n in fetchable)} (fetch with "
+                         f"`{prepare_command(cfg, fetchable)}`)")
         parts += [f"missing {n.what} ({n.hint})" for n in other]
     mem = memory_problem(cfg)
     if mem:

@@ -1,5 +1,5 @@
 """A newcomer's first commands: `adjcap caption` / `run-job` refuse before Ray starts and leave no
-run directory when the preset's weights are not here (naming them and `adjcap prepare --for`);
+run directory when the preset's weights are not here (naming them and the one `adjcap prepare` command);
 `prepare --for PRESET|TABLE` covers exactly what its runs load; `doctor` exits non-zero when something
 needed (here: NLTK's tagger data) is missing; `reproduce --list` says per table ready / missing; the
 demo preset warns on images that are not the demo world; captions.jsonl and the gallery survive a
@@ -66,7 +66,9 @@ def test_caption_without_weights_refuses_before_anything_is_written(bare_machine
     for missing in ("retrieval encoder ViT-bigG-14/laion2b_s39b_b160k", "verifier Salesforce/blip-itm-large-coco",
                     "IFCap checkpoint", "IFCap CLIP ViT-B-32/openai", "GPT-2 tokenizer gpt2"):
         assert missing in line
-    assert "`adjcap prepare --for headline`" in line
+    assert "retrieval caption corpus" in line
+    # the one command that fetches exactly what is missing (caption needs no COCO images)
+    assert "(fetch with `adjcap prepare ifcap models nltk --preset headline`)" in line
     assert not runs.exists()  # no run directory, no config, no empty folders
     assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in FIXTURES.glob("*.jpg"))
 
@@ -77,7 +79,7 @@ def test_run_job_refuses_the_same_way(bare_machine):
     assert res.exit_code != 0
     line = _error_line(res.output)
     assert "retrieval encoder ViT-bigG-14/laion2b_s39b_b160k" in line and "coco test references" in line
-    assert "`adjcap prepare --for headline`" in line
+    assert "(fetch with `adjcap prepare ifcap coco models nltk --preset headline`)" in line
     assert not runs.exists()
 
 
