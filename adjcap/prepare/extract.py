@@ -29,6 +29,9 @@ from typing import IO, Callable, Iterable
 from adjcap.prepare.errors import DiskFullError, PrepareError, UnsafeArchiveError
 from adjcap.prepare.limits import ExtractLimits
 
+OLD_INFIX = ".old-"  # place(): .<final>.old-<pid>, the tree being replaced
+TMP_PREFIX = ".extract-"  # the temporary folder an extraction is unpacked into, beside its target
+
 _DRIVE = re.compile(r"^[A-Za-z]:")
 # what the zip/tar/compression libraries raise for damaged, truncated or lying archives
 _DAMAGED = (zipfile.BadZipFile, zipfile.LargeZipFile, tarfile.TarError, EOFError, zlib.error,
@@ -241,7 +244,7 @@ def extract(archive: Path, parent: Path, members: Iterable[str] | None = None,
     wanted = list(members) if members is not None else None
     check_archive(archive, wanted, lim)
     parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".extract-", dir=parent))
+    tmp = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, dir=parent))
     hashes: dict[str, tuple[str, int]] = {}
     budget = _Budget(archive, lim)
     try:
@@ -348,7 +351,7 @@ def place(src: Path, final: Path) -> None:
     aside first, removed after), so ``final`` is never a half tree."""
     final.parent.mkdir(parents=True, exist_ok=True)
     if final.exists():
-        old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        old = final.with_name(f".{final.name}{OLD_INFIX}{os.getpid()}")
         if old.exists():
             shutil.rmtree(old)
         os.rename(final, old)
