@@ -62,9 +62,9 @@ def sweep_partials(folder: Path, swept: Swept, root: Path) -> None:
                 swept.removed.append(os.path.relpath(p, root))
 
 
-def _sweep_extractions(data: Path, swept: Swept) -> None:
+def _sweep_extractions(data: Path, swept: Swept, depth: int) -> None:
     level = [data]
-    for _ in range(EXTRACT_DEPTH + 1):
+    for _ in range(depth + 1):
         below: list[Path] = []
         for d in level:
             try:
@@ -94,10 +94,10 @@ def _sweep_extractions(data: Path, swept: Swept) -> None:
         level = below
 
 
-def sweep(data: Path, work: Path) -> Swept:
-    """Deal with the leftovers of killed runs in ``data`` (``work``: its ``.prepare`` folder). Call
-    only while holding the data folder's run lock."""
+def sweep(data: Path, work: Path, depth: int = EXTRACT_DEPTH) -> Swept:
+    """Deal with the leftovers of killed runs in ``data`` (``work``: its download folder; ``depth``: how
+    far below ``data`` extractions happen). Call only while holding the data folder's run lock."""
     swept = Swept()
-    _sweep_extractions(data, swept)
+    _sweep_extractions(data, swept, depth)
     sweep_partials(work, swept, data)
     return swept
