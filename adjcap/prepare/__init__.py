@@ -119,6 +119,7 @@ def run(what: Iterable[str], opts: Options, *, verify: bool = False, say: Callab
     opts.data.mkdir(parents=True, exist_ok=True)
     work = opts.data / ".prepare"
     with holding(opts.data / RUN_LOCK_NAME, str(opts.data)):  # one run per data folder; its leftovers are ours
+        ctx.lock = Lock(opts.data)  # read again now that no other run can be writing it
         for line in sweep(opts.data, work).lines(opts.data):
             say(f"prepare: {line}")
         for n in names:
