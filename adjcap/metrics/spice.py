@@ -232,11 +232,12 @@ def _private_manifest(lib: Path) -> dict[str, Any]:
 def _owning(lib: Path) -> Iterator[Path]:
     """Hold the private ``lib`` for one writer (the run lock of `adjcap prepare`) and deal with what a
     killed earlier writer left there: half-extracted folders and unresumable partial downloads go, a
-    resumable ``.partial`` stays for the download to continue. Yields lib's download folder."""
+    resumable ``.partial`` stays for the download to continue. Another run's download or extraction
+    into ``lib`` (an evaluation sharing the cache) is waited for. Yields lib's download folder."""
     lib = _checked_private(lib)
     work = lib / DOWNLOAD_DIR
     try:
-        with holding(lib / RUN_LOCK_NAME, str(lib)):
+        with holding(lib / RUN_LOCK_NAME, str(lib), wait=True):
             sweep(lib, work, depth=0)
             yield work
     except PrepareError as e:
@@ -283,6 +284,12 @@ def download_corenlp(dest: Path, *, url: str = CORENLP_URL, timeout: float = 60.
     deadlines, limits = limits_of(sources)
     deadlines = dataclasses.replace(deadlines, stall_seconds=min(deadlines.stall_seconds, timeout))
     with _owning(dest) as work:
+        if _has_jars(dest):
+            try:
+                _verified(dest, read_manifest(dest))
+                return  # another run fetched them while this one waited for the lock
+            except SpiceUnavailable:
+                pass
         zpath = work / CORENLP_ZIP
         dl = Downloader(workers=1, host_limits=sources.get("hosts", {}), timeout=timeout, deadlines=deadlines)
         try:

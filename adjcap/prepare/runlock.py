@@ -18,14 +18,14 @@ RUN_LOCK_NAME = ".prepare-run.lock"  # in {data}: held by the `adjcap prepare` t
 
 
 @contextmanager
-def holding(lock_file: Path, what: str) -> Iterator[None]:
+def holding(lock_file: Path, what: str, wait: bool = False) -> Iterator[None]:
     """Hold ``lock_file`` for the body; a second holder fails at once with one line naming the first
-    (``what``: the thing being prepared, for the message)."""
+    (``what``: the thing being prepared, for the message), or with ``wait`` waits for it to finish."""
     lock_file.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
             holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "another process"
             raise PrepareError(f"{what} is being prepared by {holder} (lock {lock_file}); wait for it to "
