@@ -74,6 +74,10 @@ def _craft_leftovers(data: Path) -> dict[str, Path]:
     # a replaced tree the kill left aside after the new one was in place
     (data / "nltk_data" / "taggers" / "tagger").mkdir(parents=True)
     (data / "nltk_data" / "taggers" / ".tagger.old-4243").mkdir()
+    # a folder with its own run lock (an evaluation's SPICE jars in a cache inside {data}) is not ours
+    other = data / "cache" / "lib" / ".extract-live"
+    other.mkdir(parents=True)
+    (other.parent / RUN_LOCK_NAME).write_text("pid 1 on host elsewhere")
     return {"half": half.parent, "aside": aside, "dl": dl}
 
 
@@ -118,6 +122,7 @@ def test_a_killed_run_is_resumed_and_its_leftovers_cleaned_by_the_next_run(tmp_p
         ".prepare/downloads/done.zip"]
     assert (data / "nltk_data" / "corpora" / "wordnet" / "lexnames").read_text() == "the previous tree"
     assert sorted(p.name for p in (data / "nltk_data" / "taggers").iterdir()) == ["tagger"]
+    assert (data / "cache" / "lib" / ".extract-live").is_dir()
     said = [s for s in lines if "leftovers of an earlier run" in s]
     assert len(said) == 1 and ".extract-k1ll3d" in said[0]
     assert any("1 partial download(s) of an earlier run kept to resume" in s for s in lines)

@@ -15,6 +15,7 @@ from pathlib import Path
 from adjcap.prepare import extract, lock
 from adjcap.prepare.download import META, PARTIAL, discard_partial, resumable
 from adjcap.prepare.progress import human_bytes
+from adjcap.prepare.runlock import RUN_LOCK_NAME
 
 OLD_TREE = re.compile(r"\.(.+)" + re.escape(extract.OLD_INFIX) + "[0-9]+")
 # extraction happens beside a step's destination ({data}/<a>/<b>): its parent is at most this deep
@@ -63,6 +64,9 @@ def sweep_partials(folder: Path, swept: Swept, root: Path) -> None:
 
 
 def _sweep_extractions(data: Path, swept: Swept, depth: int) -> None:
+    """``.extract-*`` folders, trees left aside by ``extract.place`` and the lock's temporary files, up
+    to ``depth`` folders below ``data``; a folder holding its own run lock (another owner, e.g. an
+    evaluation's SPICE jars) is not entered."""
     level = [data]
     for _ in range(depth + 1):
         below: list[Path] = []
@@ -72,16 +76,14 @@ def _sweep_extractions(data: Path, swept: Swept, depth: int) -> None:
             except OSError:
                 continue
             names = {e.name for e in entries}
+            if d != data and RUN_LOCK_NAME in names:
+                continue
             for e in entries:
-                if not e.is_dir(follow_symlinks=False):
-                    if d == data and e.name.startswith(lock.TMP_PREFIX):
-                        os.unlink(e.path)
-                        swept.removed.append(e.name)
-                    continue
-                if e.name.startswith(extract.TMP_PREFIX):
+                real_dir = e.is_dir(follow_symlinks=False)
+                if real_dir and e.name.startswith(extract.TMP_PREFIX):
                     shutil.rmtree(e.path, ignore_errors=True)
                     swept.removed.append(os.path.relpath(e.path, data))
-                elif OLD_TREE.fullmatch(e.name):  # extract.place: the tree it was replacing
+                elif real_dir and OLD_TREE.fullmatch(e.name):  # extract.place: the tree it was replacing
                     final = OLD_TREE.fullmatch(e.name).group(1)
                     if final not in names:  # killed between its two renames: put it back
                         os.rename(e.path, os.path.join(d, final))
@@ -89,7 +91,10 @@ def _sweep_extractions(data: Path, swept: Swept, depth: int) -> None:
                     else:
                         shutil.rmtree(e.path, ignore_errors=True)
                         swept.removed.append(os.path.relpath(e.path, data))
-                elif e.name != ".prepare":
+                elif d == data and e.name.startswith(lock.TMP_PREFIX) and e.is_file(follow_symlinks=False):
+                    os.unlink(e.path)
+                    swept.removed.append(e.name)
+                elif e.is_dir() and e.name != ".prepare":  # a data folder may be a link to another disk
                     below.append(Path(e.path))
         level = below
 
