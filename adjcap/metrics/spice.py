@@ -5,7 +5,8 @@ What differs from pycocoevalcap's ``Spice`` wrapper, and why:
 * CoreNLP 3.6.0 (``stanford-corenlp-3.6.0.jar`` + ``stanford-corenlp-3.6.0-models.jar``) is
   looked up in a directory the user gives (``eval.spice_jars``, which may instead hold the CoreNLP
   zip), in pycocoevalcap's ``spice/lib``, or in adjcap's private download directory; it is
-  downloaded only when ``eval.spice_download`` is true. Every jar is verified against pinned
+  downloaded only when ``eval.spice_download`` is true, by `adjcap prepare`'s downloader and safe
+  extraction (resumable, deadlines, caps; one writer per folder). Every jar is verified against pinned
   digests first (:mod:`adjcap.metrics.trust`). Missing or unverified jars raise
   :class:`SpiceUnavailable` with instructions; callers report SPICE as missing.
 * The parse cache (LMDB) lives in ``work_dir/spice`` (the run directory) or, without one, in
@@ -47,13 +48,6 @@ from adjcap.metrics.java import (
     pycocoevalcap_dir,
     tail,
 )
-from adjcap.prepare.download import Downloader, Item
-from adjcap.prepare.errors import PrepareError
-from adjcap.prepare.extract import extract
-from adjcap.prepare.leftovers import sweep
-from adjcap.prepare.limits import ExtractLimits, limits_of
-from adjcap.prepare.runlock import RUN_LOCK_NAME, holding
-from adjcap.prepare.sources import load_sources
 from adjcap.metrics.trust import (
     UntrustedFile,
     check_not_writable_by_others,
@@ -65,6 +59,13 @@ from adjcap.metrics.trust import (
     verify_file,
     write_manifest,
 )
+from adjcap.prepare.download import Downloader, Item
+from adjcap.prepare.errors import PrepareError
+from adjcap.prepare.extract import extract
+from adjcap.prepare.leftovers import sweep
+from adjcap.prepare.limits import ExtractLimits, limits_of
+from adjcap.prepare.runlock import RUN_LOCK_NAME, holding
+from adjcap.prepare.sources import load_sources
 
 CORENLP_VERSION = "3.6.0"
 CORENLP_JARS = (f"stanford-corenlp-{CORENLP_VERSION}.jar", f"stanford-corenlp-{CORENLP_VERSION}-models.jar")
@@ -295,7 +296,7 @@ def download_corenlp(dest: Path, *, url: str = CORENLP_URL, timeout: float = 60.
         try:
             dl.fetch(Item(url=url, dest=zpath))
         except PrepareError as e:
-            raise SpiceUnavailable(f"could not download {url}: {e}") from None
+            raise SpiceUnavailable(str(e)) from None  # names the URL
         try:
             extract_corenlp(zpath, dest, source=url, limits=limits)
         finally:

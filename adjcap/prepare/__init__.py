@@ -2,7 +2,8 @@
 data and the SPICE jars exactly where the presets look (``{data}/...``).
 
 Support code, not the method: standard library networking (urllib), zip/tar extraction and hashing.
-Sources live in ``sources.toml``; every laid-out file's sha256 goes into ``{data}/prepare.lock.json``."""
+Sources live in ``sources.toml``; every laid-out file's sha256 goes into ``{data}/prepare.lock.json``.
+One run per data folder holds ``{data}/.prepare-run.lock`` and first deals with what killed runs left."""
 
 from __future__ import annotations
 
