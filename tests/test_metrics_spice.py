@@ -1,14 +1,18 @@
 """SPICE: missing CoreNLP jars, failed download, digest checks, the launcher and its Java 17 flags."""
 
 import hashlib
+import io
 import os
+import random
 import stat
+import warnings
 import zipfile
 from types import SimpleNamespace
 
 import pytest
 
 from adjcap.metrics.java import find_javac, java_major_version
+from adjcap.metrics.trust import MANIFEST_NAME
 from adjcap.metrics.spice import (
     CORENLP_JARS,
     CORENLP_ZIP_DIR,
@@ -172,3 +176,61 @@ def test_from_eval_cfg():
     cfg = SpiceConfig.from_eval_cfg(ev, "/runs/x", cache_dir="/c")
     assert (str(cfg.corenlp_dir), cfg.download, cfg.java, cfg.mem) == ("/opt/corenlp", True, "/usr/bin/java", "12G")
     assert str(cfg.spice_dir) == "/runs/x/spice" and str(cfg.download_dir) == "/c/spice/lib"
+
+
+def _corenlp_zip_bytes(tmp_path, entries=None) -> bytes:
+    """A tiny CoreNLP zip (two jars of incompressible bytes, stored) or one with the given entries."""
+    rnd = random.Random(3)
+    entries = entries or [(f"{CORENLP_ZIP_DIR}/{jar}", rnd.randbytes(16 * 1024)) for jar in CORENLP_JARS]
+    p = tmp_path / "crafted.zip"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # duplicate names, on purpose
+        with zipfile.ZipFile(p, "w", zipfile.ZIP_STORED) as z:
+            for name, data in entries:
+                z.writestr(name, data)
+    return p.read_bytes()
+
+
+def test_eval_download_goes_through_the_prepare_downloader_stall_resume_and_leftovers(tmp_path, monkeypatch):
+    """eval.spice_download uses `adjcap prepare`'s downloader: a stalled server ends at the deadline
+    with the bytes kept, the next call resumes them with Range + If-Range, a killed run's half
+    extraction is removed, and nothing is left but the verified jars and their manifest."""
+    from test_prepare_deadlines import Slow
+
+    body = _corenlp_zip_bytes(tmp_path)
+    _pin(monkeypatch, **{f"{CORENLP_ZIP_DIR}.zip": {"sha1": [hashlib.sha1(body).hexdigest()]}})
+    lib = tmp_path / "cache"
+    with Slow("stall-after", head=5000, body=body) as s:
+        cfg = SpiceConfig(work_dir=tmp_path / "run", download=True, download_url=s.url, download_dir=lib,
+                          download_timeout=1)
+        with pytest.raises(SpiceUnavailable, match=r"Downloading them failed: http://127\.0\.0\.1:\d+/files/body\.bin: no data for 1 s"):
+            locate_corenlp(cfg)
+        part = lib / ".download" / f"{CORENLP_ZIP_DIR}.zip.partial"
+        assert part.read_bytes() == body[:5000] and not list(lib.glob("*.jar"))
+        half = lib / ".extract-k1ll3d"  # what a run killed while extracting would leave
+        half.mkdir()
+        (half / "stanford-corenlp-3.6.0.jar").write_bytes(b"half")
+        s.mode = "ok"
+        core, models = locate_corenlp(cfg)
+        assert s.requests[1:] == [("bytes=5000-", s.etag)]
+    with zipfile.ZipFile(io.BytesIO(body)) as z:
+        assert core.read_bytes() == z.read(f"{CORENLP_ZIP_DIR}/{CORENLP_JARS[0]}")
+        assert models.read_bytes() == z.read(f"{CORENLP_ZIP_DIR}/{CORENLP_JARS[1]}")
+    assert sorted(p.name for p in lib.iterdir()) == sorted([*CORENLP_JARS, ".prepare-run.lock", MANIFEST_NAME])
+
+
+def test_eval_download_refuses_a_hostile_zip_even_with_a_matching_digest(tmp_path, monkeypatch):
+    """The extraction is `adjcap prepare`'s: a pinned zip whose jar appears twice (in another case) is
+    refused whole, nothing is extracted and the download is not kept."""
+    from test_prepare_deadlines import Slow
+
+    jar = f"{CORENLP_ZIP_DIR}/{CORENLP_JARS[0]}"
+    body = _corenlp_zip_bytes(tmp_path, [(jar, b"genuine"), (f"{CORENLP_ZIP_DIR}/{CORENLP_JARS[1]}", b"m"),
+                                         (jar.upper(), b"planted")])
+    _pin(monkeypatch, **{f"{CORENLP_ZIP_DIR}.zip": {"sha1": [hashlib.sha1(body).hexdigest()]}})
+    lib = tmp_path / "cache"
+    with Slow("ok", body=body) as s:
+        cfg = SpiceConfig(work_dir=tmp_path / "run", download=True, download_url=s.url, download_dir=lib)
+        with pytest.raises(SpiceUnavailable, match="appears twice"):
+            locate_corenlp(cfg)
+    assert [p.name for p in lib.iterdir()] == [".prepare-run.lock"]

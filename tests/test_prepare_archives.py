@@ -176,6 +176,30 @@ def test_duplicate_names_are_refused_whole(tmp_path):
         ex.check_archive(t)
 
 
+def test_names_that_differ_only_by_case_are_refused_as_duplicates(tmp_path):
+    """``README`` and ``readme`` are one file on macOS and Windows: the later one would overwrite it."""
+    p = _zip(tmp_path / "case.zip", [("pkg/README", b"genuine"), ("pkg/other", b"x"), ("pkg/readme", b"evil")])
+    with pytest.raises(UnsafeArchiveError, match=r"'pkg/readme' is a name that appears twice .*as 'pkg/README'"):
+        ex.extract(p, tmp_path / "out")
+    assert _left_behind(tmp_path / "out") == []
+    # a file against a folder of the same name but another case, and a whole folder in another case
+    for entries in ([("pkg/Data", b"a"), ("pkg/data/x", b"b")], [("pkg/data/x", b"b"), ("pkg/Data", b"a")],
+                    [("Pkg/x", b"a"), ("pkg/x", b"b")]):
+        with pytest.raises(UnsafeArchiveError, match="appears twice|a path through 'pkg/Data', which is a file"):
+            ex.check_archive(_zip(tmp_path / "c.zip", entries))
+    t = tmp_path / "case.tar"
+    with tarfile.open(t, "w") as tf:
+        for name in ("pkg/Lexnames", "pkg/LEXNAMES"):
+            ti = tarfile.TarInfo(name)
+            ti.size = 3
+            tf.addfile(ti, io.BytesIO(b"abc"))
+    with pytest.raises(UnsafeArchiveError, match="appears twice"):
+        ex.check_archive(t)
+    # the same folder listed in two cases is one folder, and distinct names still pass
+    ok = _zip(tmp_path / "ok.zip", [("pkg/", b""), ("PKG/", b""), ("pkg/a", b"1"), ("pkg/b", b"2")])
+    assert len(ex.check_archive(ok)) == 4
+
+
 def test_a_nul_in_the_raw_member_name_is_refused(tmp_path):
     """zipfile cuts ``filename`` at a NUL (``evil.txt``); ``orig_filename`` keeps what the archive says."""
     placeholder = "evil.txt#../../x"

@@ -5,7 +5,8 @@ What differs from pycocoevalcap's ``Spice`` wrapper, and why:
 * CoreNLP 3.6.0 (``stanford-corenlp-3.6.0.jar`` + ``stanford-corenlp-3.6.0-models.jar``) is
   looked up in a directory the user gives (``eval.spice_jars``, which may instead hold the CoreNLP
   zip), in pycocoevalcap's ``spice/lib``, or in adjcap's private download directory; it is
-  downloaded only when ``eval.spice_download`` is true. Every jar is verified against pinned
+  downloaded only when ``eval.spice_download`` is true, by `adjcap prepare`'s downloader and safe
+  extraction (resumable, deadlines, caps; one writer per folder). Every jar is verified against pinned
   digests first (:mod:`adjcap.metrics.trust`). Missing or unverified jars raise
   :class:`SpiceUnavailable` with instructions; callers report SPICE as missing.
 * The parse cache (LMDB) lives in ``work_dir/spice`` (the run directory) or, without one, in
@@ -23,14 +24,14 @@ What differs from pycocoevalcap's ``Spice`` wrapper, and why:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
 import subprocess
 import tempfile
-import urllib.request
-import zipfile
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -58,12 +59,20 @@ from adjcap.metrics.trust import (
     verify_file,
     write_manifest,
 )
+from adjcap.prepare.download import Downloader, Item
+from adjcap.prepare.errors import PrepareError
+from adjcap.prepare.extract import extract
+from adjcap.prepare.leftovers import sweep
+from adjcap.prepare.limits import ExtractLimits, limits_of
+from adjcap.prepare.runlock import RUN_LOCK_NAME, holding
+from adjcap.prepare.sources import load_sources
 
 CORENLP_VERSION = "3.6.0"
 CORENLP_JARS = (f"stanford-corenlp-{CORENLP_VERSION}.jar", f"stanford-corenlp-{CORENLP_VERSION}-models.jar")
 CORENLP_ZIP_DIR = "stanford-corenlp-full-2015-12-09"
 CORENLP_ZIP = f"{CORENLP_ZIP_DIR}.zip"
 CORENLP_URL = f"http://nlp.stanford.edu/software/{CORENLP_ZIP_DIR}.zip"
+DOWNLOAD_DIR = ".download"  # in the private lib folder: the zip while it downloads (resumable) and is checked
 
 # packages the FST serialiser of SPICE's LMDB parse cache reflects into (found on Java 17)
 ADD_OPENS = (
@@ -220,50 +229,80 @@ def _private_manifest(lib: Path) -> dict[str, Any]:
     return read_manifest(lib) if lib.is_dir() else {}
 
 
+@contextmanager
+def _owning(lib: Path) -> Iterator[Path]:
+    """Hold the private ``lib`` for one writer (the run lock of `adjcap prepare`) and deal with what a
+    killed earlier writer left there: half-extracted folders and unresumable partial downloads go, a
+    resumable ``.partial`` stays for the download to continue. Another run's download or extraction
+    into ``lib`` (an evaluation sharing the cache) is waited for. Yields lib's download folder."""
+    lib = _checked_private(lib)
+    work = lib / DOWNLOAD_DIR
+    try:
+        with holding(lib / RUN_LOCK_NAME, str(lib), wait=True):
+            sweep(lib, work, depth=0)
+            yield work
+    except PrepareError as e:
+        raise SpiceUnavailable(str(e)) from None
+
+
 def _from_zip(zpath: Path, lib: Path) -> tuple[Path, Path]:
     """Verify a CoreNLP zip the user supplied and extract its two jars into the private ``lib``."""
     try:
         check_not_writable_by_others(zpath)
     except UntrustedFile as e:
         raise SpiceUnavailable(str(e)) from None
-    extract_corenlp(zpath, _checked_private(lib), source=str(zpath))
+    with _owning(lib):
+        extract_corenlp(zpath, lib, source=str(zpath))
     return _verified(lib, read_manifest(lib))
 
 
-def extract_corenlp(zpath: Path, dest: Path, *, source: str) -> None:
-    """Check the zip's digest, then extract the two jars into the private ``dest`` (atomically: a
-    jar is either complete or absent) and record their sha256 in dest's manifest."""
+def extract_corenlp(zpath: Path, dest: Path, *, source: str, limits: ExtractLimits | None = None) -> None:
+    """Check the zip's digest, then extract the two jars into the private ``dest`` with `adjcap prepare`'s
+    safe extraction (every entry checked, size and ratio caps, CRCs; unpacked beside ``dest`` and renamed
+    in, so a jar is either complete or absent) and record their sha256 in dest's manifest."""
     if not digest_matches(zpath, expected_digests().get(CORENLP_ZIP, {})):
         raise SpiceUnavailable(f"{source} is not the published {CORENLP_ZIP} (its sha1 differs); not extracted")
+    members = [f"{CORENLP_ZIP_DIR}/{jar}" for jar in CORENLP_JARS]
     try:
-        with zipfile.ZipFile(zpath) as z:
-            for jar in CORENLP_JARS:
-                member = f"{CORENLP_ZIP_DIR}/{jar}"
-                tmp = dest / f".{jar}.tmp"
-                with z.open(member) as src, open(tmp, "wb") as dst:
-                    shutil.copyfileobj(src, dst, length=1 << 20)
-                os.replace(tmp, dest / jar)
-    except (zipfile.BadZipFile, KeyError) as e:
+        tmp, _ = extract(zpath, dest, members=members, limits=limits or limits_of(load_sources(None))[1])
+    except PrepareError as e:
         raise SpiceUnavailable(f"{source} is not the expected CoreNLP zip: {e}") from None
+    try:
+        for jar, member in zip(CORENLP_JARS, members):
+            os.replace(tmp / member, dest / jar)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     write_manifest(dest, list(CORENLP_JARS))
 
 
 def download_corenlp(dest: Path, *, url: str = CORENLP_URL, timeout: float = 60.0) -> None:
-    """Fetch the CoreNLP zip, check its digest and extract the two jars into the private ``dest``.
+    """Fetch the CoreNLP zip with `adjcap prepare`'s downloader (resume with If-Range, no byte for
+    ``timeout`` s across retries or a drip below the minimum rate ends it, size checked), check its
+    pinned digest, and extract the two jars into the private ``dest``; nothing is trusted before the
+    digest matched. An interrupted download stays in ``dest/.download`` and the next call resumes it.
     Any failure raises SpiceUnavailable."""
-    dest = _checked_private(dest)
-    fd, zpath = tempfile.mkstemp(prefix=".corenlp-", suffix=".zip.tmp", dir=dest)
-    os.close(fd)
-    try:
+    sources = load_sources(None)
+    deadlines, limits = limits_of(sources)
+    deadlines = dataclasses.replace(deadlines, stall_seconds=min(deadlines.stall_seconds, timeout))
+    with _owning(dest) as work:
+        if _has_jars(dest):
+            try:
+                _verified(dest, read_manifest(dest))
+                return  # another run fetched them while this one waited for the lock
+            except SpiceUnavailable:
+                pass
+        zpath = work / CORENLP_ZIP
+        dl = Downloader(workers=1, host_limits=sources.get("hosts", {}), timeout=timeout, deadlines=deadlines)
         try:
-            with urllib.request.urlopen(url, timeout=timeout) as r, open(zpath, "wb") as f:
-                shutil.copyfileobj(r, f, length=1 << 20)
-        except OSError as e:  # URLError, timeouts, connection refused
-            raise SpiceUnavailable(f"could not download {url}: {e}") from None
-        extract_corenlp(Path(zpath), dest, source=url)
-    finally:
-        if os.path.exists(zpath):
-            os.unlink(zpath)
+            dl.fetch(Item(url=url, dest=zpath))
+        except PrepareError as e:
+            raise SpiceUnavailable(str(e)) from None  # names the URL
+        try:
+            extract_corenlp(zpath, dest, source=url, limits=limits)
+        finally:
+            zpath.unlink(missing_ok=True)  # verified or refused, it is not kept (the jars are)
+            if work.is_dir() and not any(work.iterdir()):
+                work.rmdir()
 
 
 def compile_runner(cfg: SpiceConfig, spice_jar: Path, scratch: Path) -> Path | None:

@@ -2,7 +2,8 @@
 data and the SPICE jars exactly where the presets look (``{data}/...``).
 
 Support code, not the method: standard library networking (urllib), zip/tar extraction and hashing.
-Sources live in ``sources.toml``; every laid-out file's sha256 goes into ``{data}/prepare.lock.json``."""
+Sources live in ``sources.toml``; every laid-out file's sha256 goes into ``{data}/prepare.lock.json``.
+One run per data folder holds ``{data}/.prepare-run.lock`` and first deals with what killed runs left."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ from typing import Callable, Iterable, TextIO
 
 from adjcap.prepare.download import Downloader
 from adjcap.prepare.errors import PrepareError
+from adjcap.prepare.leftovers import sweep
 from adjcap.prepare.limits import limits_of
 from adjcap.prepare.lock import LOCK_NAME, Lock
 from adjcap.prepare.progress import human_bytes
+from adjcap.prepare.runlock import RUN_LOCK_NAME, holding
 from adjcap.prepare.sources import load_sources
 from adjcap.prepare.steps import ALL, STEPS, Context, Options, Planned
 from adjcap.prepare.targets import configs_for, configs_for_all, steps_of_configs
@@ -130,15 +133,20 @@ def run(what: Iterable[str], opts: Options, *, verify: bool = False, say: Callab
     if opts.dry_run:
         return _dry_run(ctx, names)
     opts.data.mkdir(parents=True, exist_ok=True)
-    for n in names:
-        say(f"{n}: {STEPS[n].summary}")
-        try:
-            summary = STEPS[n].run(ctx)
-        finally:
-            ctx.lock.save()  # what finished before a failure stays recorded
-        say(f"{n}: done - {summary}")
-    if "all" in [w.lower() for w in what] and "flickr30k" not in names:
-        say(f"flickr30k: skipped ({ctx.sources['flickr30k']['where']}; then `adjcap prepare flickr30k --from DIR`)")
-    _tidy(opts.data / ".prepare")
+    work = opts.data / ".prepare"
+    with holding(opts.data / RUN_LOCK_NAME, str(opts.data)):  # one run per data folder; its leftovers are ours
+        ctx.lock = Lock(opts.data)  # read again now that no other run can be writing it
+        for line in sweep(opts.data, work).lines(opts.data):
+            say(f"prepare: {line}")
+        for n in names:
+            say(f"{n}: {STEPS[n].summary}")
+            try:
+                summary = STEPS[n].run(ctx)
+            finally:
+                ctx.lock.save()  # what finished before a failure stays recorded
+            say(f"{n}: done - {summary}")
+        if "all" in [w.lower() for w in what] and "flickr30k" not in names:
+            say(f"flickr30k: skipped ({ctx.sources['flickr30k']['where']}; then `adjcap prepare flickr30k --from DIR`)")
+        _tidy(work)
     say(f"lock: {ctx.lock.path}; `adjcap doctor` shows what the presets find")
     return 0

@@ -74,12 +74,16 @@ class _WriteFailed(Exception):
         self.err = err
 
 
+PARTIAL = ".partial"  # <dest>.partial: the bytes so far; <dest>.partial.meta: how to resume them
+META = ".meta"
+
+
 def _partial(dest: Path) -> Path:
-    return dest.with_name(dest.name + ".partial")
+    return dest.with_name(dest.name + PARTIAL)
 
 
 def _meta(part: Path) -> Path:
-    return part.with_name(part.name + ".meta")
+    return part.with_name(part.name + META)
 
 
 def _validator(headers) -> str | None:
@@ -118,6 +122,18 @@ def _write_meta(part: Path, url: str, validator: str | None) -> None:
     tmp = m.with_name(m.name + ".tmp")
     tmp.write_text(json.dumps({"url": url, "if_range": validator}))
     os.replace(tmp, m)
+
+
+def resumable(part: Path) -> bool:
+    """Whether a ``.partial`` left by an earlier run can be resumed: it holds bytes and its ``.meta``
+    names the URL and the validator to resume them with (else the next download starts over anyway)."""
+    try:
+        meta = json.loads(_meta(part).read_text())
+        size = part.stat().st_size
+    except (OSError, ValueError):
+        return False
+    return (size > 0 and isinstance(meta, dict) and isinstance(meta.get("url"), str)
+            and isinstance(meta.get("if_range"), str))
 
 
 def discard_partial(part: Path) -> None:

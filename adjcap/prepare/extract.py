@@ -3,7 +3,7 @@ hidden temporary directory beside the target, and the finished tree is renamed i
 
 Refused (the whole archive, in one line, nothing left behind): absolute paths, drive letters, ``..``
 components, NUL bytes in the raw entry name (zip's ``orig_filename``, which ``filename`` cuts at the
-NUL), a name that appears twice (also after Unicode normalisation), symlinks and hard links, device
+NUL), a name that appears twice (also after Unicode normalisation or differing only by case), symlinks and hard links, device
 files, FIFOs and sockets, and archives that would expand past ``ExtractLimits`` (per member, in total,
 or by compression ratio), checked from the headers before writing and counted again while writing.
 Zip CRCs are checked while reading; a damaged, truncated or size-lying zip or tar is one clear error."""
@@ -28,6 +28,9 @@ from typing import IO, Callable, Iterable
 
 from adjcap.prepare.errors import DiskFullError, PrepareError, UnsafeArchiveError
 from adjcap.prepare.limits import ExtractLimits
+
+OLD_INFIX = ".old-"  # place(): .<final>.old-<pid>, the tree being replaced
+TMP_PREFIX = ".extract-"  # the temporary folder an extraction is unpacked into, beside its target
 
 _DRIVE = re.compile(r"^[A-Za-z]:")
 # what the zip/tar/compression libraries raise for damaged, truncated or lying archives
@@ -82,9 +85,11 @@ def _refuse(path: Path, name: str | None, why: str, hint: str = "") -> UnsafeArc
 
 
 def _key(name: str) -> str:
-    """The name a file system would see: separators unified, NFC, no './' or trailing '/'."""
+    """The name a file system would see: separators unified, NFC, no './' or trailing '/', and case
+    folded (names that differ only by case are one file on macOS and Windows)."""
     n = unicodedata.normalize("NFC", name.replace("\\", "/"))
-    return posixpath.normpath(n).lstrip("/") if n.strip("/") else n
+    n = posixpath.normpath(n).lstrip("/") if n.strip("/") else n
+    return unicodedata.normalize("NFC", n.casefold())
 
 
 def _zip_entries(path: Path, z: zipfile.ZipFile) -> list[tuple[str, str, bool, int, int]]:
@@ -142,13 +147,24 @@ def _is_plain_tar(path: Path) -> bool:
 
 def _check_sizes(path: Path, entries: list[tuple[str, str, bool, int, int]], lim: ExtractLimits,
                  archive_bytes: int, compressed_stream: bool) -> None:
-    seen: dict[str, bool] = {}
+    seen: dict[str, tuple[str, bool]] = {}
     total = 0
     for raw, name, is_dir, size, csize in entries:
         key = _key(name)
-        if key in seen and not (is_dir and seen[key]):
-            raise _refuse(path, raw, "a name that appears twice in the archive (after normalisation)")
-        seen[key] = is_dir
+        if key in seen and not (is_dir and seen[key][1]):
+            first = seen[key][0]
+            also = "" if first == raw else f" (as {first!r}; names that differ only by case, Unicode form or './' are one file on macOS/Windows or after normalisation)"
+            raise _refuse(path, raw, f"a name that appears twice in the archive{also}")
+        seen[key] = (raw, is_dir)
+        parent = posixpath.dirname(key)
+        while parent:  # a folder a later entry implies must not be a file (nor the other way round)
+            if parent in seen:
+                if not seen[parent][1]:
+                    raise _refuse(path, raw, f"a path through {seen[parent][0]!r}, which is a file in the archive "
+                                  "(also when they differ only by case)")
+                break
+            seen[parent] = (raw, True)
+            parent = posixpath.dirname(parent)
         if is_dir:
             continue
         if size >= lim.ratio_floor_bytes and size > lim.max_ratio * max(csize, 1) and not compressed_stream:
@@ -228,7 +244,7 @@ def extract(archive: Path, parent: Path, members: Iterable[str] | None = None,
     wanted = list(members) if members is not None else None
     check_archive(archive, wanted, lim)
     parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".extract-", dir=parent))
+    tmp = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, dir=parent))
     hashes: dict[str, tuple[str, int]] = {}
     budget = _Budget(archive, lim)
     try:
@@ -335,7 +351,7 @@ def place(src: Path, final: Path) -> None:
     aside first, removed after), so ``final`` is never a half tree."""
     final.parent.mkdir(parents=True, exist_ok=True)
     if final.exists():
-        old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        old = final.with_name(f".{final.name}{OLD_INFIX}{os.getpid()}")
         if old.exists():
             shutil.rmtree(old)
         os.rename(final, old)

@@ -21,6 +21,7 @@ from adjcap.prepare.errors import PrepareError
 from adjcap.prepare.verify import sha256_file
 
 LOCK_NAME = "prepare.lock.json"
+TMP_PREFIX = ".prepare.lock-"  # save(): written whole, then renamed over the lock
 
 
 class Lock:
@@ -91,7 +92,7 @@ class Lock:
         if not self.dirty:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".prepare.lock-", suffix=".json", dir=self.path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=".json", dir=self.path.parent)
         try:
             with os.fdopen(fd, "w") as f:
                 json.dump(self.doc, f, indent=1, sort_keys=True)
