@@ -16,6 +16,7 @@ from adjcap.prepare.lock import LOCK_NAME, Lock
 from adjcap.prepare.progress import human_bytes
 from adjcap.prepare.sources import load_sources
 from adjcap.prepare.steps import ALL, STEPS, Context, Options, Planned
+from adjcap.registry import unknown
 
 __all__ = ["ALL", "STEPS", "Options", "PrepareError", "run", "steps_of"]
 
@@ -30,7 +31,7 @@ def steps_of(what: Iterable[str]) -> list[str]:
         elif w in STEPS:
             names.add(w)
         else:
-            raise PrepareError(f"unknown thing to prepare '{w}'; choose from {', '.join([*STEPS, 'all'])}")
+            raise PrepareError(unknown("thing to prepare", w, [*STEPS, "all"]))
     return [n for n in STEPS if n in names]
 
 
