@@ -119,7 +119,9 @@ class Metrics:
     per_image: dict[str, dict[str, float]] = field(default_factory=dict, repr=False)
 
     def __getitem__(self, metric: str) -> float:
-        return self.scores[metric]
+        from adjcap.registry import lookup
+
+        return lookup(self.scores, metric, "metric", KeyError)
 
     @classmethod
     def from_result(cls, res: Mapping[str, Any], per_image: Mapping[str, Any] | None = None) -> "Metrics":

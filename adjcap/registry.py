@@ -29,13 +29,15 @@ V = TypeVar("V")
 def close_matches(name: object, known: Iterable[str], n: int = 3) -> list[str]:
     """The known names closest to ``name``, best first: difflib's (ratio >= 0.6), then the names of
     the same family (one is a prefix of the other, or they share the first ``-`` word: ``ifcap`` and
-    ``ifcap-nocaps`` for ``ifcap-coco``)."""
+    ``ifcap-nocaps`` for ``ifcap-coco``); case does not count."""
     known = list(dict.fromkeys(str(k) for k in known))
-    text = str(name)
-    close = difflib.get_close_matches(text, known, n=n, cutoff=0.6)
+    lower = {k.lower(): k for k in reversed(known)}  # case does not count (cider -> CIDEr)
+    text = str(name).lower()
+    close = [lower[k] for k in difflib.get_close_matches(text, list(lower), n=n, cutoff=0.6)]
     if len(text) >= 3:
         head = text.split("-")[0] if "-" in text else None
-        family = [k for k in known if k.startswith(text) or text.startswith(k) or (head and k.split("-")[0] == head)]
+        family = [k for k in known if k.lower().startswith(text) or text.startswith(k.lower())
+                  or (head and k.lower().split("-")[0] == head)]
         close += [k for k in family if k not in close]
     return close[:n]
 
