@@ -265,8 +265,7 @@ def caption(images: str | os.PathLike | Sequence[Any], preset: str = "headline",
         folder, origin = _stage_images(list(images), Path(cfg.resolved().paths.runs_dir) / "caption-inputs")
     if not folder.is_dir():
         raise NotADirectoryError(f"{folder}: not a folder; give a folder of images or a list of image files")
-    jsonl = Path(job.main(cfg, folder, heads=heads, run_dir=run_dir))
-    rd = RunDir(run_dir) if run_dir else job.default_run_dir(job.folder_config(cfg, folder, heads is not None), folder)
+    jsonl = Path(job.main(cfg, folder, heads=heads, run_dir=run_dir))  # written in the run directory
     out = []
     for line in jsonl.read_text(encoding="utf-8").splitlines():
         r = json.loads(line)
@@ -276,7 +275,7 @@ def caption(images: str | os.PathLike | Sequence[Any], preset: str = "headline",
                            picker=r["picker"], error=r.get("error"),
                            candidates=tuple(Candidate(**c) for c in r.get("candidates") or ())))
     picker = out[0].picker if out else cfg.rerank.picker
-    return Captions(captions=out, picker=picker, run_dir=rd.path, jsonl=jsonl, gallery=jsonl.with_suffix(".html"))
+    return Captions(captions=out, picker=picker, run_dir=jsonl.parent, jsonl=jsonl, gallery=jsonl.with_suffix(".html"))
 
 
 def run(benchmark: str, preset: str | None = None, overrides: Sequence[str] | Mapping[str, Any] | None = None, *,
