@@ -204,8 +204,8 @@ def _config(preset: str | None, overrides: Sequence[str] | Mapping[str, Any] | N
 
 
 def _stage_images(images: Sequence[Any], root: Path) -> tuple[Path, dict[str, Path]]:
-    """A list of image files (or PIL images) as one folder the caption job can read: links to the
-    files (copies where links are refused; PIL images saved as PNG) in ``root/<hash of the inputs>``.
+    """A list of image files (or PIL images) as one folder the caption job can read: hard links to the
+    files (copies across file systems; PIL images saved as PNG) in ``root/images-<hash of the inputs>``.
     Returns the folder and {image id in it: the original path}."""
     from PIL import Image
 
@@ -232,13 +232,14 @@ def _stage_images(images: Sequence[Any], root: Path) -> tuple[Path, dict[str, Pa
             if not dest.exists():
                 p.save(dest.with_suffix(".tmp.png"))
                 os.replace(dest.with_suffix(".tmp.png"), dest)
-        elif not dest.exists():
+        elif not dest.exists():  # a hard link (the decoder refuses symlinks out of the folder), else a copy
             try:
-                dest.symlink_to(p)
+                os.link(p, dest)
             except OSError:
                 import shutil
 
-                shutil.copyfile(p, dest)
+                shutil.copyfile(p, dest.with_suffix(".tmp"))
+                os.replace(dest.with_suffix(".tmp"), dest)
         origin[name] = dest if isinstance(p, Image.Image) else p
     return folder, origin
 

@@ -72,8 +72,9 @@ def test_evaluate_in_memory_predictions_and_references():
 
 
 @pytest.fixture(scope="module")
-def sets(demo_cfg):
-    return [f"paths.cache_dir={demo_cfg.paths.cache_dir}", "ray.include_dashboard=false"]
+def sets(demo_cfg, tmp_path_factory):
+    return [f"paths.cache_dir={demo_cfg.paths.cache_dir}", f"paths.runs_dir={tmp_path_factory.mktemp('runs')}",
+            "ray.include_dashboard=false"]
 
 
 @pytest.mark.slow
