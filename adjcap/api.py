@@ -232,8 +232,9 @@ def _stage_images(images: Sequence[Any], root: Path) -> tuple[Path, dict[str, Pa
             if not dest.exists():
                 p.save(dest.with_suffix(".tmp.png"))
                 os.replace(dest.with_suffix(".tmp.png"), dest)
-        elif not dest.exists():  # a hard link (the decoder refuses symlinks out of the folder), else a copy
+        elif not dest.exists() or dest.is_symlink():  # a hard link (the decoder refuses symlinks), else a copy
             try:
+                dest.unlink(missing_ok=True)
                 os.link(p, dest)
             except OSError:
                 import shutil
