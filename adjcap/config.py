@@ -12,12 +12,15 @@ Strings that are paths may use the placeholders ``{cache}`` (``paths.cache_dir``
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from adjcap.registry import close_matches, did_you_mean, similar, suggestion, unknown
 
 Precision = Literal["auto", "fp32", "fp16", "bf16"]
 
@@ -323,8 +326,8 @@ class Config(_Strict):
         name = name or self.benchmark
         if name not in self.benchmarks:
             raise ConfigError(
-                f"benchmark '{name}' is not configured; known: {', '.join(sorted(self.benchmarks))}. "
-                f"Add it with --set benchmarks.{name}.format=... (see README)"
+                f"{unknown('benchmark', name, sorted(self.benchmarks))}; "
+                f"add one with --set benchmarks.{name}.format=... (see README)"
             )
         return self.benchmarks[name]
 
@@ -392,8 +395,8 @@ def _load_preset_dict(name: str, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
             path = Path(name)
         else:
             raise ConfigError(
-                f"unknown preset '{name}'; known presets: {', '.join(list_presets())} "
-                "(or pass a path to a config.toml)"
+                f"{unknown('preset', name, list_presets(), see='adjcap config --list')}; "
+                "or pass a path to a config.toml"
             )
     if name in _seen:
         raise ConfigError(f"preset '{name}' extends itself through {' -> '.join(_seen)}")
@@ -447,8 +450,9 @@ def set_key(data: dict[str, Any], key: str, value: Any) -> None:
         if model is not None and isinstance(model, type) and issubclass(model, BaseModel):
             fields = model.model_fields
             if part not in fields:
+                typed = ".".join(parts[: i + 1])
                 raise ConfigError(
-                    f"unknown config key '{'.'.join(parts[: i + 1])}'; "
+                    f"unknown config key '{typed}'{suggestion(close_keys(key))}; "
                     f"valid keys here: {', '.join(sorted(fields))}"
                 )
             model = _model_of(fields[part].annotation)
@@ -462,6 +466,43 @@ def set_key(data: dict[str, Any], key: str, value: Any) -> None:
                 nxt = {}
                 cur[part] = nxt
             cur = nxt
+
+
+def config_keys(typed: str = "") -> list[str]:
+    """Every dotted config key (sections too), for "did you mean". Keys under a dict of sections
+    (``benchmarks.<name>.format``) use the name ``typed`` gives, else ``<name>``."""
+    parts = typed.split(".")
+    out: list[str] = []
+
+    def walk(model: Any, prefix: str, depth: int) -> None:
+        for name, field in model.model_fields.items():
+            key = f"{prefix}{name}"
+            out.append(key)
+            sub = _model_of(field.annotation)
+            if sub == "dict":
+                value = _dict_value_model(name)
+                if value is not None:
+                    item = parts[depth + 1] if len(parts) > depth + 2 else "<name>"
+                    walk(value, f"{key}.{item}.", depth + 2)
+            elif sub is not None:
+                walk(sub, f"{key}.", depth + 1)
+
+    walk(Config, "", 0)
+    return out
+
+
+def close_keys(typed: str, n: int = 3) -> list[str]:
+    """The config keys a mistyped dotted key most likely meant: near names in the same section, then
+    keys elsewhere whose last part is (nearly) the typed one (``checkpoint`` -> ``captioner.checkpoint``);
+    failing both, near keys by their whole dotted name."""
+    keys = config_keys(typed)
+    section, _, leaf = typed.rpartition(".")
+    prefix = f"{section}." if section else ""
+    siblings = [k[len(prefix):] for k in keys if k.startswith(prefix) and "." not in k[len(prefix):]]
+    out = [prefix + k for k in close_matches(leaf, siblings, n)]
+    out += [k for k in keys if similar(leaf, k.rpartition(".")[2])]
+    out = [k for k in dict.fromkeys(out) if k != typed]
+    return out[:n] or close_matches(typed, keys, n)
 
 
 def _model_of(annotation: Any) -> Any:
@@ -524,7 +565,13 @@ def _explain(e: ValidationError) -> str:
     for err in e.errors():
         key = ".".join(str(x) for x in err["loc"])
         if err["type"] == "extra_forbidden":
-            lines.append(f"unknown config key '{key}'")
+            lines.append(f"unknown config key '{key}'{suggestion(close_keys(key))}")
+        elif err["type"] == "literal_error":
+            allowed = re.findall(r"'([^']*)'", str(err.get("ctx", {}).get("expected", "")))
+            lines.append(f"bad value for '{key}': {err['msg']} (got {err.get('input')!r})"
+                         f"{did_you_mean(err.get('input'), allowed)}")
         else:
             lines.append(f"bad value for '{key}': {err['msg']} (got {err.get('input')!r})")
+    if len(lines) == 1:
+        return f"invalid configuration: {lines[0]}"
     return "invalid configuration:\n  " + "\n  ".join(lines)

@@ -140,7 +140,9 @@ def code_dir(cache_dir: str | os.PathLike) -> Path:
     root = Path(adjcap.__file__).resolve().parent.parent
     d = env_dir(cache_dir) / "adjcap-code"
     d.mkdir(parents=True, exist_ok=True)
-    for pkg in ("adjcap", "actors"):
+    for pkg in ("adjcap", "actors"):  # an installed wheel has actors inside adjcap (setup.py)
+        if not (root / pkg).is_dir():
+            continue
         link = d / pkg
         if link.is_symlink() and Path(os.readlink(link)) == root / pkg:
             continue

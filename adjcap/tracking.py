@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from adjcap.registry import unknown
 from adjcap.rundir import RunDir
 
 # the metrics logged per protocol and picker (x100 as in the report; CLIPScore w=2.5; CHAIR in %)
@@ -37,7 +38,7 @@ def parse_log_specs(specs: Sequence[str]) -> list[Tracker]:
         kind, _, target = str(spec).partition("=")
         kind = kind.strip().lower()
         if kind not in LOGGERS:
-            raise TrackingError(f"--log {spec}: unknown tracker '{kind}'; use mlflow[=TRACKING_URI] or wandb[=PROJECT]")
+            raise TrackingError(f"--log {spec}: {unknown('tracker', kind, LOGGERS)}; use mlflow[=TRACKING_URI] or wandb[=PROJECT]")
         out.append(Tracker(kind, target.strip() or None))
     return out
 

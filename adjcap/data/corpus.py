@@ -15,6 +15,7 @@ from adjcap.data.annotations import layout_of
 from adjcap.data.jsonfile import load_json
 from adjcap.data.layouts.karpathy import karpathy_images
 from adjcap.data.records import DataError, offenders
+from adjcap.registry import check
 
 CORPUS_FORMATS = ("ifcap", "karpathy", "lines", "auto")
 # IFCap tests the last character against string.punctuation plus the space character
@@ -148,8 +149,7 @@ def load_corpus(path: str | Path, fmt: str = "ifcap", split: str = "train") -> C
     content). Empty captions are dropped (counted in ``Corpus.dropped``); an empty corpus is an error.
     """
     p = Path(path).expanduser()
-    if fmt not in CORPUS_FORMATS:
-        raise DataError(f"unknown corpus format '{fmt}'; use one of: {', '.join(CORPUS_FORMATS)}")
+    check(fmt, CORPUS_FORMATS, "corpus format", DataError)
     if not p.exists():
         raise DataError(
             f"{p}: corpus file not found. It holds the training captions retrieval searches "

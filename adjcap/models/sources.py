@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from adjcap.registry import did_you_mean
+
 OPEN_CLIP_CONFIG = "open_clip_config.json"
 OPEN_CLIP_SUFFIXES = (".safetensors", ".bin", ".pth")  # what open_clip's local-dir loading looks for
 CHECKPOINT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
@@ -178,13 +180,10 @@ class ClipSource:
 
 
 def unknown_model_error(model: str) -> ValueError:
-    import difflib
-
     import open_clip
 
-    close = difflib.get_close_matches(model, open_clip.list_models(), n=5, cutoff=0.5)
-    return ValueError(f"unknown open_clip model '{model}'" + (f"; did you mean {', '.join(close)}?" if close else "")
-                      + " (open_clip.list_models() lists them all)")
+    return ValueError(f"unknown open_clip model '{model}'{did_you_mean(model, open_clip.list_models(), n=5)}"
+                      " (open_clip.list_models() lists them all)")
 
 
 def tag_files(pcfg: dict[str, Any]) -> tuple[str | None, list[str], str | None]:

@@ -21,6 +21,7 @@ from adjcap.prepare.runlock import RUN_LOCK_NAME, holding
 from adjcap.prepare.sources import load_sources
 from adjcap.prepare.steps import ALL, STEPS, Context, Options, Planned
 from adjcap.prepare.targets import configs_for, configs_for_all, steps_of_configs
+from adjcap.registry import unknown
 
 __all__ = ["ALL", "STEPS", "Options", "PrepareError", "run", "steps_of"]
 
@@ -35,7 +36,7 @@ def steps_of(what: Iterable[str]) -> list[str]:
         elif w in STEPS:
             names.add(w)
         else:
-            raise PrepareError(f"unknown thing to prepare '{w}'; choose from {', '.join([*STEPS, 'all'])}")
+            raise PrepareError(unknown("thing to prepare", w, [*STEPS, "all"]))
     return [n for n in STEPS if n in names]
 
 

@@ -13,6 +13,7 @@ from importlib import resources
 from typing import Any, Callable
 
 from adjcap.config import ConfigError, list_presets, load_config
+from adjcap.registry import lookup
 
 
 @dataclass(frozen=True)
@@ -125,10 +126,7 @@ def load_tables() -> dict[str, TableDef]:
 
 
 def get_table(key: str) -> TableDef:
-    tables = load_tables()
-    if key not in tables:
-        raise ConfigError(f"unknown table '{key}'; known: {', '.join(tables)} (adjcap reproduce --list)")
-    return tables[key]
+    return lookup(load_tables(), key, "table", ConfigError, see="adjcap reproduce --list")
 
 
 def listing(status: Callable[[TableDef], str] | None = None) -> str:

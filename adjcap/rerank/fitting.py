@@ -38,6 +38,7 @@ import torch
 from adjcap.config import Config, RerankCfg
 from adjcap.rerank.borda import borda_targets, listwise_loss
 from adjcap.rerank.features import BeamFeatures
+from adjcap.registry import unknown
 from adjcap.rerank.heads import HEADS, Heads
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -313,7 +314,7 @@ def fit(
     if protocol == "training-free":
         raise ValueError("protocol 'training-free' fits no head; pick with a training-free picker (e.g. 'fixed' or 'lm')")
     if protocol not in (None, "inductive", "transductive"):
-        raise ValueError(f"unknown protocol {protocol!r}; known: inductive, transductive, training-free")
+        raise ValueError(unknown("protocol", protocol, ("inductive", "transductive", "training-free")))
     heads = fit_heads(feats, cfg, seed=seed, device=device)
     if protocol is not None:
         heads.meta["protocol"] = protocol

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from adjcap.rerank.features import BeamFeatures
-from adjcap.rerank.registry import Registry
+from adjcap.registry import Registry
 
 
 def count_params(module: nn.Module) -> int:

@@ -30,7 +30,7 @@ import torch
 
 from adjcap.rerank.features import BeamFeatures, zscore
 from adjcap.rerank.heads import HEADS, Heads, head_spec
-from adjcap.rerank.registry import Registry
+from adjcap.registry import Registry
 
 # raw scorer columns of BeamFeatures.raw_scores, by the name pickers declare them with
 SCORERS = {"lm": (0, "LM"), "retrieval": (1, "retrieval cosine"), "verifier": (2, "verifier")}

@@ -32,6 +32,7 @@ import torch
 
 from adjcap.config import Config
 from adjcap.features import PREDICTION_SCHEMA
+from adjcap.registry import check
 from adjcap.rerank.borda import borda_targets, listwise_loss
 from adjcap.rerank.diagnostics import agreement, differs_from_lm
 from adjcap.rerank.features import BeamFeatures, load_features, zscore
@@ -174,8 +175,7 @@ def run_protocol(
     ("cpu", "cuda" or "auto"; see :func:`adjcap.rerank.fit_device`)."""
     r = cfg.rerank
     protocol, picker = r.protocol, r.picker
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"rerank.protocol must be one of {PROTOCOLS}, got {protocol!r}")
+    check(protocol, PROTOCOLS, "rerank.protocol")
     learned = get_picker(picker).learned
     if protocol == "training-free" and learned:
         raise ValueError(

@@ -15,12 +15,12 @@ official file is COCO-style, so format ``coco`` reads it too). ``auto`` sniffs.
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal
 
 from adjcap.data.records import DataError
+from adjcap.registry import check, lookup
 
 AUTO = "auto"
 
@@ -87,30 +87,14 @@ def format_names() -> tuple[str, ...]:
     return tuple(sorted({lay.format for lay in LAYOUTS.values()})) + (AUTO,)
 
 
-def _did_you_mean(name: str, known: tuple[str, ...]) -> str:
-    close = difflib.get_close_matches(name, known, n=1)
-    return f" (did you mean '{close[0]}'?)" if close else ""
-
-
 def check_format(fmt: str) -> str:
     """``fmt`` when it is a known format name, else DataError listing the known ones."""
-    known = format_names()
-    if fmt not in known:
-        raise DataError(
-            f"unknown benchmark format '{fmt}'{_did_you_mean(fmt, known)}; known formats: {', '.join(known)}"
-        )
-    return fmt
+    return check(fmt, format_names(), "benchmark format", DataError)
 
 
 def get_layout(name: str) -> Layout:
     """The layout registered as ``name``, else DataError listing the known ones."""
-    try:
-        return LAYOUTS[name]
-    except KeyError:
-        known = tuple(sorted(LAYOUTS))
-        raise DataError(
-            f"unknown annotation layout '{name}'{_did_you_mean(name, known)}; known layouts: {', '.join(known)}"
-        ) from None
+    return lookup(dict(sorted(LAYOUTS.items())), name, "annotation layout", DataError)
 
 
 def sniff_json(obj: Any) -> Layout | None:
