@@ -11,6 +11,7 @@ from typing import Any, Iterable
 from adjcap.config import ConfigError, list_presets, load_config
 from adjcap.needs import needs_of, steps_for
 from adjcap.prepare.errors import PrepareError
+from adjcap.registry import unknown
 
 
 def _data_set(data: Path) -> str:
@@ -31,8 +32,9 @@ def configs_for(target: str, data: Path, sets: Iterable[str] = ()) -> list[Any]:
             return [p.cfg.resolved() for p in distinct_runs(plan_table(tables[target], None, sets))]
     except ConfigError as e:
         raise PrepareError(f"--for {target}: {e}") from None
-    raise PrepareError(f"--for {target}: neither a preset ({', '.join(list_presets())}) nor a reproduce table "
-                       f"({', '.join(load_tables())})")
+    known = [*list_presets(), *load_tables()]
+    raise PrepareError(f"--for {target}: " + unknown("preset or reproduce table", target, known,
+                                                    see="adjcap config --list, adjcap reproduce --list"))
 
 
 def configs_for_all(data: Path, preset: str, sets: Iterable[str] = ()) -> list[Any]:
