@@ -52,7 +52,6 @@ def _independent(a, b, protocol, picker, n_boot=2000):
     stats = {
         "CIDEr": lambda x: x["cider"].to_numpy()[idx].mean(axis=1),
         "ROUGE-L": lambda x: x["rouge_l"].to_numpy()[idx].mean(axis=1),
-        "B-4": lambda x: x["bleu_4"].to_numpy()[idx].mean(axis=1),
         "METEOR": lambda x: x["meteor"].to_numpy()[idx].mean(axis=1),
         "CHAIR_i": lambda x: 100.0 * np.array([len(h) for h in x["chair_hallucinated"]])[idx].sum(axis=1)
         / np.maximum(np.array([len(m) for m in x["chair_mentioned"]])[idx].sum(axis=1), 1),
@@ -83,6 +82,11 @@ def test_intervals_match_an_independent_bootstrap_on_the_samples_table(two_runs)
     same = {m.metric: m.diff for m in by[("inductive", "lm")].metrics}
     assert same["CIDEr"].delta == 0 and same["CIDEr"].low == same["CIDEr"].high == 0
     assert "SPICE" not in got  # neither run computed it: not listed
+    # BLEU-4 is corpus BLEU recomputed from per-image statistics: on all images, the report's figure
+    for run, v in ((a, got["B-4"].a), (b, got["B-4"].b)):
+        doc = json.loads((run / "metrics" / "inductive.json").read_text())
+        assert v == pytest.approx(doc["pickers"]["ensemble"]["metrics"]["B-4"])
+    assert by[("inductive", "ensemble")].metrics[0].exact
 
 
 def test_config_and_provenance_differences_are_listed(two_runs, tmp_path):

@@ -200,3 +200,23 @@ def test_not_applicable_pickers_are_listed(tmp_path, report):
     md = write_report([run], embed_images=False)["markdown"].read_text()
     assert "| training-free | verifier: not applicable (the feature table has no finite verifier scores) |" in md
     assert "could not run on this run's features" in md
+
+
+def test_main_table_has_a_bootstrap_interval_on_every_metric(report):
+    import numpy as np
+
+    from adjcap.metrics.bootstrap import resample_indices
+
+    run, paths = report
+    md = paths["markdown"].read_text()
+    doc = json.loads((run / "metrics" / "inductive.json").read_text())
+    per = doc["per_image"]["ensemble"]
+    ids = sorted(per)
+    x = np.array([per[i]["CIDEr"] for i in ids])
+    means = x[resample_indices(len(ids))].mean(axis=1)
+    low, high = np.quantile(means, [0.025, 0.975])
+    main = md.split("caption metrics (x100)**", 1)[1]
+    row = next(line for line in main.splitlines() if line.startswith("| inductive | ensemble |"))
+    assert f"{doc['pickers']['ensemble']['metrics']['CIDEr']:.1f} [{low:.1f}, {high:.1f}]" in row
+    assert row.count("[") == 5 and "†" in row  # B-4, MET (†: mean per image), R-L, CIDEr, CHAIR_s (no CLIPScore here)
+    assert "95% percentile bootstrap interval over the 6 scored images" in md

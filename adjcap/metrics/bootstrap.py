@@ -116,6 +116,19 @@ def any_hallucinated_percent(x: np.ndarray) -> float:
     return 100.0 * float((x[:, 1] > 0).mean()) if len(x) else 0.0
 
 
+def corpus_bleu4(x: np.ndarray) -> float:
+    """Corpus BLEU-4 x100 (pycocoevalcap's formula) from per-image rows of
+    ``adjcap.metrics.coco.BLEU_STAT_KEYS`` (lengths, guesses and matches summed over the rows)."""
+    t = x.sum(axis=0)
+    testlen, reflen, guess, correct = t[0], t[1], t[2:6], t[6:10]
+    tiny, small = 1e-15, 1e-9
+    bleu = float(np.prod((correct + tiny) / (guess + small))) ** 0.25
+    ratio = (testlen + tiny) / (reflen + small)
+    if ratio < 1:
+        bleu *= float(np.exp(1 - 1 / ratio))
+    return 100.0 * bleu
+
+
 @dataclass(frozen=True)
 class PerImageStatistic:
     """How a reported metric is made from per-image values (``metrics/<protocol>.json`` per_image
@@ -129,11 +142,14 @@ class PerImageStatistic:
     lower_is_better: bool = False
     exact: bool = True
     digits: int = 1
+    fallback: "PerImageStatistic | None" = None  # when the per-image columns are absent (older runs)
 
 
 # the report's metrics that can be resampled over images, in the report's column order
 PER_IMAGE_STATISTICS: Mapping[str, PerImageStatistic] = {
-    "B-4": PerImageStatistic(("B-4",), exact=False),
+    "B-4": PerImageStatistic(("bleu_testlen", "bleu_reflen", *(f"bleu_guess{n}" for n in range(1, 5)),
+                              *(f"bleu_correct{n}" for n in range(1, 5))), corpus_bleu4,
+                             fallback=PerImageStatistic(("B-4",), exact=False)),
     "METEOR": PerImageStatistic(("METEOR",), exact=False),
     "ROUGE-L": PerImageStatistic(("ROUGE-L",)),
     "CIDEr": PerImageStatistic(("CIDEr",)),
@@ -157,3 +173,20 @@ def per_image_matrix(per_image: Mapping[str, Mapping[str, float | None]], ids: S
             return None
         rows.append(vals)
     return np.asarray(rows, dtype=np.float64).reshape(len(ids), len(columns))
+
+
+def statistic_matrices(name: str, per_a: Mapping[str, Mapping[str, float | None]],
+                       per_b: Mapping[str, Mapping[str, float | None]] | None, ids: Sequence[str]
+                       ) -> tuple[PerImageStatistic, np.ndarray | None, np.ndarray | None]:
+    """The statistic of metric ``name`` that both per-image tables can feed (its fallback when one
+    lacks the columns), with the two matrices (``per_b`` None: one table)."""
+    st: PerImageStatistic | None = PER_IMAGE_STATISTICS[name]
+    first = st
+    while st is not None:
+        xa = per_image_matrix(per_a, ids, st.columns)
+        xb = per_image_matrix(per_b, ids, st.columns) if per_b is not None else None
+        if xa is not None and (per_b is None or xb is not None):
+            return st, xa, xb
+        st = st.fallback
+    return first, per_image_matrix(per_a, ids, first.columns), (
+        per_image_matrix(per_b, ids, first.columns) if per_b is not None else None)

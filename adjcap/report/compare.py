@@ -27,8 +27,8 @@ from adjcap.metrics.bootstrap import (
     PER_IMAGE_STATISTICS,
     PairedDifference,
     paired_bootstrap,
-    per_image_matrix,
     resample_indices,
+    statistic_matrices,
 )
 from adjcap.report.collect import RunData, load_run
 from adjcap.report.gallery import GALLERY_CSS
@@ -36,7 +36,7 @@ from adjcap.report.tables import Table
 from adjcap.rundir import RunDir
 
 # provenance fields that differ between any two runs and say nothing about their results
-VOLATILE_PROVENANCE = ("started_utc", "finished_utc", "seconds", "steps", "status")
+VOLATILE_PROVENANCE = ("started_utc", "finished_utc", "seconds", "steps", "later_steps", "status")
 
 
 class NotComparable(ValueError):
@@ -199,8 +199,8 @@ def compare_runs(a: RunData, b: RunData, *, intersection: bool = False, label_a:
         if not ids:
             continue
         draws = resample_indices(len(ids), samples)  # one resampling for every metric of this picker
-        for name, st in PER_IMAGE_STATISTICS.items():
-            xa, xb = per_image_matrix(ia, ids, st.columns), per_image_matrix(ib, ids, st.columns)
+        for name in PER_IMAGE_STATISTICS:
+            st, xa, xb = statistic_matrices(name, ia, ib, ids)
             if xa is None and xb is None:
                 continue  # neither run computed it (e.g. SPICE not requested)
             md = MetricDifference(name, None, st.lower_is_better, st.exact, st.digits)
@@ -280,7 +280,7 @@ def diff_table(title: str, rows: list[tuple[str, Any, Any]], la: str, lb: str) -
 
 def to_text(c: Comparison) -> str:
     """The terminal view: one block per protocol / picker."""
-    lines = [f"compare: B = {c.label_b} ({c.b.path})  vs  A = {c.label_a} ({c.a.path})"]
+    lines = [f"compare: B = {c.label_b} ({c.b.path.resolve()})  vs  A = {c.label_a} ({c.a.path.resolve()})"]
     if c.intersection_note:
         lines.append(c.intersection_note)
     for pc in c.pickers:
@@ -312,12 +312,12 @@ def _tables(c: Comparison) -> list[Table]:
 
 
 def _header(c: Comparison) -> tuple[str, str]:
-    md = (f"## {c.label_b} (B) vs {c.label_a} (A)\n\nA: `{c.a.path}`  \nB: `{c.b.path}`\n"
+    md = (f"## {c.label_b} (B) vs {c.label_a} (A)\n\nA: `{c.a.path.resolve()}`  \nB: `{c.b.path.resolve()}`\n"
           + (f"\n{c.intersection_note}\n" if c.intersection_note else "")
           + (f"\nEvaluated in one run only: A {', '.join(c.only_a) or '-'}; B {', '.join(c.only_b) or '-'}\n"
              if c.only_a or c.only_b else ""))
     h = (f"<h2>{html.escape(c.label_b)} (B) vs {html.escape(c.label_a)} (A)</h2>"
-         f"<p>A: <code>{html.escape(str(c.a.path))}</code><br>B: <code>{html.escape(str(c.b.path))}</code></p>"
+         f"<p>A: <code>{html.escape(str(c.a.path.resolve()))}</code><br>B: <code>{html.escape(str(c.b.path.resolve()))}</code></p>"
          + (f"<p>{html.escape(c.intersection_note)}</p>" if c.intersection_note else ""))
     return md, h
 

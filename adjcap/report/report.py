@@ -19,6 +19,7 @@ from typing import Any
 from adjcap.io import atomic_write_text
 from adjcap.report.collect import LM_PICKER, RunData, load_run
 from adjcap.report.headline import headline_table
+from adjcap.report.intervals import interval_text, picker_intervals
 from adjcap import provenance
 from adjcap.report.gallery import GALLERY_CSS, GALLERY_JS, gallery_html, gallery_items, write_paged_gallery
 from adjcap.report.plots import cider_by_configuration, hallucination_per_class
@@ -49,14 +50,23 @@ def _labels(runs: list[RunData]) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 
 
-def metrics_table(run: RunData, label: str) -> Table:
-    """Paper layout: rows = protocol / picker; B-4, MET, R-L, CIDEr, SPICE (+ CLIPScore, CHAIR_s)."""
+def run_intervals(run: RunData) -> dict[tuple[str, str], dict]:
+    """(protocol, picker) -> :func:`adjcap.report.intervals.picker_intervals`, computed once a report."""
+    return {(proto, picker): picker_intervals(run, proto, picker) for proto in run.protocols
+            for picker in run.pickers(proto)}
+
+
+def metrics_table(run: RunData, label: str, intervals: dict[tuple[str, str], dict] | None = None) -> Table:
+    """Paper layout: rows = protocol / picker; B-4, MET, R-L, CIDEr, SPICE (+ CLIPScore, CHAIR_s), each
+    with its 95% bootstrap interval over images (``intervals``: from :func:`run_intervals`)."""
+    intervals = run_intervals(run) if intervals is None else intervals
     tab = Table(
         title=f"{label}: caption metrics (x100)",
         columns=["protocol", "picker", *PAPER_HEADERS, "CLIPScore", "CHAIR_s"],
         label=f"tab:{_slug(label)}-metrics",
         digits={7: 3, 8: 2},
     )
+    n_boot, inexact = 0, set()
     for proto in run.protocols:
         tab.rules.add(len(tab.rows))
         for picker in run.pickers(proto):
@@ -65,13 +75,26 @@ def metrics_table(run: RunData, label: str) -> Table:
             cs = (m.get("clipscore") or {}).get("CLIPScore")
             ch = (m.get("chair") or {}).get("CHAIR_s")
             tab.rows.append([proto, picker, *(sc.get(c) for c in PAPER_COLUMNS), cs, ch])
+            ivs = intervals.get((proto, picker), {})
+            for col, name in enumerate((*PAPER_COLUMNS, "CLIPScore", "CHAIR_s"), start=2):
+                if name in ivs:
+                    iv, exact = ivs[name]
+                    tab.suffix[(len(tab.rows) - 1, col)] = interval_text(iv, tab.digits.get(col, 1), exact)
+                    n_boot = max(n_boot, iv.n_images)
+                    inexact |= {name} if not exact else set()
         for picker, why in sorted(run.not_applicable.get(proto, {}).items()):
             if picker not in run.pickers(proto):
                 tab.rows.append([proto, f"{picker}: not applicable ({why})", *([None] * 7)])
     bold_best(tab, [2, 3, 4, 5, 6, 7, 8], lower_is_better={8})
     notes = _spice_notes(run)
+    if n_boot:
+        tab.caption = (f"[low, high]: 95% percentile bootstrap interval over the {n_boot} scored images (2,000 "
+                       "resamples, one resampling shared by every metric of a picker).")
+        if inexact:
+            tab.caption += (f" †: {', '.join(sorted(inexact))} is not a mean of per-image scores; its interval is "
+                            "that of the mean per-image score.")
     if notes:
-        tab.caption = "SPICE: " + notes
+        tab.caption = (tab.caption + " " if tab.caption else "") + "SPICE: " + notes
     if any(run.not_applicable.values()):
         tab.caption = (tab.caption + " " if tab.caption else "") + (
             "Pickers marked 'not applicable' could not run on this run's features (their inputs are absent).")
@@ -327,7 +350,7 @@ def write_report(
         body.append("<h2>Runs side by side</h2>")
         add(runs_table(runs, labels, base), "runs")
 
-    cider_rows: list[tuple[str, float | None]] = []
+    cider_rows: list[tuple[str, float | None, tuple[float, float] | None]] = []
     measured_for_pub: list[tuple[str, str, str, dict[str, Any], str | None]] = []
     galleries: list[str] = []
     for run, lab in zip(runs, labels):
@@ -338,11 +361,14 @@ def write_report(
         if run.description:
             md.append(f"{run.description}\n")
             body.append(f"<p>{html.escape(run.description)}</p>")
-        add(metrics_table(run, lab), f"{lab}-metrics")
+        ivs = run_intervals(run)
+        add(metrics_table(run, lab, ivs), f"{lab}-metrics")
         for proto in run.protocols:
             for picker in run.pickers(proto):
                 c = run.picker_metrics(proto, picker).get("metrics", {}).get("CIDEr")
-                cider_rows.append((f"{lab}: {proto}/{picker}" if len(runs) > 1 else f"{proto}/{picker}", c))
+                iv = ivs.get((proto, picker), {}).get("CIDEr")
+                cider_rows.append((f"{lab}: {proto}/{picker}" if len(runs) > 1 else f"{proto}/{picker}", c,
+                                   (iv[0].low, iv[0].high) if iv else None))
         hl = run.headline()
         if hl is None:
             continue
