@@ -31,7 +31,7 @@ from adjcap.metrics.bootstrap import (
     statistic_matrices,
 )
 from adjcap.report.collect import RunData, load_run
-from adjcap.report.gallery import GALLERY_CSS
+from adjcap.report.page import html_page
 from adjcap.report.tables import Table
 from adjcap.rundir import RunDir
 
@@ -339,8 +339,7 @@ def write_comparison(comparisons: list[Comparison], out_dir: str | Path) -> dict
                 continue
             md.append(tab.to_markdown())
             body.append(tab.to_html())
-    page = ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>adjcap compare</title>"
-            f"<style>{GALLERY_CSS}</style></head><body>" + "\n".join(body) + "</body></html>")
+    page = html_page("adjcap compare", "\n".join(body))
     return {"markdown": atomic_write_text(out / "compare.md", "\n".join(md)),
             "html": atomic_write_text(out / "compare.html", page)}
 
