@@ -276,6 +276,21 @@ def report(
     _run(lambda: job.report(run, out, baseline))
 
 
+@app.command("compare")
+def compare(
+    runs: List[Path] = typer.Argument(..., help="run directories: RUN_A RUN_B [...]; each later run is compared "
+                                      "against the first"),
+    out: Path = typer.Option(Path("."), "--out", help="where compare.md and compare.html go (default: the current "
+                             "directory)"),
+    intersection: bool = typer.Option(False, "--intersection", help="compare on the images both runs share "
+                                      "instead of refusing runs with different image sets"),
+):
+    """B - A for every metric and picker of both runs, with paired bootstrap 95% intervals."""
+    from jobs import evaluate as job
+
+    _run(lambda: job.compare(runs, out, intersection))
+
+
 @app.command("demo")
 def demo(
     run_dir: Path = typer.Option(Path("runs/demo"), "--run-dir"),

@@ -78,6 +78,10 @@ class RunDir:
             raise NotADirectoryError(f"{self.path}: run directory path exists and is not a directory; "
                                      "choose another --run-dir")
 
+    def is_run(self) -> bool:
+        """A directory adjcap wrote a run into: its config.toml (written first) or metrics/."""
+        return self.path.is_dir() and (self.config_path.exists() or self.metrics_dir.is_dir())
+
     # ---- lock ---------------------------------------------------------------------------------
     @property
     def lock_path(self) -> Path:
@@ -351,6 +355,10 @@ class RunDir:
     def gallery_html(self, label: str | None = None) -> Path:
         """The paged gallery of every image (``gallery-<label>.html`` for one of several runs reported together)."""
         return self.path / (f"gallery-{label}.html" if label else "gallery.html")
+
+    def diagnostics_html(self, label: str | None = None) -> Path:
+        """The reranker diagnostics page (heads/heads.json as a table), linked from the report."""
+        return self.path / (f"diagnostics-{label}.html" if label else "diagnostics.html")
 
     def gallery_dir(self, label: str | None = None) -> Path:
         """The gallery's row chunks (``rows-<n>.js``), loaded by the gallery page as it pages."""

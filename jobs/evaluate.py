@@ -8,6 +8,7 @@ from adjcap import samples
 from adjcap.config import Config, EvalCfg
 from adjcap.metrics.evaluate import evaluate_predictions, evaluate_run, format_table
 from adjcap.report import write_report
+from adjcap.report.compare import compare as compare_runs, to_text
 from adjcap.rundir import RunDir
 from jobs.provenance import note_step
 
@@ -65,4 +66,14 @@ def report(runs: list[Path], out: Path | None, baseline: Path | None = None) -> 
     written = write_report([Path(r) for r in runs], out, baseline=baseline)
     print(f"report: {written['markdown']}")
     print(f"gallery: {written['html']}")
+    return written
+
+
+def compare(runs: list[Path], out: Path | None, intersection: bool = False) -> dict:
+    """``adjcap compare RUN_A RUN_B [...]``: print each comparison, write compare.md / compare.html."""
+    comparisons, written = compare_runs([Path(r) for r in runs], out, intersection=intersection)
+    for c in comparisons:
+        print(to_text(c))
+    print(f"compare: {written['markdown']}")
+    print(f"compare: {written['html']}")
     return written

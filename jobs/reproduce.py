@@ -15,6 +15,7 @@ from typing import Any
 
 from adjcap.io import atomic_write_json, atomic_write_text
 from adjcap.report.collect import load_run
+from adjcap.report.page import table_page
 from adjcap.reproduce import RowResult, build_table, distinct_runs, get_table, plan_table
 from adjcap.reproduce.plan import DEMO, RowPlan
 from adjcap.rundir import RunDir
@@ -25,6 +26,8 @@ from jobs.ray_session import ray_session
 
 def _measure(plan: RowPlan, failed: dict[Path, str]) -> RowResult:
     res = RowResult(plan.row, plan.benchmark, plan.protocol, plan.picker, run_dir=str(plan.run_dir or ""))
+    if plan.cfg is not None:
+        res.extra["encoder"] = plan.cfg.retrieval.model
     if plan.problem:
         res.status = plan.problem
         return res
@@ -95,8 +98,7 @@ def main(table_key: str, benchmark: str | None = None, sets: list[str] | tuple[s
     paths = {
         "markdown": atomic_write_text(out_dir / f"{stem}.md", out_table.to_markdown()),
         "latex": atomic_write_text(out_dir / f"{stem}.tex", out_table.to_latex()),
-        "html": atomic_write_text(out_dir / f"{stem}.html", "<!doctype html><meta charset='utf-8'>\n"
-                                  + out_table.to_html() + "\n"),
+        "html": atomic_write_text(out_dir / f"{stem}.html", table_page(out_table, f"adjcap reproduce {table.key}")),
     }
     work = stage_work(plans)
     doc = {

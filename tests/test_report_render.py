@@ -54,8 +54,12 @@ def test_markdown_has_paper_style_tables_and_published_rows(report):
     assert "published [tab:scoreboard]" in md and "Ours (inductive)" in md and "117.6" in md
     assert "reference-proxy CHAIR" in md and "CHAIR_s % (lower is better)" in md
     assert "pick differs from LM-only: ensemble" in md
-    assert "trifuse.params" in md  # reranker diagnostics from heads/heads.json
+    assert "trifuse.params" not in md and "[diagnostics.html](diagnostics.html)" in md  # heads.json: own page
+    assert "trifuse.params" in (run / "diagnostics.html").read_text()
     assert "SPICE: not requested" in md  # SPICE shown as missing, with the reason
+    # the field's published rows stand beside the run's own table, marked as not re-run
+    assert "| CapDec | published, not re-run | 26.4 |" in md and "| run (inductive/ensemble) | measured |" in md
+    assert md.index("caption metrics (x100)") < md.index("published, not re-run") < md.index("reference-proxy CHAIR (")
 
 
 def test_html_gallery_contains_images_and_captions(report):
@@ -113,8 +117,9 @@ def test_multi_run_side_by_side_and_empty_run(tmp_path, report):
     run_b = tmp_path / "b" / "run"  # same metrics under another configuration (saves an evaluation)
     shutil.copytree(run_a, run_b)
     (run_b / "config.toml").write_text(load_config("training-free").to_toml())
-    empty = tmp_path / "c" / "run"
+    empty = tmp_path / "c" / "run"  # a run that was started (config.toml) but never evaluated
     empty.mkdir(parents=True)
+    (empty / "config.toml").write_text(load_config("headline").to_toml())
     out = tmp_path / "cmp"
     paths = write_report([run_a, run_b, empty], out, embed_images=False)
     md = paths["markdown"].read_text()
@@ -200,3 +205,38 @@ def test_not_applicable_pickers_are_listed(tmp_path, report):
     md = write_report([run], embed_images=False)["markdown"].read_text()
     assert "| training-free | verifier: not applicable (the feature table has no finite verifier scores) |" in md
     assert "could not run on this run's features" in md
+
+
+def test_main_table_has_a_bootstrap_interval_on_every_metric(report):
+    import numpy as np
+
+    from adjcap.metrics.bootstrap import resample_indices
+
+    run, paths = report
+    md = paths["markdown"].read_text()
+    doc = json.loads((run / "metrics" / "inductive.json").read_text())
+    per = doc["per_image"]["ensemble"]
+    ids = sorted(per)
+    x = np.array([per[i]["CIDEr"] for i in ids])
+    means = x[resample_indices(len(ids))].mean(axis=1)
+    low, high = np.quantile(means, [0.025, 0.975])
+    main = md.split("caption metrics (x100)**", 1)[1]
+    row = next(line for line in main.splitlines() if line.startswith("| inductive | ensemble |"))
+    assert f"{doc['pickers']['ensemble']['metrics']['CIDEr']:.1f} [{low:.1f}, {high:.1f}]" in row
+    assert row.count("[") == 5 and "†" in row  # B-4, MET (†: mean per image), R-L, CIDEr, CHAIR_s (no CLIPScore here)
+    assert "95% percentile bootstrap interval over the 6 scored images" in md
+
+
+def test_report_on_a_directory_that_is_not_a_run_is_one_line_and_non_zero(tmp_path):
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "x.txt").write_text("not a run")
+    for target in (tmp_path / "notes", tmp_path / "absent"):
+        res = CliRunner().invoke(app, ["report", "--run", str(target)])
+        assert res.exit_code != 0
+        lines = [ln for ln in res.output.splitlines() if ln.strip()]
+        assert len(lines) == 1 and str(target) in lines[0] and "Traceback" not in res.output, res.output
+    assert not (tmp_path / "notes" / "report.md").exists()

@@ -142,3 +142,15 @@ def test_ablation_on_the_demo_world_end_to_end(demo_cfg, tmp_path):
         assert work["computed"][s] + work["reused"][s] == total
     assert work["computed"]["retrieve"] < total  # rows 1-8 share at least their retrieval
     assert load_config(config_file=next(runs.glob("ablation-8-demo*")) / "config.toml").benchmark == "demo"
+
+
+def test_demo_table_says_what_was_run_and_which_encoder():
+    t = get_table("scoreboard")
+    res = [RowResult(r, "demo", "inductive", "ensemble", metrics=_fake_metrics(90.0),
+                     extra={"encoder": "adjcap-tiny-clip-large"}) for r in t.rows]
+    demo = build_table(t, res, "demo")
+    assert demo.title.startswith("demo: ") and not demo.title.startswith(t.title)
+    assert all(row[0] == f"{r.label} [run with adjcap-tiny-clip-large]" for row, r in zip(demo.rows, t.rows))
+    coco = build_table(t, [RowResult(r.row, "coco", r.protocol, r.picker, metrics=r.metrics, extra=r.extra)
+                           for r in res], "coco")
+    assert coco.title.startswith(t.title) and [row[0] for row in coco.rows] == [r.label for r in t.rows]

@@ -156,7 +156,6 @@ def score_tokenized(
 
     METEOR runs in the process-wide shared Java process unless ``meteor`` is given.
     """
-    from pycocoevalcap.bleu.bleu import Bleu
     from pycocoevalcap.cider.cider import Cider
     from pycocoevalcap.rouge.rouge import Rouge
 
@@ -166,12 +165,12 @@ def score_tokenized(
     scores: dict[str, float | None] = {m: None for m in METRIC_NAMES}
     per: dict[Hashable, dict[str, float]] = {i: {} for i in ids}
 
-    with contextlib.redirect_stdout(io.StringIO()):  # Bleu prints its length statistics
-        bleu, bleu_per = Bleu(4).compute_score(gts, res)
+    bleu, bleu_per, bleu_stats = bleu_with_statistics(gts, res)
     for n in range(4):
         scores[f"B-{n + 1}"] = 100.0 * float(bleu[n])
     for i, s in zip(ids, bleu_per[3]):
         per[i]["B-4"] = 100.0 * float(s)
+        per[i].update(bleu_stats[i])
 
     notes: dict[str, str] = {}
     met = meteor_scores(gts, res, meteor=meteor, java=java)  # a METEOR failure loses METEOR only
@@ -192,6 +191,35 @@ def score_tokenized(
     for i, s in zip(ids, c_per):
         per[i]["CIDEr"] = 100.0 * float(s)
     return MetricResult(scores=scores, per_image=per, n_images=len(ids), notes=notes)
+
+
+# per-image BLEU statistics kept in ``per_image`` (corpus BLEU-4 of any subset of images is
+# :func:`adjcap.metrics.bootstrap.corpus_bleu4` of their sums): hypothesis length, closest reference
+# length, n-gram guesses and matches for n = 1..4
+BLEU_STAT_KEYS = ("bleu_testlen", "bleu_reflen", *(f"bleu_guess{n}" for n in range(1, 5)),
+                  *(f"bleu_correct{n}" for n in range(1, 5)))
+
+
+def bleu_with_statistics(gts: Mapping[Hashable, list[str]], res: Mapping[Hashable, list[str]]
+                         ) -> tuple[list[float], list[list[float]], dict[Hashable, dict[str, float]]]:
+    """pycocoevalcap's ``Bleu(4).compute_score`` (the same scorer, option "closest") and each image's
+    statistics {BLEU_STAT_KEYS: value}, so that corpus BLEU can be recomputed on resampled images."""
+    from pycocoevalcap.bleu.bleu_scorer import BleuScorer
+
+    ids = list(gts)
+    scorer = BleuScorer(n=4)
+    for i in ids:
+        assert len(res[i]) == 1 and len(gts[i]) >= 1
+        scorer += (res[i][0], gts[i])
+    with contextlib.redirect_stdout(io.StringIO()):
+        score, per = scorer.compute_score(option="closest", verbose=0)
+    stats: dict[Hashable, dict[str, float]] = {}
+    for i, comps in zip(ids, scorer.ctest):
+        testlen = comps["testlen"]
+        reflen = min((abs(r - testlen), r) for r in comps["reflen"])[1]  # "closest", as compute_score
+        vals = [testlen, reflen, *comps["guess"][:4], *comps["correct"][:4]]
+        stats[i] = {k: float(v) for k, v in zip(BLEU_STAT_KEYS, vals)}
+    return score, per, stats
 
 
 def _tokenize_pair(

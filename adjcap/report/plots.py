@@ -22,27 +22,36 @@ def _save(fig: "plt.Figure", path: Path) -> Path:
 
 
 def cider_by_configuration(
-    rows: Sequence[tuple[str, float | None]],
+    rows: Sequence[tuple],
     path: str | Path,
     *,
     published: Mapping[str, float] | None = None,
     title: str = "CIDEr by configuration",
 ) -> Path:
-    """Horizontal bars: one per configuration (label, CIDEr x100); dashed lines for published
-    reference values {label: CIDEr}."""
-    rows = [(k, v) for k, v in rows if v is not None]
+    """Horizontal bars: one per configuration (label, CIDEr x100[, (low, high) 95% interval drawn as
+    an error bar]); dashed lines for published reference values {label: CIDEr}."""
+    rows = [(r[0], r[1], r[2] if len(r) > 2 else None) for r in rows if r[1] is not None]
     n = max(len(rows), 1)
     fig, ax = plt.subplots(figsize=(7.5, 0.45 * n + 1.4))
-    labels = [k for k, _ in rows]
-    vals = [float(v) for _, v in rows]
+    labels = [k for k, _, _ in rows]
+    vals = [float(v) for _, v, _ in rows]
     y = range(len(rows))
-    bars = ax.barh(list(y), vals, color="#2F7DBC")
-    for b, v in zip(bars, vals):
-        ax.text(b.get_width(), b.get_y() + b.get_height() / 2, f" {v:.1f}", va="center", fontsize=8)
+    ci = [c for _, _, c in rows]
+    err = None
+    if any(c is not None for c in ci):
+        err = [[v - c[0] if c else 0.0 for v, c in zip(vals, ci)], [c[1] - v if c else 0.0 for v, c in zip(vals, ci)]]
+    bars = ax.barh(list(y), vals, color="#2F7DBC", xerr=err, ecolor="#333333", capsize=3,
+                   error_kw={"elinewidth": 1})
+    for b, v, c in zip(bars, vals, ci):
+        ax.text(max(b.get_width(), c[1] if c else 0.0), b.get_y() + b.get_height() / 2, f" {v:.1f}", va="center",
+                fontsize=8)
+    if err is not None:
+        ax.set_title(title + " (error bars: 95% bootstrap interval over images)", fontsize=10)
     ax.set_yticks(list(y), labels, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("CIDEr (x100)")
-    ax.set_title(title, fontsize=10)
+    if err is None:
+        ax.set_title(title, fontsize=10)
     for k, (name, v) in enumerate((published or {}).items()):
         ax.axvline(v, linestyle="--", color=("#C04A1A", "#777777", "#2A9D8F")[k % 3], linewidth=1,
                    label=f"published: {name} {v:.1f}")
@@ -50,7 +59,7 @@ def cider_by_configuration(
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     if not rows:
         ax.text(0.5, 0.5, "no CIDEr values", transform=ax.transAxes, ha="center")
-    hi = max(vals + list((published or {}).values()) + [1.0])
+    hi = max(vals + [c[1] for c in ci if c] + list((published or {}).values()) + [1.0])
     ax.set_xlim(0, hi * 1.15)
     return _save(fig, Path(path))
 

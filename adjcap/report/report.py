@@ -19,6 +19,8 @@ from typing import Any
 from adjcap.io import atomic_write_text
 from adjcap.report.collect import LM_PICKER, RunData, load_run
 from adjcap.report.headline import headline_table
+from adjcap.report.intervals import interval_text, picker_intervals
+from adjcap.report.page import table_page
 from adjcap import provenance
 from adjcap.report.gallery import GALLERY_CSS, GALLERY_JS, gallery_html, gallery_items, write_paged_gallery
 from adjcap.report.plots import cider_by_configuration, hallucination_per_class
@@ -49,14 +51,23 @@ def _labels(runs: list[RunData]) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 
 
-def metrics_table(run: RunData, label: str) -> Table:
-    """Paper layout: rows = protocol / picker; B-4, MET, R-L, CIDEr, SPICE (+ CLIPScore, CHAIR_s)."""
+def run_intervals(run: RunData) -> dict[tuple[str, str], dict]:
+    """(protocol, picker) -> :func:`adjcap.report.intervals.picker_intervals`, computed once a report."""
+    return {(proto, picker): picker_intervals(run, proto, picker) for proto in run.protocols
+            for picker in run.pickers(proto)}
+
+
+def metrics_table(run: RunData, label: str, intervals: dict[tuple[str, str], dict] | None = None) -> Table:
+    """Paper layout: rows = protocol / picker; B-4, MET, R-L, CIDEr, SPICE (+ CLIPScore, CHAIR_s), each
+    with its 95% bootstrap interval over images (``intervals``: from :func:`run_intervals`)."""
+    intervals = run_intervals(run) if intervals is None else intervals
     tab = Table(
         title=f"{label}: caption metrics (x100)",
         columns=["protocol", "picker", *PAPER_HEADERS, "CLIPScore", "CHAIR_s"],
         label=f"tab:{_slug(label)}-metrics",
         digits={7: 3, 8: 2},
     )
+    n_boot, inexact = 0, set()
     for proto in run.protocols:
         tab.rules.add(len(tab.rows))
         for picker in run.pickers(proto):
@@ -65,13 +76,26 @@ def metrics_table(run: RunData, label: str) -> Table:
             cs = (m.get("clipscore") or {}).get("CLIPScore")
             ch = (m.get("chair") or {}).get("CHAIR_s")
             tab.rows.append([proto, picker, *(sc.get(c) for c in PAPER_COLUMNS), cs, ch])
+            ivs = intervals.get((proto, picker), {})
+            for col, name in enumerate((*PAPER_COLUMNS, "CLIPScore", "CHAIR_s"), start=2):
+                if name in ivs:
+                    iv, exact = ivs[name]
+                    tab.suffix[(len(tab.rows) - 1, col)] = interval_text(iv, tab.digits.get(col, 1), exact)
+                    n_boot = max(n_boot, iv.n_images)
+                    inexact |= {name} if not exact else set()
         for picker, why in sorted(run.not_applicable.get(proto, {}).items()):
             if picker not in run.pickers(proto):
                 tab.rows.append([proto, f"{picker}: not applicable ({why})", *([None] * 7)])
     bold_best(tab, [2, 3, 4, 5, 6, 7, 8], lower_is_better={8})
     notes = _spice_notes(run)
+    if n_boot:
+        tab.caption = (f"[low, high]: 95% percentile bootstrap interval over the {n_boot} scored images (2,000 "
+                       "resamples, one resampling shared by every metric of a picker).")
+        if inexact:
+            tab.caption += (f" †: {', '.join(sorted(inexact))} is not a mean of per-image scores; its interval is "
+                            "that of the mean per-image score.")
     if notes:
-        tab.caption = "SPICE: " + notes
+        tab.caption = (tab.caption + " " if tab.caption else "") + "SPICE: " + notes
     if any(run.not_applicable.values()):
         tab.caption = (tab.caption + " " if tab.caption else "") + (
             "Pickers marked 'not applicable' could not run on this run's features (their inputs are absent).")
@@ -234,6 +258,42 @@ def runs_table(runs: list[RunData], labels: list[str], baseline: Baseline | None
     return tab
 
 
+def peers_table(run: RunData, label: str, baseline: Baseline | None = None) -> Table | None:
+    """A COCO / Flickr30k / NoCaps run beside the field: the published rows of the peers on its
+    benchmark (``resources/published.json``, marked "published, not re-run") with the run's headline
+    row; None on other benchmarks (the demo world, a folder) or before evaluation."""
+    hl = run.headline()
+    if hl is None or run.benchmark not in ("coco", "flickr30k", "nocaps"):
+        return None
+    if baseline is not None and run is baseline.run and run.benchmark != "coco":
+        return None  # it fills the IFCap columns of the other runs
+    proto, adj = hl
+    if run.benchmark == "coco":
+        tab = context_table("coco", [(f"{label} ({proto}/{adj})", run.picker_metrics(proto, adj).get("metrics", {}),
+                                      None)])
+    else:
+        lm_m = (baseline.metrics() if baseline is not None and baseline.run.benchmark == run.benchmark
+                else run.picker_metrics(proto, LM_PICKER))
+        adj_m = run.picker_metrics(proto, adj)
+        if run.benchmark == "nocaps" and adj_m.get("domains"):
+            rows = [(f"{label} {d}", (lm_m.get("domains") or {}).get(d, {}), adj_m["domains"].get(d, {}))
+                    for d in DOMAINS if d in adj_m["domains"]]
+        else:
+            rows = [(f"{label} all", lm_m.get("metrics", {}), adj_m.get("metrics", {}))]
+        tab = context_table(run.benchmark, rows)
+        if tab is not None:
+            src = (f"measured IFCap columns: {baseline.name}" if baseline is not None
+                   and baseline.run.benchmark == run.benchmark
+                   else "measured IFCap columns: this run's own LM-only pick (no --baseline named)")
+            tab.caption = (tab.caption + " " if tab.caption else "") + src + "."
+    if tab is not None:
+        tab.title = f"{label} beside the field: {tab.title}"
+        tab.caption = ((tab.caption + " ") if tab.caption else "") + (
+            "Rows marked 'published, not re-run' are the peers' numbers as their papers report them (same "
+            "benchmark and split, their own setups); only the 'measured' rows were run here.")
+    return tab
+
+
 # ---------------------------------------------------------------------------------------------
 # the report
 # ---------------------------------------------------------------------------------------------
@@ -276,6 +336,10 @@ def write_report(
     """
     if not run_dirs:
         raise ValueError("write_report: give at least one run directory")
+    for p in run_dirs:
+        if not RunDir(p).is_run():
+            raise ValueError(f"{p}: not an adjcap run directory (no config.toml or metrics/ in it); give a directory "
+                             "written by `adjcap run-job`, `adjcap demo`, `adjcap caption` or `adjcap reproduce`")
     runs = [load_run(p) for p in run_dirs]
     labels = _labels(runs)
     base = _baseline(runs, labels, baseline)
@@ -327,7 +391,7 @@ def write_report(
         body.append("<h2>Runs side by side</h2>")
         add(runs_table(runs, labels, base), "runs")
 
-    cider_rows: list[tuple[str, float | None]] = []
+    cider_rows: list[tuple[str, float | None, tuple[float, float] | None]] = []
     measured_for_pub: list[tuple[str, str, str, dict[str, Any], str | None]] = []
     galleries: list[str] = []
     for run, lab in zip(runs, labels):
@@ -338,11 +402,16 @@ def write_report(
         if run.description:
             md.append(f"{run.description}\n")
             body.append(f"<p>{html.escape(run.description)}</p>")
-        add(metrics_table(run, lab), f"{lab}-metrics")
+        ivs = run_intervals(run)
+        add(metrics_table(run, lab, ivs), f"{lab}-metrics")
+        add(peers_table(run, lab, base), "published-" + (run.benchmark or "") if len(runs) == 1
+            else f"{lab}-published-{run.benchmark}")
         for proto in run.protocols:
             for picker in run.pickers(proto):
                 c = run.picker_metrics(proto, picker).get("metrics", {}).get("CIDEr")
-                cider_rows.append((f"{lab}: {proto}/{picker}" if len(runs) > 1 else f"{proto}/{picker}", c))
+                iv = ivs.get((proto, picker), {}).get("CIDEr")
+                cider_rows.append((f"{lab}: {proto}/{picker}" if len(runs) > 1 else f"{proto}/{picker}", c,
+                                   (iv[0].low, iv[0].high) if iv else None))
         hl = run.headline()
         if hl is None:
             continue
@@ -366,7 +435,15 @@ def write_report(
             written_plots.append(p)
             md.append(f"![hallucinated objects per class](plots/{name})\n")
         add(rank_table(run, lab))
-        add(heads_table(run, lab))
+        heads = heads_table(run, lab)
+        if heads is not None:  # the diagnostics dump has its own page; the report links it
+            dpath = dest.diagnostics_html(None if len(runs) == 1 else _slug(lab))
+            atomic_write_text(dpath, table_page(heads, f"{lab}: reranker diagnostics",
+                                                f"Every field of {run.path / 'heads' / 'heads.json'} (numbers rounded; "
+                                                "lists summarised)."))
+            md.append(f"Reranker diagnostics (heads/heads.json): [{dpath.name}]({dpath.name})\n")
+            body.append(f"<p>Reranker diagnostics (heads/heads.json): "
+                        f"<a href='{html.escape(dpath.name)}'>{html.escape(dpath.name)}</a></p>")
         if LM_PICKER in run.pickers(proto) and adj != LM_PICKER:
             samples = read_samples(RunDir(run.path))
             root = Path(image_root) if image_root else run.image_root
@@ -386,42 +463,10 @@ def write_report(
 
     # published numbers
     pub = comparison_table(measured_for_pub)
-    ctx_tables = []
-    for run, lab in zip(runs, labels):
-        hl = run.headline()
-        if hl is None or not run.benchmark:
-            continue
-        proto, adj = hl
-        if run.benchmark == "coco":
-            ctx_tables.append((run.benchmark, [(f"{lab} ({proto}/{adj})", run.picker_metrics(proto, adj).get("metrics", {}), None)]))
-        elif run.benchmark in ("flickr30k", "nocaps"):
-            if base is not None and run is base.run:
-                continue  # it fills the IFCap columns of the other runs
-            if base is not None and base.run.benchmark == run.benchmark:
-                lm_m = base.metrics()
-            else:
-                lm_m = run.picker_metrics(proto, LM_PICKER)
-            adj_m = run.picker_metrics(proto, adj)
-            if run.benchmark == "nocaps" and adj_m.get("domains"):
-                rows = [(f"{lab} {d}", (lm_m.get("domains") or {}).get(d, {}), adj_m["domains"].get(d, {}))
-                        for d in DOMAINS if d in adj_m["domains"]]
-            else:
-                rows = [(f"{lab} all", lm_m.get("metrics", {}), adj_m.get("metrics", {}))]
-            ctx_tables.append((run.benchmark, rows))
-    if pub is not None or ctx_tables:
+    if pub is not None:
         md.append("## Published numbers\n")
         body.append("<h2>Published numbers</h2>")
         add(pub, "published-vs-measured")
-        merged: dict[str, list] = {}
-        for bench, rows in ctx_tables:
-            merged.setdefault(bench, []).extend(rows)
-        for bench, rows in merged.items():
-            ctx = context_table(bench, rows)
-            if ctx is not None and bench in ("flickr30k", "nocaps"):
-                src = (f"measured IFCap columns: {base.name}" if base is not None and base.run.benchmark == bench
-                       else "measured IFCap columns: each run's own LM-only pick (no --baseline named)")
-                ctx.caption = (ctx.caption + " " if ctx.caption else "") + src + "."
-            add(ctx, f"published-{bench}")
 
     published_lines = {}
     if any(r.benchmark == "coco" for r in runs):

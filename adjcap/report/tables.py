@@ -18,6 +18,7 @@ _LATEX_ESCAPES = {
     "}": r"\}",
     "~": r"\textasciitilde{}",
     "^": r"\textasciicircum{}",
+    "†": r"\textsuperscript{\dag}",
 }
 
 
@@ -55,9 +56,13 @@ class Table:
     bold: set[tuple[int, int]] = field(default_factory=set)
     rules: set[int] = field(default_factory=set)
     missing: str = "n/a"
+    # text after a cell's number, e.g. its bootstrap interval " [96.1, 99.0]" (the cell stays numeric
+    # for bold_best and alignment)
+    suffix: dict[tuple[int, int], str] = field(default_factory=dict)
 
     def cell(self, r: int, c: int) -> str:
-        return fmt_number(self.rows[r][c], self.digits.get(c, self.default_digits), self.missing)
+        text = fmt_number(self.rows[r][c], self.digits.get(c, self.default_digits), self.missing)
+        return text + self.suffix.get((r, c), "") if self.rows[r][c] is not None else text
 
     def _numeric_col(self, c: int) -> bool:
         vals = [row[c] for row in self.rows if row[c] is not None]
