@@ -11,7 +11,7 @@ export TOKENIZERS_PARALLELISM ?= false
 # the demo world + tiny models the tests read, built once and shared by test sessions (tests/conftest.py)
 export ADJCAP_TEST_WORLD ?= $(CURDIR)/.cache/test-world
 
-.PHONY: demo test install clean-demo
+.PHONY: demo test test-fast install clean-demo
 
 install: $(STAMP)
 
@@ -26,6 +26,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
+
+# everyday work: no Ray cluster, no LAVIS environment, no end-to-end job (make test runs everything)
+test-fast: $(STAMP)
+	ADJCAP_TEST_FAST=1 $(BIN)/python -m pytest -q -m "not slow and not lavis" tests
 
 clean-demo:
 	rm -rf runs/demo

@@ -47,3 +47,17 @@ def _shared_world(world: Path, cache: Path) -> None:
         prepare(load_config("demo", [f"paths.cache_dir={world}"]))
     for sub in ("demo", "tiny"):
         (cache / sub).symlink_to(world / sub, target_is_directory=True)
+
+
+def pytest_configure(config):
+    """``make test-fast`` (ADJCAP_TEST_FAST=1): a test that starts Ray in this process fails at once,
+    naming the marker it lacks, instead of making the everyday run slow."""
+    if os.environ.get("ADJCAP_TEST_FAST") != "1":
+        return
+    import ray
+
+    def _refuse(*args, **kwargs):
+        raise RuntimeError("make test-fast runs no Ray: mark this test (or its module) "
+                           "@pytest.mark.slow so that only make test runs it")
+
+    ray.init = _refuse
