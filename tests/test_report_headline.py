@@ -71,3 +71,17 @@ def test_no_table_without_lm_only():
     run = _run()
     del run.metrics["inductive"]["pickers"]["lm"]
     assert headline_table(run, "r") is None
+
+
+def test_a_lone_judge_that_beats_the_adjudicated_pickers_is_named_and_explained():
+    from adjcap.report.headline import strongest_judge_note
+
+    run = _run()  # the ensemble is the best picker: nothing to explain
+    assert strongest_judge_note(run, "inductive") is None
+    assert "alone scores highest" not in headline_table(run, "r").caption
+    doc = run.metrics["inductive"]
+    ens = doc["pickers"]["ensemble"]["metrics"]["CIDEr"]
+    doc["pickers"]["retrieval"]["metrics"]["CIDEr"] = ens + 8.4  # the demo world's case
+    note = strongest_judge_note(run, "inductive")
+    assert note and "retrieval judge alone" in note and f"{ens + 8.4:.1f}" in note and "ensemble" in note
+    assert note in headline_table(run, "r").caption

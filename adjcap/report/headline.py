@@ -78,9 +78,41 @@ def headline_table(run: RunData, label: str) -> Table | None:
     if not tab.rows:
         return None
     n = max((r[-1] or 0) for r in tab.rows)
+    notes = [x for x in (strongest_judge_note(run, proto) for proto in run.protocols) if x]
     tab.caption = (
         f"delta = picker - LM-only on the same images; CI: {int(100 * (level or 0.95))}% paired percentile "
         f"bootstrap over the {n} images (2,000 resamples); * = the interval excludes zero. CIDEr x100, higher "
         "is better; CHAIR_i (reference-proxy, % of mentioned COCO objects that no reference mentions), lower is "
-        "better.")
+        "better." + "".join(" " + x for x in notes))
     return tab
+
+
+def _single_judge(picker: str) -> str | None:
+    """The one frozen scorer a picker follows alone (no heads, one scorer), else None."""
+    from adjcap.rerank.pickers import PICKERS
+
+    if picker not in PICKERS.names():
+        return None
+    spec = PICKERS.get(picker)
+    return spec.scorers[0] if len(spec.scorers) == 1 and not spec.heads else None
+
+
+def strongest_judge_note(run: RunData, protocol: str) -> str | None:
+    """When one frozen judge alone beats every adjudicated picker on CIDEr, say so and why: the heads
+    learn the judges' Borda consensus, which weighs each judge equally, so a world where one judge is
+    much better than the others favours following it alone (the paper's judges are closer, and its
+    ensemble is its best row)."""
+    cider = {p: run.picker_metrics(protocol, p).get("metrics", {}).get("CIDEr") for p in run.pickers(protocol)}
+    cider = {p: c for p, c in cider.items() if c is not None}
+    judges = {p: c for p, c in cider.items() if p != LM_PICKER and _single_judge(p)}
+    adjudicated = {p: c for p, c in cider.items() if p != LM_PICKER and p not in judges}
+    if not judges or not adjudicated:
+        return None
+    best_judge = max(judges, key=judges.get)
+    best_adj = max(adjudicated, key=adjudicated.get)
+    if judges[best_judge] <= adjudicated[best_adj]:
+        return None
+    return (f"{protocol}: the {best_judge} judge alone scores highest here (CIDEr {judges[best_judge]:.1f} against "
+            f"{adjudicated[best_adj]:.1f} for {best_adj}, the best adjudicated picker): the heads learn the judges' "
+            "Borda consensus, which weighs every judge equally, so where one judge is much better than the others "
+            "following it alone wins; in the paper the judges are closer and the ensemble is its best row.")
