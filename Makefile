@@ -24,8 +24,12 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/adjcap demo
 
+# two test processes (the Ray and Java tests wait on process start-up much of the time); modules stay
+# whole on one worker (--dist loadfile), the slow ones first (tests/conftest.py)
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 # everyday work: no Ray cluster, no LAVIS environment, no end-to-end job (make test runs everything)
 test-fast: $(STAMP)

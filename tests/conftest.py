@@ -61,3 +61,11 @@ def pytest_configure(config):
                            "@pytest.mark.slow so that only make test runs it")
 
     ray.init = _refuse
+
+
+def pytest_collection_modifyitems(config, items):
+    """Modules with slow or LAVIS tests first (modules kept whole, order otherwise unchanged), so that
+    with two workers (make test) the long modules start at once instead of one running alone at the end."""
+    heavy = {"slow", "lavis"}
+    first = {item.path for item in items if heavy & {m.name for m in item.iter_markers()}}
+    items.sort(key=lambda item: 0 if item.path in first else 1)
