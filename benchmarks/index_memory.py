@@ -75,7 +75,7 @@ def build_random_index(out: Path, rows: int, seed: int = 0) -> Path:
 class Probe:
     """Opens the index as a retriever actor does (``mode``), searches once, reports its memory."""
 
-    def __init__(self, ref, mode: str):
+    def __init__(self, refs: list, mode: str):
         import ray
         import torch
 
@@ -83,10 +83,10 @@ class Probe:
 
         torch.set_num_threads(1)
         if mode == "copy":  # the job before: every actor its own fp32 copy and its own list of texts
-            vectors, ids, precision, self.texts = ray.get(ref)
+            vectors, ids, precision, self.texts = ray.get(refs[0])
             self.index = CaptionIndex.from_arrays(vectors, ids, device="cpu", precision=precision)
         else:
-            shared = ray.get(ref)
+            shared = ray.get(refs[0])
             self.index, self.texts = shared.open("cpu"), shared.texts
         q = torch.nn.functional.normalize(torch.randn(8, DIM), dim=-1)
         _, ids = self.index.search(q, 5)
@@ -118,7 +118,7 @@ def measure(index_dir: Path, texts: list[str], actors: int, mode: str) -> dict:
     handles, mems = [], []
     t0 = time.perf_counter()
     for _ in range(actors):
-        h = probe.remote(ref, mode)
+        h = probe.remote([ref], mode)  # in a list: a top-level ref would arrive as its value
         handles.append(h)
         mems.append(ray.get(h.memory.remote()))
     mems = [ray.get(h.memory.remote()) for h in handles]  # again, all of them alive together
