@@ -9,17 +9,18 @@ import ray
 from actors.transport import pack, unpack
 from adjcap import stages
 from adjcap.config import Config
-from adjcap.index import CaptionIndex
+from adjcap.index import SharedIndex
 from adjcap.models.roles import load_retrieval_encoder
 
 
 class RetrieverActor:
     def __init__(self, cfg: Config, index_ref: ray.ObjectRef):
-        """``cfg`` resolved; ``index_ref``: (vectors, ids, precision, corpus texts), put once by the job."""
+        """``cfg`` resolved; ``index_ref``: the :class:`SharedIndex` the job put once. Its arrays are
+        read-only views of this node's object store, shared by every retriever actor on the node."""
         self.cfg = cfg
         self.encoder = load_retrieval_encoder(cfg.retrieval.encoder, cfg.device, towers=("image",))
-        vectors, ids, precision, self.texts = ray.get(index_ref)
-        self.index = CaptionIndex.from_arrays(vectors, ids, device=cfg.device, precision=precision)
+        shared: SharedIndex = ray.get(index_ref)
+        self.index, self.texts = shared.open(cfg.device), shared.texts
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         states = unpack(batch)

@@ -23,7 +23,7 @@ from adjcap.config import Config
 from adjcap.data.benchmarks import read_benchmark, split_annotations
 from adjcap.data.records import Record
 from adjcap.features import rows_to_table
-from adjcap.index import benchmark_corpus, index_arrays
+from adjcap.index import benchmark_corpus, shared_index
 from adjcap.lavis_env import runtime_env as lavis_runtime_env
 from adjcap.rundir import RunDir
 from adjcap.stage_cache import StageCache, apply_outputs
@@ -153,8 +153,8 @@ def _stream(cfg: Config, corpus, todo: list[Record], found: dict, first: int):
             continue
         kwargs = {"cfg": cfg}
         if pool == "retriever":
-            vectors, ids, precision = index_arrays(index_for(cfg, corpus))
-            kwargs["index_ref"] = ray.put((vectors, ids, precision, corpus.texts))
+            # once per job; each node's retriever actors share one read-only copy (adjcap.index.shared)
+            kwargs["index_ref"] = ray.put(shared_index(index_for(cfg, corpus), corpus.texts))
         ds = ds.map_batches(
             actor, fn_constructor_kwargs=kwargs, batch_size=bs, batch_format="numpy",
             compute=ActorPoolStrategy(size=cfg.ray.workers), **pool_resources(cfg, pool), **env,

@@ -21,7 +21,14 @@ import torch
 from adjcap.config import BenchmarkCfg, ConfigError, EncoderCfg, RetrievalCfg
 from adjcap.data.corpus import Corpus, load_corpus
 from adjcap.io import file_digest
-from adjcap.index.store import CaptionIndex, CaptionIndexError, IndexManifest, finalize_index, verify_shard, write_shard
+from adjcap.index.store import (
+    CaptionIndexError,
+    IndexManifest,
+    finalize_index,
+    read_arrays,
+    verify_shard,
+    write_shard,
+)
 
 
 def benchmark_corpus(bench: BenchmarkCfg, name: str) -> Corpus:
@@ -121,10 +128,6 @@ def encode_shards_in_process(encoder) -> EncodeMissing:
 
 
 def index_arrays(out: Path) -> tuple[np.ndarray, np.ndarray, str]:
-    """(vectors as stored, ids, precision) of a finished index, checked against its manifest; what
-    the Ray job puts in the object store once for every retriever actor."""
-    index = CaptionIndex.load(out, device="cpu")
-    vectors = index.vectors.numpy()
-    if index.manifest.precision == "fp16":
-        vectors = vectors.astype(np.float16)
-    return vectors, index.ids.numpy(), index.manifest.precision
+    """(vectors as stored, ids, precision) of a finished index, checked against its manifest
+    (:func:`adjcap.index.store.read_arrays`; the Ray job shares them as :mod:`adjcap.index.shared`)."""
+    return read_arrays(out)

@@ -26,6 +26,7 @@ import hashlib
 import io
 import json
 import re
+import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -40,6 +41,8 @@ from adjcap.models.precision import pick_device
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 _NP_DTYPES = {"fp16": np.float16, "fp32": np.float32}
+# rows of an fp16 index scored at once on the CPU (each chunk is copied to fp32: 80 MB at width 1280)
+CPU_HALF_CHUNK = 1 << 14
 
 
 class CaptionIndexError(ValueError):
@@ -430,6 +433,30 @@ def _merge(a: tuple[torch.Tensor, torch.Tensor] | None, b: tuple[torch.Tensor, t
     return torch.gather(s, 1, order), torch.gather(i, 1, order)
 
 
+def read_arrays(out_dir: str | Path, *, checksums: bool = True,
+                manifest: IndexManifest | None = None) -> tuple[np.ndarray, np.ndarray, str]:
+    """(vectors as stored [n, dim], ids int64 [n], precision) of a finished index, every shard checked
+    against its manifest; one array each, no fp32 copy of an fp16 index."""
+    out = Path(out_dir)
+    manifest = manifest or IndexManifest.read(out)
+    dtype = _NP_DTYPES.get(manifest.precision, np.float32)
+    vectors = np.empty((manifest.count, manifest.dim), dtype=dtype)
+    ids = np.empty(manifest.count, dtype=np.int64)
+    pos = 0
+    for s in manifest.shards:
+        info, why = check_shard(out, s.shard, expected=s, checksums=checksums)
+        if info is None:
+            raise CaptionIndexError(f"{out}: index does not match its manifest: {why}; rebuild the index")
+        if pos + s.count > manifest.count:
+            raise CaptionIndexError(f"{out / MANIFEST}: says {manifest.count} vectors, shards hold more")
+        vectors[pos : pos + s.count] = np.load(out / s.vectors, mmap_mode="r", allow_pickle=False)
+        ids[pos : pos + s.count] = np.load(out / s.ids, allow_pickle=False)
+        pos += s.count
+    if pos != manifest.count:
+        raise CaptionIndexError(f"{out / MANIFEST}: says {manifest.count} vectors, shards hold {pos}")
+    return vectors, ids, manifest.precision
+
+
 class CaptionIndex:
     """A loaded index: all vectors on one device (fp16 on CUDA, fp32 on CPU) and their corpus ids."""
 
@@ -476,19 +503,25 @@ class CaptionIndex:
             )
         dev = pick_device(device)
         store = torch.float16 if (dev.type == "cuda" and manifest.precision == "fp16") else torch.float32
-        vecs, idss = [], []
-        for s in manifest.shards:
-            info, why = check_shard(out, s.shard, expected=s, checksums=checksums)
-            if info is None:
-                raise CaptionIndexError(f"{out}: index does not match its manifest: {why}; rebuild the index")
-            vecs.append(torch.from_numpy(np.load(out / s.vectors, allow_pickle=False)).to(dev, dtype=store))
-            idss.append(torch.from_numpy(np.load(out / s.ids, allow_pickle=False)).to(dev))
-        total = sum(v.shape[0] for v in vecs)
-        if total != manifest.count:
-            raise CaptionIndexError(f"{out / MANIFEST}: says {manifest.count} vectors, shards hold {total}")
-        vectors = torch.cat(vecs) if vecs else torch.zeros(0, manifest.dim, device=dev, dtype=store)
-        ids = torch.cat(idss) if idss else torch.zeros(0, dtype=torch.int64, device=dev)
-        return cls(manifest, vectors, ids, out)
+        vectors, ids, _ = read_arrays(out, checksums=checksums, manifest=manifest)
+        return cls(manifest, torch.from_numpy(vectors).to(dev, dtype=store), torch.from_numpy(ids).to(dev), out)
+
+    @classmethod
+    def from_stored(cls, vectors: np.ndarray, ids: np.ndarray, precision: str,
+                    device: str | torch.device = "auto") -> CaptionIndex:
+        """An index over unit rows as stored (``read_arrays``), e.g. read-only views of Ray's object
+        store: on the CPU the arrays are used in place (no copy; fp16 is scored in fp32 chunk by chunk),
+        on CUDA they are copied to the device once (fp16 stays fp16)."""
+        dev = pick_device(device)
+        if vectors.dtype != _NP_DTYPES.get(precision):
+            raise ValueError(f"stored index vectors are {vectors.dtype}, precision says {precision!r}")
+        m = IndexManifest("in-memory", "in-memory", int(vectors.shape[1]), int(vectors.shape[0]), precision)
+        with warnings.catch_warnings():  # read-only shared memory: never written, only read
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            v, i = torch.from_numpy(vectors), torch.from_numpy(ids)
+        if dev.type != "cpu":
+            v, i = v.to(dev, dtype=torch.float16 if precision == "fp16" else torch.float32), i.to(dev)
+        return cls(m, v, i)
 
     @classmethod
     def from_arrays(cls, vectors: Any, ids: Any = None, device: str | torch.device = "auto",
@@ -521,12 +554,19 @@ class CaptionIndex:
             return torch.zeros(q.shape[0], kk), torch.zeros(q.shape[0], kk, dtype=torch.int64)
         out_s, out_i = [], []
         half = self.vectors.dtype == torch.float16
+        # fp16 on the CPU (a shared, stored index): fp32 queries against fp32 copies of small chunks
+        cpu_half = half and self.device.type == "cpu"
+        if cpu_half:
+            chunk_rows = min(chunk_rows, CPU_HALF_CHUNK)
         for qs in range(0, q.shape[0], query_batch):
-            qb = q[qs : qs + query_batch].to(self.device, dtype=self.vectors.dtype)
+            qb = q[qs : qs + query_batch].to(self.device, dtype=torch.float32 if cpu_half else self.vectors.dtype)
             best = None
             for start in range(0, n, chunk_rows):
                 block = self.vectors[start : start + chunk_rows]
-                scores = _matmul_f32(qb, block) if half else qb.float() @ block.float().T
+                if cpu_half:
+                    scores = qb @ block.float().T
+                else:
+                    scores = _matmul_f32(qb, block) if half else qb.float() @ block.float().T
                 best = _merge(best, _topk_rows(scores, self.ids[start : start + chunk_rows], kk), kk)
             out_s.append(best[0].float().cpu())
             out_i.append(best[1].cpu())
