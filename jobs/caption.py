@@ -10,6 +10,7 @@ features/ and predictions/."""
 from __future__ import annotations
 
 import hashlib
+import time
 from pathlib import Path
 
 from adjcap.config import Config
@@ -56,6 +57,7 @@ def default_run_dir(cfg: Config, folder: Path) -> RunDir:
 def main(cfg: Config, folder: str | Path, heads: str | Path | None = None, out: str | Path | None = None,
          run_dir: str | Path | None = None, resume: bool = True) -> Path:
     """Caption every image under ``folder``; returns the captions.jsonl path."""
+    started = time.time_ns()
     folder = Path(folder).expanduser().resolve()
     if not folder.is_dir():
         raise NotADirectoryError(f"{folder}: not a directory; give a folder of images")
@@ -64,7 +66,7 @@ def main(cfg: Config, folder: str | Path, heads: str | Path | None = None, out: 
     rcfg = fcfg.resolved()
     fitted = load_heads(Path(heads).expanduser(), rcfg) if heads is not None else None
     rd = RunDir(run_dir) if run_dir else default_run_dir(fcfg, folder)
-    run.main(fcfg, run_dir=rd.path, resume=resume, evaluate_after=False)
+    run.main(fcfg, run_dir=rd.path, resume=resume, evaluate_after=False, summary=False)
 
     table = rd.read_features(FOLDER_BENCHMARK, "test", image_ids=rd.current_ids(FOLDER_BENCHMARK, "test"))
     result = run_protocol(rcfg, {"test": table}, heads=fitted)
@@ -86,5 +88,6 @@ def main(cfg: Config, folder: str | Path, heads: str | Path | None = None, out: 
     print(f"captions: {len(records) - failed} images captioned by '{picker}'"
           + (f", {failed} failed (their lines say why)" if failed else ""))
     print(f"gallery: {gallery}")
+    run.print_written(rd, started)
     print(dest)
     return dest
