@@ -43,9 +43,12 @@ class Tally:
         return max(self.total - self.finished, 0)
 
     def rate(self) -> float | None:
-        """Items per second through the last stage, since its first batch (model loading excluded)."""
-        if self.first_done_at is None or self.finished <= self.first_done:
+        """Items per second through the last stage, since its first batch (model loading excluded);
+        when everything came through at once, over the whole elapsed time."""
+        if self.first_done_at is None:
             return None
+        if self.finished <= self.first_done:
+            return self.finished / self.elapsed if self.finished >= self.total and self.elapsed > 0 else None
         dt = self.elapsed - self.first_done_at
         return (self.finished - self.first_done) / dt if dt > 0 else None
 
@@ -74,7 +77,7 @@ def duration(seconds: float | None) -> str:
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"
 
 
-class _Lines:
+class Lines:
     """A file or a pipe: one line every ``interval`` seconds, and the last one at the end."""
 
     def __init__(self, out: TextIO, interval: float):
@@ -92,7 +95,7 @@ class _Lines:
             print(t.line(name, unit), file=self.out, flush=True)
 
 
-class _Bar:
+class Bar:
     """A terminal: one live rich bar per stage (done / total, rate, ETA)."""
 
     def __init__(self, out: TextIO, stages: Sequence[str], total: int, name: str):
@@ -130,7 +133,7 @@ def tracked(ray_cfg: RayCfg, phase: str, stages: Sequence[str], total: int, unit
     out = out or sys.stdout
     board = start_board()
     tally = Tally(stages, total)
-    view = _Bar(out, stages, total, phase) if out.isatty() else _Lines(out, ray_cfg.progress_interval)
+    view = Bar(out, stages, total, phase) if out.isatty() else Lines(out, ray_cfg.progress_interval)
     remaining, eta = metrics.gauge(metrics.REMAINING), metrics.gauge(metrics.ETA)
     tags = {"phase": phase}
     stop = threading.Event()
@@ -148,7 +151,7 @@ def tracked(ray_cfg: RayCfg, phase: str, stages: Sequence[str], total: int, unit
         view.show(tally, phase, unit, final=final)
 
     def loop() -> None:
-        while not stop.wait(POLL_S if isinstance(view, _Bar) else min(POLL_S * 4, ray_cfg.progress_interval)):
+        while not stop.wait(POLL_S if isinstance(view, Bar) else min(POLL_S * 4, ray_cfg.progress_interval)):
             try:
                 poll()
             except Exception:  # noqa: BLE001 - a failed read is retried on the next tick; the job decides

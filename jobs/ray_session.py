@@ -77,6 +77,8 @@ def _private_token_file() -> None:
 QUIET_LOGGERS = ("ray", "ray.data")
 # "Token authentication is enabled ..." on every start of the embedded Ray: it is adjcap that enabled it
 AUTH_NOTICE_LOGGER = "ray._private.authentication.authentication_token_setup"
+# "Progress bars disabled. To enable, set ..." at every dataset: it is adjcap that disabled them
+PROGRESS_NOTICE_LOGGER = "ray.data._internal.progress"
 
 
 def quiet_console(verbose: bool) -> None:
@@ -96,7 +98,8 @@ def quiet_console(verbose: bool) -> None:
         for h in logging.getLogger(name).handlers:
             if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
                 h.setLevel(level)
-    logging.getLogger(AUTH_NOTICE_LOGGER).setLevel(level if verbose else logging.ERROR)
+    for notice in (AUTH_NOTICE_LOGGER, PROGRESS_NOTICE_LOGGER):
+        logging.getLogger(notice).setLevel(level if verbose else logging.ERROR)
 
 
 def init_options(cfg: Config) -> dict:

@@ -34,7 +34,7 @@ def test_quiet_console_by_default_and_ray_output_with_verbose(demo_cfg, tmp_path
     quiet = _job(demo_cfg, tmp_path / "quiet")
     assert not RAY_INFO.search(quiet), quiet
     assert not ISSUE_DETECTOR.search(quiet), quiet
-    assert RANDOM_INIT not in quiet and "logging_progress" not in quiet, quiet
+    assert RANDOM_INIT not in quiet and "logging_progress" not in quiet and "Progress bars disabled" not in quiet, quiet
     # adjcap's own progress (a pipe: lines) and a summary listing exactly what was written
     assert re.search(r"^features: decode 4/4, retrieve 4/4, verify 4/4, caption 4/4, score 4/4 \|", quiet, re.M), quiet
     written = re.search(r"^written: (.*) in$", quiet, re.M)

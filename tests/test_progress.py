@@ -7,7 +7,7 @@ import time
 
 from adjcap.config import load_config
 from adjcap.rundir import RunDir
-from jobs.progress import Tally, _Lines, duration
+from jobs.progress import Tally, Lines, duration
 from jobs.ray_session import init_options, quiet_console
 from jobs.run import written_since
 from jobs.run_benchmark import stream_stages
@@ -23,11 +23,14 @@ def test_line_counts_rate_and_eta_from_the_last_stage():
     assert Tally(["score"], 5, done={}).eta() is None
     assert Tally(["score"], 5, done={"score": 5}).eta() == 0.0
     assert duration(3725) == "1h02m" and duration(None) == "?"
+    # a small job whose images all came through in one batch: the rate over the whole time
+    once = Tally(["score"], 6, done={"score": 6}, elapsed=30.0, first_done_at=30.0, first_done=6)
+    assert once.rate() == 0.2
 
 
 def test_lines_every_interval_and_the_final_one():
     out = io.StringIO()
-    view = _Lines(out, interval=10)
+    view = Lines(out, interval=10)
     t = Tally(["score"], 4)
     for elapsed in (0.5, 5, 10.5, 12, 21):
         t.elapsed = elapsed
@@ -49,6 +52,7 @@ def test_quiet_console_and_verbose():
         assert not (ctx.enable_progress_bars or ctx.enable_operator_progress_bars or ctx.print_on_execution_start)
         assert logging.getLogger("ray").level == logging.WARNING
         assert data_console and all(h.level == logging.WARNING for h in data_console)
+        assert logging.getLogger("ray.data._internal.progress").level == logging.ERROR  # "Progress bars disabled"
         quiet_console(True)
         assert ctx.enable_progress_bars and ctx.print_on_execution_start
         assert all(h.level == logging.INFO for h in data_console)
