@@ -27,6 +27,8 @@ SET = typer.Option(None, "--set", "-s", help="override a config key: --set verif
 CONFIG_FILE = typer.Option(None, "--config", help="a saved config.toml (e.g. runs/x/config.toml) instead of a preset")
 WORKERS = typer.Option(None, "--workers", "-w", help="actors per pool (default: config ray.workers)")
 ADDRESS = typer.Option(None, help="existing Ray cluster (ray://... or auto); default: a local Ray")
+VERBOSE = typer.Option(False, "--verbose", help="Ray's own console output as well: Ray Data's operator progress, "
+                       "Ray's INFO lines, the workers' output (default: adjcap's progress and summary only)")
 LOG = typer.Option(None, "--log", help="log the finished run to an experiment tracker: mlflow[=TRACKING_URI] or "
                    "wandb[=PROJECT] (repeatable; needs the package: pip install 'adjcap\\[mlflow]' or 'adjcap\\[wandb]')")
 
@@ -126,12 +128,14 @@ def run_job(
     resume: bool = typer.Option(True, "--resume/--fresh", help="skip images already written / start over"),
     evaluate: bool = typer.Option(True, "--evaluate/--no-evaluate", help="fit, predict and evaluate after the features"),
     log: Optional[List[str]] = LOG,
+    verbose: bool = VERBOSE,
 ):
     """Stream a benchmark through the four actor pools, write features, fit, predict, evaluate."""
     from jobs import demo, run
 
     cfg = _cfg(preset or ("demo" if benchmark == "demo" else "headline"), sets, config_file,
-               _typed(**{"benchmark": benchmark, "ray.workers": workers, "limit": limit, "ray.address": address}))
+               _typed(**{"benchmark": benchmark, "ray.workers": workers, "limit": limit, "ray.address": address,
+                         "ray.verbose": verbose or None}))
     job = demo.main if benchmark == "demo" else run.main
     _run(lambda: job(cfg, run_dir=run_dir, resume=resume, evaluate_after=evaluate, log=list(log or [])))
 
@@ -151,12 +155,14 @@ def caption(
     run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="output directory (default runs/caption-<folder>-<hash>)"),
     absolute_paths: bool = typer.Option(False, "--absolute-paths", help="absolute image paths in captions.jsonl "
                                         "(default: relative to FOLDER, so a moved folder keeps working)"),
+    verbose: bool = VERBOSE,
 ):
     """Caption a folder of your own images: the same Ray job, one caption per image with its candidates.
     Checks the preset's weights and memory first and says what is missing (adjcap prepare --for PRESET)."""
     from jobs import caption as job
 
-    cfg = _cfg(preset, sets, config_file, _typed(**{"ray.workers": workers, "ray.address": address}))
+    cfg = _cfg(preset, sets, config_file, _typed(**{"ray.workers": workers, "ray.address": address,
+                                                    "ray.verbose": verbose or None}))
     _run(lambda: job.main(cfg, folder, heads=heads, out=out, run_dir=run_dir, absolute_paths=absolute_paths))
 
 
@@ -202,13 +208,14 @@ def encode_corpus(
     sets: Optional[List[str]] = SET,
     config_file: Optional[Path] = CONFIG_FILE,
     address: Optional[str] = ADDRESS,
+    verbose: bool = VERBOSE,
 ):
     """Encode a caption corpus into a content-addressed index (resumable, sharded over workers)."""
     from jobs import encode_corpus as job
 
     cfg = _cfg(preset, sets, config_file, _typed(**{
         "benchmark": benchmark, "retrieval.encoder.model": encoder, "retrieval.encoder.pretrained": pretrained,
-        "ray.workers": workers, "ray.address": address}))
+        "ray.workers": workers, "ray.address": address, "ray.verbose": verbose or None}))
     _run(lambda: job.main(cfg))
 
 
@@ -298,11 +305,12 @@ def demo(
     sets: Optional[List[str]] = SET,
     resume: bool = typer.Option(True, "--resume/--fresh", help="skip images already written / start over"),
     log: Optional[List[str]] = LOG,
+    verbose: bool = VERBOSE,
 ):
     """The whole job on the built-in demo world with tiny models on a local Ray."""
     from jobs import demo as job
 
-    cfg = _cfg("demo", sets, None, {"ray.workers": workers})
+    cfg = _cfg("demo", sets, None, _typed(**{"ray.workers": workers, "ray.verbose": verbose or None}))
     _run(lambda: job.main(cfg, run_dir, resume=resume, log=list(log or [])))
 
 

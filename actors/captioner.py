@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from actors.progress import StageMeter
 from actors.transport import pack, unpack
 from adjcap import stages
 from adjcap.config import Config
@@ -11,12 +12,14 @@ from adjcap.models.roles import load_captioner
 
 
 class CaptionerActor:
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, board: Any = None):
         self.cfg = cfg
+        self.meter = StageMeter("caption", board)
         self.role = load_captioner(cfg.captioner, cfg.device)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         states = unpack(batch)
         r = self.role
-        stages.caption(states, r.captioner, r.clip, self.cfg.captioner, r.vocabulary)
+        with self.meter.batch(states):
+            stages.caption(states, r.captioner, r.clip, self.cfg.captioner, r.vocabulary)
         return pack(states)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from actors.progress import StageMeter
 from actors.transport import pack, unpack
 from adjcap import stages
 from adjcap.config import Config
@@ -20,22 +21,26 @@ def _load(cfg: Config):
 
 
 class LavisVerifierActor:
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, board: Any = None):
         self.cfg = cfg
+        self.meter = StageMeter("verify", board)
         self.verifier = _load(cfg)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         states = unpack(batch)
-        stages.verify(states, self.verifier, self.cfg.verifier.keep)
+        with self.meter.batch(states):
+            stages.verify(states, self.verifier, self.cfg.verifier.keep)
         return pack(states)
 
 
 class LavisScorerActor:
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, board: Any = None):
         self.cfg = cfg
+        self.meter = StageMeter("score-verifier", board)
         self.verifier = _load(cfg)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         states = unpack(batch)
-        stages.score_verifier(states, self.verifier)
+        with self.meter.batch(states):
+            stages.score_verifier(states, self.verifier)
         return pack(states)

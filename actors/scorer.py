@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from actors.progress import StageMeter
 from actors.transport import pack, unpack
 from adjcap import stages
 from adjcap.config import Config
@@ -13,8 +14,9 @@ from adjcap.models.roles import load_scorer
 
 
 class ScorerActor:
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, board: Any = None):
         self.cfg = cfg
+        self.meter = StageMeter("score", board)
         # the lavis backend scores candidates with the verifier in its own pool (actors.lavis) ahead of this one
         lavis = {"verifier": None} if cfg.verifier.backend == "lavis" else None
         self.role = load_scorer(cfg.retrieval.encoder, cfg.scorer_encoder(), cfg.eval.clipscore, cfg.verifier,
@@ -23,5 +25,6 @@ class ScorerActor:
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         states = unpack(batch)
         r = self.role
-        stages.score(states, r.output, r.verifier, r.clipscore, reuse_image_embedding=r.reuse_stage1)
+        with self.meter.batch(states):
+            stages.score(states, r.output, r.verifier, r.clipscore, reuse_image_embedding=r.reuse_stage1)
         return pack(states, drop_image=True)

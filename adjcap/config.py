@@ -236,6 +236,12 @@ class RayCfg(_Strict):
     decode_cpus: float = Field(0.25, gt=0.0)
     batch_size: int = Field(16, gt=0, description="images per Ray Data batch")
     rows_per_part: int = Field(256, gt=0, description="feature rows per Parquet part file")
+    verbose: bool = Field(False, description="Ray's own console output: Ray Data's operator progress and Ray's "
+                          "INFO log lines, and the workers' output forwarded to the driver (--verbose)")
+    progress_interval: float = Field(10.0, gt=0.0, description="seconds between progress lines when the output "
+                                     "is a file or a pipe (a terminal gets a live bar)")
+    metrics_export_port: int | None = Field(None, ge=0, le=65535, description="the embedded Ray's Prometheus "
+                                            "metrics port (adjcap_* metrics; None: Ray picks one)")
 
 
 class EvalCfg(_Strict):

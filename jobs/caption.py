@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 
 from adjcap.config import Config
@@ -87,6 +88,7 @@ def main(cfg: Config, folder: str | Path, heads: str | Path | None = None, out: 
     before Ray starts and before anything is written) when the preset's weights, corpus or memory are
     not there. ``absolute_paths``: image paths in captions.jsonl absolute instead of relative to
     ``folder``."""
+    started = time.time_ns()
     folder = Path(folder).expanduser().resolve()
     if not folder.is_dir():
         raise NotADirectoryError(f"{folder}: not a directory; give a folder of images")
@@ -99,7 +101,7 @@ def main(cfg: Config, folder: str | Path, heads: str | Path | None = None, out: 
         print(warning)
     fitted = load_heads(Path(heads).expanduser(), rcfg) if heads is not None else None
     rd = RunDir(run_dir) if run_dir else default_run_dir(fcfg, folder)
-    run.main(fcfg, run_dir=rd.path, resume=resume, evaluate_after=False)
+    run.main(fcfg, run_dir=rd.path, resume=resume, evaluate_after=False, summary=False)
 
     table = rd.read_features(FOLDER_BENCHMARK, "test", image_ids=rd.current_ids(FOLDER_BENCHMARK, "test"))
     result = run_protocol(rcfg, {"test": table}, heads=fitted)
@@ -121,5 +123,6 @@ def main(cfg: Config, folder: str | Path, heads: str | Path | None = None, out: 
     print(f"captions: {len(records) - failed} images captioned by '{picker}'"
           + (f", {failed} failed (their lines say why)" if failed else ""))
     print(f"gallery: {gallery}")
+    run.print_written(rd, started)
     print(dest)
     return dest

@@ -101,6 +101,7 @@ def main(cfg: Config, run_dir: str | Path | None = None, resume: bool = True, ev
     cfg = prepare(cfg)
     with _step("run (extract -> fit -> evaluate -> report)"):
         out = run.main(cfg, run_dir=run_dir, resume=resume, evaluate_after=evaluate_after, log=log)
-    print(f"report: {out.report_md} and {out.report_html}")
+    if evaluate_after:
+        print(f"report: {out.report_md} and {out.report_html}")
     print(out.path)
     return out

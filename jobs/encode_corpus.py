@@ -16,6 +16,7 @@ from actors.encoder import CorpusEncoderActor
 from adjcap.config import Config
 from adjcap.data.corpus import Corpus
 from adjcap.index import IndexPlan, benchmark_corpus, ensure_index
+from jobs.progress import tracked
 from jobs.ray_session import pool_resources, ray_session
 
 
@@ -25,19 +26,21 @@ def encode_with_pool(cfg: Config):
 
     def run(plan: IndexPlan) -> None:
         t0 = time.time()
-        corpus_ref = ray.put((plan.corpus.texts, plan.corpus.ids))
-        ds = ray.data.from_items([{"shard": s, "start": a, "end": b} for s, a, b in plan.todo],
-                                 override_num_blocks=len(plan.todo))
-        ds = ds.map_batches(
-            CorpusEncoderActor,
-            fn_constructor_kwargs={"cfg": cfg, "out_dir": str(plan.out), "corpus_ref": corpus_ref},
-            batch_size=1,
-            batch_format="numpy",
-            compute=ActorPoolStrategy(size=min(cfg.ray.workers, len(plan.todo))),
-            **pool_resources(cfg, "encoder"),
-        )
-        ds.materialize()
         n = sum(b - a for _, a, b in plan.todo)
+        corpus_ref = ray.put((plan.corpus.texts, plan.corpus.ids))
+        with tracked(cfg.ray, "encode-corpus", ["encode"], n, unit="captions") as board:
+            ds = ray.data.from_items([{"shard": s, "start": a, "end": b} for s, a, b in plan.todo],
+                                     override_num_blocks=len(plan.todo))
+            ds = ds.map_batches(
+                CorpusEncoderActor,
+                fn_constructor_kwargs={"cfg": cfg, "out_dir": str(plan.out), "corpus_ref": corpus_ref,
+                                       "board": board},
+                batch_size=1,
+                batch_format="numpy",
+                compute=ActorPoolStrategy(size=min(cfg.ray.workers, len(plan.todo))),
+                **pool_resources(cfg, "encoder"),
+            )
+            ds.materialize()
         dt = time.time() - t0
         print(f"index: {len(plan.todo)} shards ({n} captions) encoded in {dt:.1f}s ({n / max(dt, 1e-9):.0f} captions/s)")
 

@@ -75,8 +75,45 @@ def _private_token_file() -> None:
         p.chmod(0o600)
 
 
+# Ray's loggers that speak at INFO on the console ("ray.data" keeps its full log in the session's ray-data.log)
+QUIET_LOGGERS = ("ray", "ray.data")
+# "Token authentication is enabled ..." on every start of the embedded Ray: it is adjcap that enabled it
+AUTH_NOTICE_LOGGER = "ray._private.authentication.authentication_token_setup"
+# "Progress bars disabled. To enable, set ..." at every dataset: it is adjcap that disabled them
+PROGRESS_NOTICE_LOGGER = "ray.data._internal.progress"
+
+
+def quiet_console(verbose: bool) -> None:
+    """Ray's share of the console: with ``verbose`` as Ray has it (Ray Data's operator progress,
+    INFO lines); else off: Ray Data prints no progress bars, execution plans or issue-detector
+    reports, and Ray's loggers say only warnings and errors. adjcap's own progress
+    (:mod:`jobs.progress`) is shown either way."""
+    from ray.data import DataContext
+
+    ctx = DataContext.get_current()
+    ctx.enable_progress_bars = verbose
+    ctx.enable_operator_progress_bars = verbose
+    ctx.print_on_execution_start = verbose
+    level = logging.INFO if verbose else logging.WARNING
+    logging.getLogger("ray").setLevel(level)
+    for name in QUIET_LOGGERS:  # their console handlers only: Ray's log files stay complete
+        for h in logging.getLogger(name).handlers:
+            if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
+                h.setLevel(level)
+    for notice in (AUTH_NOTICE_LOGGER, PROGRESS_NOTICE_LOGGER):
+        logging.getLogger(notice).setLevel(level if verbose else logging.ERROR)
+
+
+def init_options(cfg: Config) -> dict:
+    """What ray.init is told about the console in either mode: the workers' output forwarded to the
+    driver and Ray's own log level only with ``ray.verbose``."""
+    verbose = cfg.ray.verbose
+    return {"logging_level": logging.INFO if verbose else logging.WARNING, "log_to_driver": verbose}
+
+
 @contextlib.contextmanager
 def ray_session(cfg: Config) -> Iterator[None]:
+    quiet_console(cfg.ray.verbose)
     if ray.is_initialized():  # e.g. inside `ray job submit` or a notebook that already connected
         yield
         return
@@ -85,7 +122,7 @@ def ray_session(cfg: Config) -> Iterator[None]:
                                 "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "0"),
                                 "TOKENIZERS_PARALLELISM": "false"}}
     if address:
-        ray.init(address=address, runtime_env=runtime_env, logging_level=logging.WARNING)
+        ray.init(address=address, runtime_env=runtime_env, **init_options(cfg))
         try:
             yield
         finally:
@@ -101,11 +138,13 @@ def ray_session(cfg: Config) -> Iterator[None]:
                 dashboard_host=cfg.ray.dashboard_host,
                 _node_ip_address=LOOPBACK,
                 runtime_env=runtime_env,
-                logging_level=logging.WARNING,
                 configure_logging=True,
+                **init_options(cfg),
+                **({"_metrics_export_port": cfg.ray.metrics_export_port} if cfg.ray.metrics_export_port else {}),
             )
         finally:
             _private_token_file()
+        quiet_console(cfg.ray.verbose)  # ray.init configured its loggers anew
         url = getattr(ctx, "dashboard_url", None)
         if url:
             print(f"Ray dashboard: http://{url}")
@@ -123,10 +162,13 @@ class ResourceError(RuntimeError):
     """A request the cluster can never grant (Ray would wait forever); the message has the numbers."""
 
 
-# a Ray worker process with torch, transformers and open_clip imported, before any weights (its own
-# pages; the torch libraries are shared between workers)
-ACTOR_BASE_BYTES = 512 * 2**20
-# working memory on top of the weights (activations of a batch, tokenizers, the loading copy)
+# a Ray worker process with torch, transformers and open_clip imported, before any weights: its own
+# pages (USS) as Ray Data measured them on the demo's actors (Ray 2.60, torch CPU): corpus encoder 597 MiB,
+# retriever 572, verifier 563, captioner 600, scorer 601 (with tiny models of a few MiB), rounded up
+ACTOR_BASE_BYTES = 608 * 2**20
+# working memory on top of what is loaded (activations of a batch, tokenizers, the loading copy); it is
+# also the headroom Ray Data's memory issue detector asks for (it warns when 1.25 x the peak USS exceeds
+# the request), so a request that covers the real use raises no false alarm
 WORKING_FACTOR = 1.25
 # below this CPU share per actor the pools never get past model loading on a small machine
 MIN_CPU_SHARE = 0.1
@@ -134,7 +176,7 @@ MIN_CPU_SHARE = 0.1
 
 def actor_memory(model_bytes: int) -> int:
     """Host memory one actor asks Ray for: the worker process plus its models at run precision."""
-    return int(ACTOR_BASE_BYTES + WORKING_FACTOR * model_bytes)
+    return int(WORKING_FACTOR * (ACTOR_BASE_BYTES + model_bytes))
 
 
 def pool_plan(cfg: Config, cluster: dict[str, float], pools: tuple[str, ...] = FEATURE_POOLS

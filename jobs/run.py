@@ -3,6 +3,7 @@ evaluate -> report, all in one run directory (:class:`adjcap.rundir.RunDir`)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,9 +20,11 @@ def run_dir_for(cfg: Config, run_dir: str | Path | None) -> RunDir:
 
 
 def main(cfg: Config, run_dir: str | Path | None = None, resume: bool = True, evaluate_after: bool = True,
-         log: Sequence[str] = ()) -> RunDir:
+         log: Sequence[str] = (), summary: bool = True) -> RunDir:
     """``cfg`` as the user gave it (placeholders kept: it is what config.toml records). ``log``:
-    experiment trackers to log the finished run to (``mlflow[=URI]``, ``wandb[=PROJECT]``)."""
+    experiment trackers to log the finished run to (``mlflow[=URI]``, ``wandb[=PROJECT]``). ``summary``:
+    end with the list of what was written (a caller that writes more prints its own)."""
+    started = time.time_ns()
     trackers = parse_log_specs(log)  # a bad --log fails before anything runs
     rcfg = cfg.resolved()
     preflight.check(rcfg)  # missing weights/data or a memory plan that cannot fit: refused before Ray and files
@@ -44,9 +47,29 @@ def main(cfg: Config, run_dir: str | Path | None = None, resume: bool = True, ev
             evaluate.report([run.path], None)
         if trackers:
             log_run(trackers, run)
-    print("outputs: provenance.json, features/, predictions/, metrics/, samples.parquet, report.md, report.html in")
-    print(run.path)
+    if summary:
+        print_written(run, started)
     return run
+
+
+def written_since(run: RunDir, since_ns: int) -> list[str]:
+    """The run directory's entries written since ``since_ns`` (``time.time_ns()``): its files, and its
+    folders (``name/``) holding a file written since then. The run lock is no output."""
+    since = since_ns - 50_000_000  # file times come from a coarser clock than time.time_ns()
+    out: set[str] = set()
+    for p in run.path.rglob("*"):
+        rel = p.relative_to(run.path)
+        if p == run.lock_path or any(part.startswith(".") for part in rel.parts) or not p.is_file():
+            continue
+        if p.stat().st_mtime_ns >= since:
+            out.add(f"{rel.parts[0]}/" if len(rel.parts) > 1 else rel.parts[0])
+    return sorted(out, key=lambda n: (n.endswith("/"), n))
+
+
+def print_written(run: RunDir, since_ns: int) -> None:
+    """The summary's last lines: exactly what this command wrote in the run directory, then its path."""
+    print("written: " + (", ".join(written_since(run, since_ns)) or "nothing new") + " in")
+    print(run.path)
 
 
 def evaluate_and_tabulate(cfg: Config, rcfg: Config, run: RunDir, records: dict) -> bool:

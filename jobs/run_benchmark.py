@@ -29,6 +29,7 @@ from adjcap.rundir import RunDir
 from adjcap.stage_cache import StageCache, apply_outputs
 from adjcap.stages import STAGES, ImageState, decode_state
 from jobs.encode_corpus import index_for
+from jobs.progress import tracked
 from jobs.ray_session import check_pools, pool_resources
 
 
@@ -122,10 +123,11 @@ def extract_features(cfg: Config, run: RunDir, records: dict[str, list[Record]],
             rest.append(r)
     if rest:
         first = min(len(found.get(r.image_id, ())) for r in rest)  # the first stage some image needs
-        ds = _stream(cfg, corpus, rest, found, first)
-        for batch in ds.iter_batches(batch_format="numpy", batch_size=None):
-            for blob in batch["state"]:
-                emit(pickle.loads(blob))
+        with tracked(cfg.ray, "features", stream_stages(cfg, first), len(rest)) as board:
+            ds = _stream(cfg, corpus, rest, found, first, board)
+            for batch in ds.iter_batches(batch_format="numpy", batch_size=None):
+                for blob in batch["state"]:
+                    emit(pickle.loads(blob))
     for split in list(buffers):
         flush(split)
     if cache is not None:
@@ -136,7 +138,20 @@ def extract_features(cfg: Config, run: RunDir, records: dict[str, list[Record]],
 STAGE_OF_POOL = {"retriever": 0, "verifier": 1, "captioner": 2, "scorer": 3}
 
 
-def _stream(cfg: Config, corpus, todo: list[Record], found: dict, first: int):
+def stream_stages(cfg: Config, first: int) -> list[str]:
+    """The stages images stream through from stage ``first`` on, in order, as the actors name them
+    when they report progress (decode, then each pool's actor's stage)."""
+    names = {"retriever": "retrieve", "verifier": "verify", "captioner": "caption", "scorer": "score"}
+    out = ["decode"]
+    for actor, pool, _ in pools(cfg):
+        if STAGE_OF_POOL[pool] >= first:
+            stage = "score-verifier" if actor is LavisScorerActor else names[pool]
+            if stage not in out:
+                out.append(stage)
+    return out
+
+
+def _stream(cfg: Config, corpus, todo: list[Record], found: dict, first: int, board=None):
     """decode -> the pools from stage ``first`` on, as a Ray dataset of packed states."""
     bs = cfg.ray.batch_size
     exif = cfg.benchmark_cfg().applies_exif()
@@ -147,11 +162,12 @@ def _stream(cfg: Config, corpus, todo: list[Record], found: dict, first: int):
         for r in todo
     ]
     ds = ray.data.from_items(items, override_num_blocks=max(1, min(len(items) // bs, 200)))
-    ds = ds.map_batches(decode_batch, batch_size=bs, batch_format="numpy", num_cpus=cfg.ray.decode_cpus)
+    ds = ds.map_batches(decode_batch, fn_kwargs={"board": board}, batch_size=bs, batch_format="numpy",
+                        num_cpus=cfg.ray.decode_cpus)
     for actor, pool, env in pools(cfg):
         if STAGE_OF_POOL[pool] < first:
             continue
-        kwargs = {"cfg": cfg}
+        kwargs = {"cfg": cfg, "board": board}
         if pool == "retriever":
             # once per job; each node's retriever actors share one read-only copy (adjcap.index.shared)
             kwargs["index_ref"] = ray.put(shared_index(index_for(cfg, corpus), corpus.texts))
