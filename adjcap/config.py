@@ -22,10 +22,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 Precision = Literal["auto", "fp32", "fp16", "bf16"]
 
 
-# settings that change how fast features are computed, never what they are
-FEATURE_IRRELEVANT = ("batch_size", "image_batch_size", "text_batch_size", "shard_size", "index_dir", "search")
-
-
 class ConfigError(ValueError):
     """A configuration problem; the message names the offending key and what to do."""
 
@@ -329,31 +325,12 @@ class Config(_Strict):
         return self.benchmarks[name]
 
     def feature_identity(self) -> dict[str, Any]:
-        """The settings that decide what a feature row holds, as flat ``dotted.key: value``: the
-        benchmark and every stage setting, but not batch sizes, workers or anything applied after
-        extraction (rerank, eval). Two configs with equal identities write interchangeable rows."""
-        sections = {
-            "benchmark": self.benchmark,
-            "benchmarks": {self.benchmark: self.benchmarks[self.benchmark].model_dump(mode="json")}
-            if self.benchmark in self.benchmarks else {},
-            "retrieval": self.retrieval.model_dump(mode="json"),
-            "verifier": self.verifier.model_dump(mode="json"),
-            "captioner": self.captioner.model_dump(mode="json"),
-            "scorer": {"encoder": self.scorer_encoder().model_dump(mode="json")},
-            "eval": {"clipscore": self.eval.clipscore.model_dump(mode="json")},
-            "precision": self.precision,
-        }
-        flat: dict[str, Any] = {}
+        """The settings that decide what a feature row holds, flat ``dotted.key: value``: those the
+        stages read (:data:`adjcap.identity.STAGE_READS`), not those read only for speed nor anything
+        applied after extraction (rerank, eval). Equal identities write interchangeable rows."""
+        from adjcap.identity import config_identity  # it derives from this module's sections
 
-        def walk(prefix: str, v: Any) -> None:
-            if isinstance(v, dict):
-                for k, x in v.items():
-                    walk(f"{prefix}.{k}" if prefix else k, x)
-            elif not any(prefix.endswith(s) for s in FEATURE_IRRELEVANT):
-                flat[prefix] = v
-
-        walk("", sections)
-        return flat
+        return {k: v for d in config_identity(self).values() for k, v in d.items()}
 
     def to_toml(self) -> str:
         import tomli_w  # only where configs are written (not needed in the LAVIS pools' environment)
