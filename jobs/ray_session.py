@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
+import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -74,6 +76,28 @@ def _private_token_file() -> None:
 
 
 @contextlib.contextmanager
+def _keep_signal_handlers() -> Iterator[None]:
+    """``ray.init`` installs its own SIGTERM (and SIGINT) handlers in the driver, so a scheduler's stop
+    would end the job with a stack dump instead of the job's one-line stop (cli.py ``_run``): the
+    handlers the job had before ``ray.init`` are put back after it (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            if handler is not None and signal.getsignal(s) is not handler:
+                signal.signal(s, handler)
+
+
+def _init(**kwargs):
+    with _keep_signal_handlers():
+        return ray.init(**kwargs)
+
+
+@contextlib.contextmanager
 def ray_session(cfg: Config) -> Iterator[None]:
     if ray.is_initialized():  # e.g. inside `ray job submit` or a notebook that already connected
         yield
@@ -83,7 +107,7 @@ def ray_session(cfg: Config) -> Iterator[None]:
                                 "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "0"),
                                 "TOKENIZERS_PARALLELISM": "false"}}
     if address:
-        ray.init(address=address, runtime_env=runtime_env, logging_level=logging.WARNING)
+        _init(address=address, runtime_env=runtime_env, logging_level=logging.WARNING)
         try:
             yield
         finally:
@@ -93,7 +117,7 @@ def ray_session(cfg: Config) -> Iterator[None]:
     with _loopback_only():
         _private_token_dir()
         try:
-            ctx = ray.init(
+            ctx = _init(
                 address="local",  # a new embedded instance, never a cluster some `ray start` left on this machine
                 include_dashboard=cfg.ray.include_dashboard,
                 dashboard_host=cfg.ray.dashboard_host,
