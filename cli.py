@@ -231,7 +231,7 @@ def fit(
         typer.secho(f"error: {rd.config_path} not found: is {run} a run directory?", fg="red", err=True)
         raise typer.Exit(2)
     cfg = _cfg(None, sets, rd.config_path)
-    _run(lambda: job.refit(cfg.resolved(), rd, heads_dir=heads, log=list(log or [])))
+    _run(lambda: job.refit(cfg.resolved(), rd, heads_dir=heads, log=list(log or []), saved=cfg))
 
 
 @app.command("evaluate")

@@ -493,7 +493,27 @@ def load_config(
         cfg = Config.model_validate(data)
     except ValidationError as e:
         raise ConfigError(_explain(e)) from None
+    for check in CONFLICTS:
+        problem = check(cfg)
+        if problem:
+            raise ConfigError(problem)
     return cfg
+
+
+def _picker_vs_protocol(cfg: Config) -> str | None:
+    from adjcap.rerank.pickers import get_picker, picker_names  # the registry; adjcap.rerank imports this module
+
+    r = cfg.rerank
+    if r.protocol == "training-free" and get_picker(r.picker).learned:
+        return (f"rerank.picker={r.picker} needs fitted heads but rerank.protocol=training-free fits nothing; "
+                f"also set rerank.picker to one of {', '.join(picker_names(learned=False))}, "
+                "or use rerank.protocol=inductive/transductive")
+    return None
+
+
+# conflicts the configuration alone shows, refused when it loads (before Ray or any feature pass):
+# each returns one line naming the settings and what to do, or None
+CONFLICTS = (_picker_vs_protocol,)
 
 
 def _explain(e: ValidationError) -> str:
