@@ -54,7 +54,8 @@ STAGE_READS: dict[str, Reads] = {
     "verify": Reads(("verifier",), speed=("verifier.batch_size",)),
     "caption": Reads(
         ("captioner",),
-        speed=("captioner.batch_size", "captioner.search", *(f"captioner.clip.{k}" for k in _ENC_SPEED)),
+        # captioner.search is not speed-only: the reference search's beams differ (the property test)
+        speed=("captioner.batch_size", *(f"captioner.clip.{k}" for k in _ENC_SPEED)),
     ),
     "score": Reads(
         ("scorer.encoder", "eval.clipscore"),
@@ -112,8 +113,9 @@ def content_id(value: Any) -> Any:
         return value
     p = Path(value)
     try:
-        if p.is_file():
-            return f"file:{file_digest(p)}"
+        if p.is_file():  # and the configs beside it, which loaders read too (open_clip_config.json)
+            side = [f"{x.name}:{file_digest(x)}" for x in sorted(p.parent.glob("*.json")) if x != p and x.is_file()]
+            return f"file:{file_digest(p)}" + (f"+{'+'.join(side)}" if side else "")
         if p.is_dir():
             h = hashlib.sha256()
             for f in sorted(x for x in p.rglob("*") if x.is_file() and not x.name.startswith(".")):

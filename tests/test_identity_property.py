@@ -44,16 +44,24 @@ class World:
         self._models: dict[str, object] = {}
         self._copies = 0
 
-    def load(self, *sets: str) -> Config:
-        return load_config("demo", [*self.sets, *sets]).resolved()
+    def load(self, *sets) -> Config:
+        """``sets``: ``key=value`` overrides, or (key, value) pairs set as typed (a literal "none" value
+        cannot be given as an override: it reads as None)."""
+        updates = dict(s for s in sets if isinstance(s, tuple))
+        return load_config("demo", [*self.sets, *(s for s in sets if isinstance(s, str))], updates=updates).resolved()
 
-    def copy(self, path: str) -> str:
-        """The same file or directory under another path."""
+    def copy(self, path: str, alone: bool = False) -> str:
+        """The same file or directory under another path (a file with the configs beside it, unless
+        ``alone``)."""
         self._copies += 1
         src = Path(path)
         dst = self.root / "copies" / str(self._copies) / src.name
         dst.parent.mkdir(parents=True)
         (shutil.copytree if src.is_dir() else shutil.copyfile)(src, dst)
+        if src.is_file() and not alone:
+            for side in src.parent.glob("*.json"):
+                if side != src:
+                    shutil.copyfile(side, dst.parent / side.name)
         return str(dst)
 
     def model(self, role: str, key: object, load):
@@ -133,7 +141,8 @@ ALTERNATIVES: dict[str, typing.Callable[[World], list[str]]] = {
     "cache.stages_dir": lambda w: [f"cache.stages_dir={w.root}/other-stages"],
     "captioner.checkpoint": lambda w: [f"captioner.checkpoint={w.copy(w.cfg.captioner.checkpoint)}"],
     "captioner.clip.model": lambda w: ["captioner.clip.model=adjcap-tiny-clip-large"],
-    "captioner.clip.pretrained": lambda w: [f"captioner.clip.pretrained={w.copy(w.cfg.captioner.clip.pretrained)}"],
+    # alone: without the open_clip_config.json beside it, the file loads as another model
+    "captioner.clip.pretrained": lambda w: [f"captioner.clip.pretrained={w.copy(w.cfg.captioner.clip.pretrained, alone=True)}"],
     "captioner.entities.tagger": lambda w: ["captioner.entities.tagger=nltk"],
     "captioner.entities.vocabulary": lambda w: [f"captioner.entities.vocabulary={w.copy(w.cfg.captioner.entities.vocabulary)}"],
     "captioner.lm_config": lambda w: [f"captioner.lm_config={w.copy(w.cfg.captioner.lm_config)}"],
@@ -202,7 +211,7 @@ def _derived(key: str, value: typing.Any) -> list[str] | None:
     literal = next((a for a in (ann, *args) if typing.get_origin(a) is typing.Literal), None)
     if literal is not None:
         other = [c for c in typing.get_args(literal) if c != value]
-        return [f"{key}={other[-1]}"] if other else None
+        return [(key, other[-1])] if other else None
     if isinstance(value, bool) or ann is bool or bool in args:
         return [f"{key}={'false' if value else 'true'}"]
     if isinstance(value, int) or int in args:
@@ -241,11 +250,13 @@ def test_every_setting_changes_the_identity_or_nothing(world):
         got = w.outputs(cfg, first)
         for stage in STAGES[:first]:
             if got[stage] != base[stage]:
-                failures.append(f"{key} ({' '.join(sets)[:80]}) changes the {stage} output but not its identity")
+                failures.append(f"{key} ({str(sets)[:80]}) changes the {stage} output but not its identity")
                 break
     assert not failures, "\n".join(failures)
     # the changes that must reach an identity do (the test above would also pass if nothing ran)
-    assert checked["retrieval.index_dir"] == "none" and checked["benchmarks.demo.corpus"] == "retrieve"
+    assert checked["retrieval.index_dir"] == "none", checked
+    assert checked["benchmarks.demo.corpus"] == "retrieve"
     assert checked["captioner.checkpoint"] == "none" and checked["captioner.beam_width"] == "caption"
     assert checked["verifier.keep"] == "verify" and checked["eval.clipscore.model"] == "score"
-    assert checked["captioner.batch_size"] == "none" and checked["paths.cache_dir"] == "none"
+    assert checked["captioner.batch_size"] == "none", checked
+    assert checked["paths.cache_dir"] == "retrieve"  # the image root counts by its path (its files are the ids)

@@ -62,9 +62,9 @@ def index_identity(retrieval: RetrievalCfg, cache_dir: str | Path, encoder_id: s
     manifest records them (or, before it is built, as :func:`ensure_index` will write them)."""
     try:
         m = IndexManifest.read(index_location(retrieval, cache_dir, encoder_id, corpus_fingerprint))
-        return f"{m.encoder_id}|{m.corpus_fingerprint}|{m.precision}|{m.count}"
-    except CaptionIndexError:
-        return f"{encoder_id}|{corpus_fingerprint}|{retrieval.index_precision}|unbuilt"
+        return f"{m.encoder_id}|{m.corpus_fingerprint}|{m.precision}"
+    except CaptionIndexError:  # the same string once built: identities do not depend on when they are asked
+        return f"{encoder_id}|{corpus_fingerprint}|{retrieval.index_precision}"
 
 
 def encoder_identity(enc: EncoderCfg) -> str:
