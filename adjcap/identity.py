@@ -105,6 +105,10 @@ def config_identity(cfg: Config) -> dict[str, dict[str, Any]]:
     return out
 
 
+# configs a loader reads beside a checkpoint file (open_clip: the model config of a local checkpoint)
+SIDE_CONFIGS = ("open_clip_config.json",)
+
+
 def content_id(value: Any) -> Any:
     """A path-valued setting by content (a file: size + digest; a directory: its files' names and
     digests), so the same model under another path shares outputs and a rewritten file does not.
@@ -114,7 +118,7 @@ def content_id(value: Any) -> Any:
     p = Path(value)
     try:
         if p.is_file():  # and the configs beside it, which loaders read too (open_clip_config.json)
-            side = [f"{x.name}:{file_digest(x)}" for x in sorted(p.parent.glob("*.json")) if x != p and x.is_file()]
+            side = [f"{x.name}:{file_digest(x)}" for x in (p.parent / n for n in SIDE_CONFIGS) if x != p and x.is_file()]
             return f"file:{file_digest(p)}" + (f"+{'+'.join(side)}" if side else "")
         if p.is_dir():
             h = hashlib.sha256()
