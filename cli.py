@@ -66,6 +66,11 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
+def _stop_code(e: KeyboardInterrupt) -> int:
+    """The shell's code for a stop by signal: 128 + SIGTERM's number (143) or SIGINT's (130, Ctrl-C)."""
+    return 128 + (signal.SIGTERM if e.args == ("SIGTERM",) else signal.SIGINT)
+
+
 def _no_space(e: BaseException) -> str | None:
     """A full disk (or a file-size limit) as one line naming where, and what to do."""
     full = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -88,9 +93,9 @@ def _run(fn: Callable[[], Any]) -> Any:
         return fn()
     except (typer.Exit, typer.Abort):
         raise
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         typer.secho("interrupted: completed feature parts are kept; rerun the same command to resume", err=True)
-        raise typer.Exit(130) from None
+        raise typer.Exit(_stop_code(e)) from None
     except Exception as e:  # noqa: BLE001 - the one place user-facing failures are turned into lines
         if STATE["debug"]:
             traceback.print_exc()
@@ -236,7 +241,7 @@ def fit(
         typer.secho(f"error: {rd.config_path} not found: is {run} a run directory?", fg="red", err=True)
         raise typer.Exit(2)
     cfg = _cfg(None, sets, rd.config_path)
-    _run(lambda: job.refit(cfg.resolved(), rd, heads_dir=heads, log=list(log or [])))
+    _run(lambda: job.refit(cfg.resolved(), rd, heads_dir=heads, log=list(log or []), saved=cfg))
 
 
 @app.command("evaluate")

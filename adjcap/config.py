@@ -25,10 +25,6 @@ from adjcap.registry import close_matches, did_you_mean, similar, suggestion, un
 Precision = Literal["auto", "fp32", "fp16", "bf16"]
 
 
-# settings that change how fast features are computed, never what they are
-FEATURE_IRRELEVANT = ("batch_size", "image_batch_size", "text_batch_size", "shard_size", "index_dir", "search")
-
-
 class ConfigError(ValueError):
     """A configuration problem; the message names the offending key and what to do."""
 
@@ -338,31 +334,12 @@ class Config(_Strict):
         return self.benchmarks[name]
 
     def feature_identity(self) -> dict[str, Any]:
-        """The settings that decide what a feature row holds, as flat ``dotted.key: value``: the
-        benchmark and every stage setting, but not batch sizes, workers or anything applied after
-        extraction (rerank, eval). Two configs with equal identities write interchangeable rows."""
-        sections = {
-            "benchmark": self.benchmark,
-            "benchmarks": {self.benchmark: self.benchmarks[self.benchmark].model_dump(mode="json")}
-            if self.benchmark in self.benchmarks else {},
-            "retrieval": self.retrieval.model_dump(mode="json"),
-            "verifier": self.verifier.model_dump(mode="json"),
-            "captioner": self.captioner.model_dump(mode="json"),
-            "scorer": {"encoder": self.scorer_encoder().model_dump(mode="json")},
-            "eval": {"clipscore": self.eval.clipscore.model_dump(mode="json")},
-            "precision": self.precision,
-        }
-        flat: dict[str, Any] = {}
+        """The settings that decide what a feature row holds, flat ``dotted.key: value``: those the
+        stages read (:data:`adjcap.identity.STAGE_READS`), not those read only for speed nor anything
+        applied after extraction (rerank, eval). Equal identities write interchangeable rows."""
+        from adjcap.identity import config_identity  # it derives from this module's sections
 
-        def walk(prefix: str, v: Any) -> None:
-            if isinstance(v, dict):
-                for k, x in v.items():
-                    walk(f"{prefix}.{k}" if prefix else k, x)
-            elif not any(prefix.endswith(s) for s in FEATURE_IRRELEVANT):
-                flat[prefix] = v
-
-        walk("", sections)
-        return flat
+        return {k: v for d in config_identity(self).values() for k, v in d.items()}
 
     def to_toml(self) -> str:
         import tomli_w  # only where configs are written (not needed in the LAVIS pools' environment)
@@ -563,7 +540,27 @@ def load_config(
         cfg = Config.model_validate(data)
     except ValidationError as e:
         raise ConfigError(_explain(e)) from None
+    for check in CONFLICTS:
+        problem = check(cfg)
+        if problem:
+            raise ConfigError(problem)
     return cfg
+
+
+def _picker_vs_protocol(cfg: Config) -> str | None:
+    from adjcap.rerank.pickers import get_picker, picker_names  # the registry; adjcap.rerank imports this module
+
+    r = cfg.rerank
+    if r.protocol == "training-free" and get_picker(r.picker).learned:
+        return (f"rerank.picker={r.picker} needs fitted heads but rerank.protocol=training-free fits nothing; "
+                f"also set rerank.picker to one of {', '.join(picker_names(learned=False))}, "
+                "or use rerank.protocol=inductive/transductive")
+    return None
+
+
+# conflicts the configuration alone shows, refused when it loads (before Ray or any feature pass):
+# each returns one line naming the settings and what to do, or None
+CONFLICTS = (_picker_vs_protocol,)
 
 
 def _explain(e: ValidationError) -> str:

@@ -10,7 +10,8 @@ from typing import Any, Sequence
 from adjcap import stages
 from adjcap.config import Config
 from adjcap.data.records import Record
-from adjcap.index import CaptionIndex, benchmark_corpus, encode_shards_in_process, encoder_identity, ensure_index
+from adjcap.index import CaptionIndex, encode_shards_in_process, encoder_identity, ensure_index
+from adjcap.index.lifecycle import search_corpus
 from adjcap.models import roles
 from adjcap.stage_cache import StageCache, stage_counts
 
@@ -29,9 +30,11 @@ def load_models(cfg: Config, benchmark: str | None = None) -> Models:
     """Every role's models in this process, and the corpus index (built here when missing)."""
     cfg = cfg.resolved()
     name = benchmark or cfg.benchmark
-    corpus = benchmark_corpus(cfg.benchmark_cfg(name), name)
+    bench = cfg.benchmark_cfg(name)
+    corpus = search_corpus(cfg.retrieval, bench, name, cfg.paths.cache_dir)
     retrieval = roles.load_retrieval_encoder(cfg.retrieval.encoder, cfg.device)
-    out = ensure_index(cfg.retrieval, cfg.paths.cache_dir, corpus, encode_shards_in_process(retrieval))
+    out = ensure_index(cfg.retrieval, cfg.paths.cache_dir, corpus, encode_shards_in_process(retrieval),
+                       corpus_format=bench.corpus_format)
     index = CaptionIndex.load(out, device=cfg.device, encoder_id=encoder_identity(cfg.retrieval.encoder),
                               corpus_fingerprint=corpus.fingerprint)
     verifier = roles.load_verifier(cfg.verifier, cfg.device)

@@ -257,14 +257,14 @@ def data_digests(cfg: Config) -> dict[str, Any]:
 def feature_identities(cfg: Config) -> dict[str, Any]:
     """The corpus fingerprint, the retrieval index (location and digest) and each stage's identity
     (:func:`adjcap.stage_cache.stage_identities`), as resume and the stage cache key them."""
-    from adjcap.index import benchmark_corpus
-    from adjcap.index.lifecycle import encoder_identity, index_location
+    from adjcap.identity import searched_index
+    from adjcap.index.lifecycle import encoder_identity, index_location, search_corpus
     from adjcap.index.store import MANIFEST
     from adjcap.io import file_digest
     from adjcap.stage_cache import stage_identities
 
     try:
-        corpus = benchmark_corpus(cfg.benchmark_cfg(), cfg.benchmark)
+        corpus = search_corpus(cfg.retrieval, cfg.benchmark_cfg(), cfg.benchmark, cfg.paths.cache_dir)
     except Exception as e:  # noqa: BLE001 - e.g. the user's own images with no corpus
         return {"error": f"corpus unavailable: {str(e).splitlines()[0] if str(e) else type(e).__name__}"}
     index = index_location(cfg.retrieval, cfg.paths.cache_dir, encoder_identity(cfg.retrieval.encoder),
@@ -273,7 +273,8 @@ def feature_identities(cfg: Config) -> dict[str, Any]:
     return {
         "corpus_fingerprint": corpus.fingerprint,
         "corpus_captions": len(corpus),
-        "index": {"path": str(index), "digest": f"manifest:{file_digest(manifest)}" if manifest.is_file() else None},
+        "index": {"path": str(index), "digest": f"manifest:{file_digest(manifest)}" if manifest.is_file() else None,
+                  "identity": searched_index(cfg, corpus.fingerprint)},
         "stages": stage_identities(cfg, corpus.fingerprint),
     }
 

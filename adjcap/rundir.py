@@ -104,9 +104,21 @@ class RunDir:
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"pid {os.getpid()} on host {socket.gethostname()} since "
                           f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
+            self.remove_leftovers()
             yield
         finally:
             os.close(fd)
+
+    def remove_leftovers(self) -> list[Path]:
+        """Delete the temp files of atomic writes (:func:`adjcap.io.is_temp_name`) that a killed writer
+        left in this run directory. Called with the run lock held: no live job writes here then."""
+        gone = []
+        for p in self.path.rglob(".*.tmp"):
+            if is_temp_name(p.name) and p.is_file() and not p.is_symlink():
+                with contextlib.suppress(FileNotFoundError):
+                    p.unlink()
+                    gone.append(p)
+        return gone
 
     # ---- config ------------------------------------------------------------------------------
     @property

@@ -7,9 +7,9 @@ A stage's output for an image is decided by the stage's own settings and its inp
     caption  : verify identity + the captioner section (checkpoint, CLIP, tokenizer, K, beam, decoding, entities)
     score    : caption identity + the scorer section
 
-Each identity is a hash over its parent's identity and its own settings (taken from
-:meth:`Config.feature_identity`, so batch sizes and other speed-only settings never count; paths that
-exist are replaced by a digest of their content). Outputs live in
+Each identity is a hash over its parent's identity and the settings and inputs the stage reads
+(:mod:`adjcap.identity`: speed-only settings never count, paths count by content, retrieval counts the
+searched corpus and index by content). Outputs live in
 
     {cache}/stages/<stage>/<identity>/part-*.parquet    image_id + that stage's output columns (cache.stages_dir)
     {cache}/stages/<stage>/<identity>/identity.json     the settings the identity hashes (for people)
@@ -23,8 +23,6 @@ only after extraction (picker, protocol, alpha/beta) have identical identities a
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import os
 import socket
@@ -41,87 +39,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from adjcap.config import Config
+from adjcap.identity import content_id, stage_identities, stage_settings  # noqa: F401 - identities live there
 from adjcap.features import CANDIDATE, RETRIEVED, VERIFIED
-from adjcap.io import atomic_write_json, atomic_write_parquet, file_digest, is_temp_name
+from adjcap.io import atomic_write_json, atomic_write_parquet, is_temp_name
 from adjcap.stages import STAGES, ImageState
 
 PART_GLOB = "part-*.parquet"
-# read when fitting/picking, never by a stage
-_AFTER_EXTRACTION = ("scorer.lm_feature",)
-# benchmark settings that do not change an image's stage outputs (which images, not what they give)
-_BENCHMARK_IRRELEVANT = ("annotations", "annotations_by_split", "corpus")
-
-
-# --------------------------------------------------------------------------------------------
-# identities
-# --------------------------------------------------------------------------------------------
-
-
-def content_id(value: Any) -> Any:
-    """A path-valued setting by content (a file: size + digest; a directory: its files' names and
-    digests), so the same model under another path shares outputs and a rewritten file does not.
-    Anything that is not an existing path is returned as is (hub ids, numbers, names)."""
-    if not isinstance(value, str) or not value or ("/" not in value and not value.startswith(".")):
-        return value
-    p = Path(value)
-    try:
-        if p.is_file():
-            return f"file:{file_digest(p)}"
-        if p.is_dir():
-            h = hashlib.sha256()
-            for f in sorted(x for x in p.rglob("*") if x.is_file() and not x.name.startswith(".")):
-                h.update(f"{f.relative_to(p)}\0{file_digest(f)}\0".encode())
-            return f"dir:{h.hexdigest()[:16]}"
-    except OSError:
-        return value
-    return value
-
-
-def _section_of(key: str) -> str:
-    """The stage a setting belongs to; settings of no stage section (e.g. a global precision) go to
-    the first stage, so they reach every identity."""
-    head = key.split(".", 1)[0]
-    return {"verifier": "verify", "captioner": "caption", "scorer": "score", "eval": "score"}.get(head, "retrieve")
-
-
-def _flatten(prefix: str, v: Any) -> dict[str, Any]:
-    if isinstance(v, dict):
-        out: dict[str, Any] = {}
-        for k, x in v.items():
-            out.update(_flatten(f"{prefix}.{k}", x))
-        return out
-    return {prefix: v}
-
-
-def stage_settings(cfg: Config, corpus_fingerprint: str) -> dict[str, dict[str, Any]]:
-    """Each stage's own settings (``cfg`` resolved), paths replaced by their content."""
-    flat = dict(cfg.feature_identity())
-    if not any(k.startswith("scorer.") for k in flat):  # the scorer's own settings, where not listed
-        flat.update(_flatten("scorer", cfg.scorer.model_dump(mode="json")))
-    flat["device"] = cfg.device
-    out: dict[str, dict[str, Any]] = {s: {} for s in STAGES}
-    for key, value in sorted(flat.items()):
-        if key in _AFTER_EXTRACTION or key.endswith("batch_size"):
-            continue
-        if key.startswith("benchmarks."):
-            if key.split(".")[2] in _BENCHMARK_IRRELEVANT:
-                continue
-            out["retrieve"][key] = value  # the image root by name: its files are the image ids
-            continue
-        out[_section_of(key)][key] = content_id(value)
-    out["retrieve"]["corpus_fingerprint"] = corpus_fingerprint
-    return out
-
-
-def stage_identities(cfg: Config, corpus_fingerprint: str) -> dict[str, str]:
-    """stage -> identity hash; each stage's hash covers its parent's."""
-    settings = stage_settings(cfg, corpus_fingerprint)
-    out: dict[str, str] = {}
-    parent = ""
-    for stage in STAGES:
-        doc = json.dumps({"stage": stage, "parent": parent, "settings": settings[stage]}, sort_keys=True, default=str)
-        parent = out[stage] = hashlib.sha256(doc.encode()).hexdigest()[:24]
-    return out
 
 
 # --------------------------------------------------------------------------------------------

@@ -49,7 +49,8 @@ def encode_with_pool(cfg: Config):
 
 def index_for(cfg: Config, corpus: Corpus) -> Path:
     """Inside a Ray session: the finished index for cfg's encoder and corpus (``cfg`` resolved)."""
-    out = ensure_index(cfg.retrieval, cfg.paths.cache_dir, corpus, encode_with_pool(cfg), log=print)
+    out = ensure_index(cfg.retrieval, cfg.paths.cache_dir, corpus, encode_with_pool(cfg), log=print,
+                       corpus_format=cfg.benchmark_cfg().corpus_format)
     print(f"index: {out} ({len(corpus.texts)} captions)")
     return out
 

@@ -24,7 +24,7 @@ from typing import Any
 import ray
 import torch
 
-from adjcap.config import Config
+from adjcap.config import Config, load_config
 from adjcap.rerank import Heads, applicability, fit_device, load_features, load_heads, pick, run_protocol, save_heads
 from adjcap.rundir import RunDir
 from adjcap.tracking import log_run, parse_log_specs
@@ -79,6 +79,16 @@ def foreign_heads(cfg: Config, heads_dir: str | Path) -> Heads:
     return heads
 
 
+def _check_features_unchanged(cfg: Config, run: RunDir) -> None:
+    before = load_config(config_file=run.config_path).feature_identity()
+    now = cfg.feature_identity()
+    changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+    if changed:
+        shown = ", ".join(f"{k} ({before.get(k)!r} -> {now.get(k)!r})" for k in changed[:3])
+        raise ValueError(f"adjcap fit only refits and picks; {shown} would change the features of {run.path}: "
+                         "rerun run-job with that setting (or drop it from --set)")
+
+
 def main(cfg: Config, run: RunDir, heads_dir: str | Path | None = None) -> dict[str, str]:
     """``heads_dir``: apply heads fitted in another run (its ``heads/``) instead of fitting."""
     r = cfg.rerank
@@ -120,13 +130,22 @@ def main(cfg: Config, run: RunDir, heads_dir: str | Path | None = None) -> dict[
     return written
 
 
-def refit(cfg: Config, run: RunDir, heads_dir: str | Path | None = None, log: Sequence[str] = ()) -> dict[str, str]:
+def refit(cfg: Config, run: RunDir, heads_dir: str | Path | None = None, log: Sequence[str] = (),
+          saved: Config | None = None) -> dict[str, str]:
     """``adjcap fit``: fit and predict, then rewrite the per-sample table (the new picks; their metrics
-    stay null until ``adjcap evaluate``) and log the run where asked (``--log``)."""
+    stay null until ``adjcap evaluate``) and log the run where asked (``--log``). With ``saved`` (the
+    config as given, placeholders kept) the run's config.toml becomes it once heads/ and the predictions
+    are written, so config.toml always names the protocol, picker and head settings of heads/; a
+    setting that would change the features (they are not recomputed here) is refused first."""
     trackers = parse_log_specs(log)
-    written = main(cfg, run, heads_dir=heads_dir)
-    note_step(run, "fit")
-    write_samples(cfg, run)
+    with run.lock():
+        if saved is not None:
+            _check_features_unchanged(saved, run)
+        written = main(cfg, run, heads_dir=heads_dir)
+        if saved is not None:
+            run.write_config(saved.to_toml())
+        note_step(run, "fit")
+        write_samples(cfg, run)
     if trackers:
         log_run(trackers, run)
     return written

@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
+import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -112,6 +114,28 @@ def init_options(cfg: Config) -> dict:
 
 
 @contextlib.contextmanager
+def _keep_signal_handlers() -> Iterator[None]:
+    """``ray.init`` installs its own SIGTERM (and SIGINT) handlers in the driver, so a scheduler's stop
+    would end the job with a stack dump instead of the job's one-line stop (cli.py ``_run``): the
+    handlers the job had before ``ray.init`` are put back after it (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            if handler is not None and signal.getsignal(s) is not handler:
+                signal.signal(s, handler)
+
+
+def _init(**kwargs):
+    with _keep_signal_handlers():
+        return ray.init(**kwargs)
+
+
+@contextlib.contextmanager
 def ray_session(cfg: Config) -> Iterator[None]:
     quiet_console(cfg.ray.verbose)
     if ray.is_initialized():  # e.g. inside `ray job submit` or a notebook that already connected
@@ -122,7 +146,7 @@ def ray_session(cfg: Config) -> Iterator[None]:
                                 "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "0"),
                                 "TOKENIZERS_PARALLELISM": "false"}}
     if address:
-        ray.init(address=address, runtime_env=runtime_env, **init_options(cfg))
+        _init(address=address, runtime_env=runtime_env, **init_options(cfg))
         try:
             yield
         finally:
@@ -132,7 +156,7 @@ def ray_session(cfg: Config) -> Iterator[None]:
     with _loopback_only():
         _private_token_dir()
         try:
-            ctx = ray.init(
+            ctx = _init(
                 address="local",  # a new embedded instance, never a cluster some `ray start` left on this machine
                 include_dashboard=cfg.ray.include_dashboard,
                 dashboard_host=cfg.ray.dashboard_host,

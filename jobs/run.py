@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from adjcap.config import Config
+from adjcap.identity import run_identity
 from adjcap.rundir import RunDir
 from adjcap.tracking import log_run, parse_log_specs
 from jobs import evaluate, fit, preflight, run_benchmark
@@ -32,7 +33,7 @@ def main(cfg: Config, run_dir: str | Path | None = None, resume: bool = True, ev
     scored = False
     records = run_benchmark.read_records(rcfg)  # bad annotations fail before anything is written
     with run.lock():
-        run.check_identity(cfg.feature_identity(), fresh=not resume)
+        run.check_identity(run_identity(rcfg), fresh=not resume)
         run.write_config(cfg.to_toml())
         run_benchmark.write_references(run, rcfg.benchmark, records)
         with recorded(rcfg, run) as prov:

@@ -23,7 +23,8 @@ from adjcap.config import Config
 from adjcap.data.benchmarks import read_benchmark, split_annotations
 from adjcap.data.records import Record
 from adjcap.features import rows_to_table
-from adjcap.index import benchmark_corpus, shared_index
+from adjcap.index import shared_index
+from adjcap.index.lifecycle import search_corpus
 from adjcap.lavis_env import runtime_env as lavis_runtime_env
 from adjcap.rundir import RunDir
 from adjcap.stage_cache import StageCache, apply_outputs
@@ -90,7 +91,7 @@ def extract_features(cfg: Config, run: RunDir, records: dict[str, list[Record]],
         return summary
 
     check_pools(cfg)  # an impossible --workers / memory request is refused before any model loads
-    corpus = benchmark_corpus(cfg.benchmark_cfg(), cfg.benchmark)
+    corpus = search_corpus(cfg.retrieval, cfg.benchmark_cfg(), cfg.benchmark, cfg.paths.cache_dir)
     cache = StageCache.for_config(cfg, corpus.fingerprint) if cfg.cache.share_stages else None
     found = cache.lookup(r.image_id for r in todo if not r.error) if cache else {}
     for outs in found.values():

@@ -135,3 +135,27 @@ def test_a_corrupt_part_is_moved_aside_and_its_images_count_as_not_done(tmp_path
     assert not bad.exists() and bad.with_name(bad.name + ".corrupt").exists() and good.exists()
     assert "unreadable" in capsys.readouterr().err
     assert run.read_features("demo", "test").num_rows == 1
+
+
+def test_temp_files_of_a_killed_writer_are_removed_by_the_next_run_that_holds_the_lock(tmp_path):
+    run = RunDir(tmp_path / "run")
+    part = run.write_part("demo", "test", _table(["x"]))
+    left = [part.parent / f".{part.name}.k1l2d3.tmp", run.path / "metrics" / ".inductive.json.a1b2.tmp"]
+    for p in left:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"PAR1 half")
+    other = RunDir(tmp_path / "other")
+    theirs = other.path / "features" / ".part-1.parquet.zz.tmp"
+    theirs.parent.mkdir(parents=True)
+    theirs.write_bytes(b"half")
+    with run.lock():
+        assert not any(p.exists() for p in left)
+        assert part.exists() and run.done_ids("demo", "test") == {"x"}
+        # a live holder's temp files are never touched: a second job is refused before it looks
+        live = part.parent / f".{part.name}.live.tmp"
+        live.write_bytes(b"being written")
+        with pytest.raises(RunDirError, match="in use"):
+            with RunDir(run.path).lock():
+                pass
+        assert live.exists()
+    assert theirs.exists()  # another run directory's files are its own run's business

@@ -137,3 +137,56 @@ def test_stored_parts_are_complete_files_and_unreadable_ones_are_set_aside(demo_
     assert counts == {"retrieve": 0, "verify": 0, "caption": 0, "score": len(records)}
     assert "unreadable" in capsys.readouterr().err
     assert list(cache.stage_dir("score").glob("*.corrupt"))
+
+
+def _encode_other_corpus(cfg, models, tmp_path):
+    """Another corpus (the demo captions, reordered and reworded) encoded with the demo encoder through
+    the real encode path; returns its index directory."""
+    from adjcap.data.corpus import load_corpus
+    from adjcap.index import encode_shards_in_process, ensure_index
+
+    demo = benchmark_corpus(cfg.benchmark_cfg(), cfg.benchmark)
+    lines = tmp_path / "other-corpus.txt"
+    lines.write_text("\n".join(f"a photo of {t.lower()}" for t in reversed(demo.texts[:300])) + "\n")
+    other = load_corpus(lines, "lines")
+    ocfg = _cfg(None, cfg.paths.cache_dir, f"benchmarks.demo.corpus={lines}", "benchmarks.demo.corpus_format=lines",
+                f"retrieval.index_dir={tmp_path / 'other-index'}")
+    return ensure_index(ocfg.retrieval, ocfg.paths.cache_dir, other, encode_shards_in_process(models.retrieval),
+                        corpus_format="lines"), other
+
+
+def test_another_index_is_searched_again_and_a_moved_one_is_not(demo_cfg, world, tmp_path):
+    from adjcap.identity import run_identity
+
+    own, fp, models, records = world
+    n = len(records)
+    base_cfg = _cfg(demo_cfg, own)
+    base, _ = _run(base_cfg, world)  # the demo index's outputs are in the cache
+    index, other = _encode_other_corpus(base_cfg, models, tmp_path)
+    cfg = _cfg(demo_cfg, own, f"retrieval.index_dir={index}")
+    run_models = load_models(cfg)
+    assert run_models.corpus_texts == other.texts  # the index's own corpus, from its manifest
+    world2 = (own, other.fingerprint, run_models, records)
+    rows, counts = _run(cfg, world2)
+    assert counts == {s: n for s in STAGES}  # nothing reused from the demo index's outputs
+    got = {t for r in rows for t in (x["text"] for x in r["retrieved"])}
+    assert got <= set(other.texts) and not got & {t for r in base for t in (x["text"] for x in r["retrieved"])}
+    assert run_identity(cfg) != run_identity(base_cfg)  # resume into a run directory refuses it too
+    # the same index under another path: the same identity, everything reused
+    moved = tmp_path / "moved-index"
+    shutil.copytree(index, moved)
+    mcfg = _cfg(demo_cfg, own, f"retrieval.index_dir={moved}")
+    again, counts = _run(mcfg, world2)
+    assert counts == {s: 0 for s in STAGES} and again == rows
+    assert run_identity(mcfg) == run_identity(cfg)
+
+
+def test_an_index_of_another_encoder_is_refused_not_relabelled(demo_cfg, world, tmp_path):
+    from adjcap.index import CaptionIndexError, IndexManifest, encode_shards_in_process, ensure_index
+
+    own, fp, models, _ = world
+    index, other = _encode_other_corpus(_cfg(demo_cfg, own), models, tmp_path)
+    cfg = _cfg(demo_cfg, own, f"retrieval.index_dir={index}", "retrieval.encoder.model=adjcap-tiny-clip")
+    with pytest.raises(CaptionIndexError, match=r"retrieval.index_dir=.*encoded with adjcap-tiny-clip-large.*retrieval.encoder"):
+        ensure_index(cfg.retrieval, cfg.paths.cache_dir, other, encode_shards_in_process(models.retrieval))
+    assert IndexManifest.read(index).encoder_id.startswith("adjcap-tiny-clip-large")

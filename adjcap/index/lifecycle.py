@@ -38,6 +38,42 @@ def benchmark_corpus(bench: BenchmarkCfg, name: str) -> Corpus:
     return load_corpus(Path(bench.corpus), bench.corpus_format)
 
 
+def search_corpus(retrieval: RetrievalCfg, bench: BenchmarkCfg, name: str, cache_dir: str | Path) -> Corpus:
+    """The corpus a run searches (resolved sections): the benchmark's, or, when ``retrieval.index_dir``
+    names a finished index of another corpus, that index's own corpus (its manifest records the file
+    and format), checked against the manifest's fingerprint."""
+    corpus = benchmark_corpus(bench, name)
+    if not retrieval.index_dir:
+        return corpus
+    try:
+        m = IndexManifest.read(Path(retrieval.index_dir))
+    except CaptionIndexError:
+        return corpus  # not built yet: ensure_index builds it from the benchmark's corpus
+    if m.corpus_fingerprint == corpus.fingerprint:
+        return corpus
+    source, fmt = m.extra.get("corpus_source"), m.extra.get("corpus_format", bench.corpus_format)
+    where = f"retrieval.index_dir={retrieval.index_dir}"
+    if not source or not Path(source).is_file():
+        raise ConfigError(f"{where} searches corpus {m.corpus_fingerprint}, not benchmarks.{name}.corpus "
+                          f"({corpus.fingerprint}), and its corpus file {source or '(unrecorded)'} is not there; "
+                          f"set benchmarks.{name}.corpus to the file the index was encoded from")
+    other = load_corpus(Path(source), fmt)
+    if other.fingerprint != m.corpus_fingerprint:
+        raise ConfigError(f"{where}: its corpus file {source} changed since the index was encoded "
+                          f"({other.fingerprint}, index: {m.corpus_fingerprint}); re-encode it with adjcap encode-corpus")
+    return other
+
+
+def index_identity(retrieval: RetrievalCfg, cache_dir: str | Path, encoder_id: str, corpus_fingerprint: str) -> str:
+    """The searched index by content, not by path: encoder + corpus fingerprint + precision, as its
+    manifest records them (or, before it is built, as :func:`ensure_index` will write them)."""
+    try:
+        m = IndexManifest.read(index_location(retrieval, cache_dir, encoder_id, corpus_fingerprint))
+        return f"{m.encoder_id}|{m.corpus_fingerprint}|{m.precision}"
+    except CaptionIndexError:  # the same string once built: identities do not depend on when they are asked
+        return f"{encoder_id}|{corpus_fingerprint}|{retrieval.index_precision}"
+
+
 def encoder_identity(enc: EncoderCfg) -> str:
     """A stable id of a (resolved) encoder section without loading it: name + tag, or name + the local
     checkpoint's content id (:func:`adjcap.io.file_digest`: content, not path)."""
@@ -87,13 +123,23 @@ EncodeMissing = Callable[[IndexPlan], None]
 
 
 def ensure_index(retrieval: RetrievalCfg, cache_dir: str | Path, corpus: Corpus, encode_missing: EncodeMissing,
-                 log: Callable[[str], Any] | None = None) -> Path:
+                 log: Callable[[str], Any] | None = None, corpus_format: str = "ifcap") -> Path:
     """The finished index for the (resolved) retrieval section and corpus, encoding only what is
     missing (a finished shard is verified and kept; a partial one is redone)."""
     enc_id = encoder_identity(retrieval.encoder)
     out = index_location(retrieval, cache_dir, enc_id, corpus.fingerprint)
     if index_ready(out, enc_id, corpus.fingerprint):
         return out
+    if retrieval.index_dir:  # the user's own index: never relabelled or re-encoded under another encoder
+        try:
+            m = IndexManifest.read(out)
+        except CaptionIndexError:
+            m = None
+        if m is not None:
+            raise CaptionIndexError(
+                f"retrieval.index_dir={out} was encoded with {m.encoder_id} from corpus {m.corpus_fingerprint}, "
+                f"but this run retrieves with {enc_id} from corpus {corpus.fingerprint}; set retrieval.encoder "
+                "to the index's encoder, or drop retrieval.index_dir")
     ranges = shard_ranges(len(corpus.texts), retrieval.shard_size)
     todo = [r for r in ranges if verify_shard(out, r[0]) is None]
     if log:
@@ -104,7 +150,7 @@ def ensure_index(retrieval: RetrievalCfg, cache_dir: str | Path, corpus: Corpus,
     if still:
         raise CaptionIndexError(f"{out}: shards {still[:5]} were not written by the encoder; rerun encode-corpus")
     finalize_index(out, encoder_id=enc_id, corpus_fingerprint=corpus.fingerprint, num_shards=len(ranges),
-                   expected_count=len(corpus.texts), extra={"corpus_source": str(corpus.source)})
+                   expected_count=len(corpus.texts), extra={"corpus_source": str(corpus.source), "corpus_format": corpus_format})
     return out
 
 

@@ -1,0 +1,171 @@
+"""What made a stage's output: each stage's identity, built from what the stage reads.
+
+:data:`STAGE_READS` is the one place that says which settings each stage reads (a registry, as data);
+every identity derives from it:
+
+* :func:`config_identity` - the settings that decide a feature row, flat ``dotted.key: value``
+  (:meth:`Config.feature_identity`);
+* :func:`stage_settings` / :func:`stage_identities` - per stage, the same settings with paths replaced by
+  their content, plus the inputs outside the config: the corpus searched (its fingerprint) and the index
+  searched (its encoder, corpus and precision as its manifest records them, not its path);
+  the stage cache (:mod:`adjcap.stage_cache`), ``provenance.json`` and ``reproduce`` key by these;
+* :func:`run_identity` - all of it flat, what a run directory records in ``features/identity.json`` and
+  checks on resume.
+
+A setting a stage reads only for speed (batch sizes, the beam search implementation) is declared under
+``speed`` and left out. ``tests/test_identity_property.py`` changes every config setting and checks that
+either the identity of each stage whose output changes changes too, or the outputs stay equal, so a new
+setting that is not declared here fails that test by name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from adjcap.config import Config
+from adjcap.io import file_digest
+from adjcap.stages import STAGES
+
+
+@dataclass(frozen=True)
+class Reads:
+    """Dotted config keys a stage reads (a section's name covers every key under it; ``{benchmark}``
+    is the run's benchmark; ``scorer.encoder`` is the resolved output-scorer encoder) and, of those,
+    the ones read only for speed or identified by content elsewhere (never part of an identity as set)."""
+
+    settings: tuple[str, ...]
+    speed: tuple[str, ...] = ()
+    by_content: tuple[str, ...] = ()  # read, but identified by what they lead to (an input below)
+
+
+_ENC_SPEED = ("image_batch_size", "text_batch_size")
+
+STAGE_READS: dict[str, Reads] = {
+    "retrieve": Reads(
+        ("benchmark", "benchmarks.{benchmark}.images", "benchmarks.{benchmark}.format",
+         "benchmarks.{benchmark}.exif_transpose", "device", "precision", "retrieval"),
+        by_content=("retrieval.index_dir",),  # the searched index: searched_index()
+        speed=("retrieval.shard_size", *(f"retrieval.encoder.{k}" for k in _ENC_SPEED)),
+    ),
+    "verify": Reads(("verifier",), speed=("verifier.batch_size",)),
+    "caption": Reads(
+        ("captioner",),
+        # captioner.search is not speed-only: the reference search's beams differ (the property test)
+        speed=("captioner.batch_size", *(f"captioner.clip.{k}" for k in _ENC_SPEED)),
+    ),
+    "score": Reads(
+        ("scorer.encoder", "eval.clipscore"),
+        speed=(*(f"scorer.encoder.{k}" for k in _ENC_SPEED), *(f"eval.clipscore.{k}" for k in _ENC_SPEED)),
+    ),
+}
+assert tuple(STAGE_READS) == STAGES
+
+
+def _flatten(prefix: str, v: Any, out: dict[str, Any]) -> dict[str, Any]:
+    if isinstance(v, dict) and v:
+        for k, x in v.items():
+            _flatten(f"{prefix}.{k}" if prefix else k, x, out)
+    else:
+        out[prefix] = v
+    return out
+
+
+def config_view(cfg: Config) -> dict[str, Any]:
+    """Every setting flat, with ``scorer.encoder`` resolved (None means the retrieval encoder)."""
+    data = cfg.model_dump(mode="json")
+    data["scorer"]["encoder"] = cfg.scorer_encoder().model_dump(mode="json")
+    return _flatten("", data, {})
+
+
+def _covers(pattern: str, key: str) -> bool:
+    return key == pattern or key.startswith(pattern + ".")
+
+
+def stage_of(cfg: Config, key: str) -> str | None:
+    """The stage whose identity a flat setting belongs to (the first that reads it), or None when no
+    stage reads it or it is read only for speed."""
+    for stage, reads in STAGE_READS.items():
+        names = [p.replace("{benchmark}", cfg.benchmark) for p in reads.settings]
+        if any(_covers(p, key) for p in names):
+            return None if any(_covers(p, key) for p in reads.speed + reads.by_content) else stage
+    return None
+
+
+def config_identity(cfg: Config) -> dict[str, dict[str, Any]]:
+    """stage -> {dotted key: value} of the settings it reads (not for speed), as configured."""
+    out: dict[str, dict[str, Any]] = {s: {} for s in STAGES}
+    for key, value in sorted(config_view(cfg).items()):
+        stage = stage_of(cfg, key)
+        if stage is not None:
+            out[stage][key] = value
+    return out
+
+
+# configs a loader reads beside a checkpoint file (open_clip: the model config of a local checkpoint)
+SIDE_CONFIGS = ("open_clip_config.json",)
+
+
+def content_id(value: Any) -> Any:
+    """A path-valued setting by content (a file: size + digest; a directory: its files' names and
+    digests), so the same model under another path shares outputs and a rewritten file does not.
+    Anything that is not an existing path is returned as is (hub ids, numbers, names)."""
+    if not isinstance(value, str) or not value or ("/" not in value and not value.startswith(".")):
+        return value
+    p = Path(value)
+    try:
+        if p.is_file():  # and the configs beside it, which loaders read too (open_clip_config.json)
+            side = [f"{x.name}:{file_digest(x)}" for x in (p.parent / n for n in SIDE_CONFIGS) if x != p and x.is_file()]
+            return f"file:{file_digest(p)}" + (f"+{'+'.join(side)}" if side else "")
+        if p.is_dir():
+            h = hashlib.sha256()
+            for f in sorted(x for x in p.rglob("*") if x.is_file() and not x.name.startswith(".")):
+                h.update(f"{f.relative_to(p)}\0{file_digest(f)}\0".encode())
+            return f"dir:{h.hexdigest()[:16]}"
+    except OSError:
+        return value
+    return value
+
+
+def searched_index(cfg: Config, corpus_fingerprint: str) -> str:
+    """The index a run searches, by content (``cfg`` resolved)."""
+    from adjcap.index.lifecycle import encoder_identity, index_identity
+
+    return index_identity(cfg.retrieval, cfg.paths.cache_dir, encoder_identity(cfg.retrieval.encoder),
+                          corpus_fingerprint)
+
+
+def stage_settings(cfg: Config, corpus_fingerprint: str) -> dict[str, dict[str, Any]]:
+    """Each stage's own settings (``cfg`` resolved), paths replaced by their content, and the corpus
+    and index retrieval searched."""
+    out = {s: {k: (v if k.startswith("benchmarks.") else content_id(v)) for k, v in d.items()}
+           for s, d in config_identity(cfg).items()}  # the image root by name: its files are the image ids
+    out["retrieve"]["corpus_fingerprint"] = corpus_fingerprint
+    out["retrieve"]["index"] = searched_index(cfg, corpus_fingerprint)
+    return out
+
+
+def stage_identities(cfg: Config, corpus_fingerprint: str) -> dict[str, str]:
+    """stage -> identity hash; each stage's hash covers its parent's."""
+    settings = stage_settings(cfg, corpus_fingerprint)
+    out: dict[str, str] = {}
+    parent = ""
+    for stage in STAGES:
+        doc = json.dumps({"stage": stage, "parent": parent, "settings": settings[stage]}, sort_keys=True, default=str)
+        parent = out[stage] = hashlib.sha256(doc.encode()).hexdigest()[:24]
+    return out
+
+
+def run_identity(cfg: Config) -> dict[str, Any]:
+    """Everything that decides a run's feature rows, flat (``cfg`` resolved): what a run directory
+    records and compares on resume (the stage settings of :func:`stage_settings`)."""
+    from adjcap.index.lifecycle import search_corpus
+
+    corpus = search_corpus(cfg.retrieval, cfg.benchmark_cfg(), cfg.benchmark, cfg.paths.cache_dir)
+    flat: dict[str, Any] = {}
+    for d in stage_settings(cfg, corpus.fingerprint).values():
+        flat.update(d)
+    return flat
