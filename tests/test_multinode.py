@@ -14,6 +14,8 @@ from collections import Counter
 import pytest
 from rows_agree import assert_rows_agree
 
+from sim_cluster import simulated_cluster
+
 from adjcap.rundir import RunDir
 from jobs.run_benchmark import read_records
 
@@ -26,27 +28,8 @@ POOLS = ("RetrieverActor", "VerifierActor", "CaptionerActor", "ScorerActor")
 @pytest.fixture(scope="module")
 def cluster():
     """Head (1 CPU, 0 GPU) + two nodes (8 logical CPUs, 2 logical GPUs each), all on 127.0.0.1."""
-
-    from ray._private import ray_constants
-    from ray.cluster_utils import Cluster
-
-    old = ray_constants.ENABLE_RAY_CLUSTER, os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
-    ray_constants.ENABLE_RAY_CLUSTER = False  # this driver's node IP: 127.0.0.1
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # Ray's own processes (they inherit it)
-    local = {"node_ip_address": "127.0.0.1", "object_store_memory": 150 << 20}
-    c = Cluster(initialize_head=True, head_node_args={**local, "num_cpus": 1, "num_gpus": 0,
-                                                      "include_dashboard": False})
-    gpu_nodes = {f"gpu-node-{i}": c.add_node(**local, num_cpus=8, num_gpus=2) for i in range(2)}
-    c.wait_for_nodes()
-    try:
-        yield c, gpu_nodes
-    finally:
-        c.shutdown()
-        ray_constants.ENABLE_RAY_CLUSTER = old[0]
-        if old[1] is None:
-            os.environ.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
-        else:
-            os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = old[1]
+    with simulated_cluster(2) as (c, nodes):
+        yield c, {f"gpu-node-{i}": n for i, n in enumerate(nodes)}
 
 
 def _run_job(cluster, demo_cfg, run_dir, workers: int) -> str:

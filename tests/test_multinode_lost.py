@@ -6,12 +6,13 @@ and object on it gone) once half of the images are written. The job finishes on 
 every image is written exactly once, and the images written before the loss are kept as they were:
 the loss costs at most the images not yet written when it happened."""
 
-import os
 import threading
 import time
 
 import pyarrow.parquet as pq
 import pytest
+
+from sim_cluster import simulated_cluster
 
 from adjcap.rundir import RunDir
 from jobs.run_benchmark import read_records
@@ -23,26 +24,8 @@ LIMIT = 24  # per split: 48 images, written 2 per part
 
 @pytest.fixture(scope="module")
 def cluster():
-    from ray._private import ray_constants
-    from ray.cluster_utils import Cluster
-
-    old = ray_constants.ENABLE_RAY_CLUSTER, os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    local = {"node_ip_address": "127.0.0.1", "object_store_memory": 150 << 20}
-    c = Cluster(initialize_head=True, head_node_args={**local, "num_cpus": 1, "num_gpus": 0,
-                                                      "include_dashboard": False})
-    nodes = [c.add_node(**local, num_cpus=8, num_gpus=2) for _ in range(2)]
-    c.wait_for_nodes()
-    try:
+    with simulated_cluster(2) as (c, nodes):
         yield c, nodes
-    finally:
-        c.shutdown()
-        ray_constants.ENABLE_RAY_CLUSTER = old[0]
-        if old[1] is None:
-            os.environ.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
-        else:
-            os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = old[1]
 
 
 def written(run_dir) -> dict[str, list[str]]:

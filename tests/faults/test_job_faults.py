@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -31,6 +30,7 @@ from adjcap.pipeline import load_models
 from jobs.run_benchmark import read_records
 
 from .listening import descendants
+from .own_world import own_world_settings
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -138,17 +138,9 @@ def _one_line_error(text: str) -> str:
 @pytest.fixture(scope="module")
 def scenario(demo_cfg, tmp_path_factory):
     base = tmp_path_factory.mktemp("jobfaults")
-    cache = Path(demo_cfg.resolved().paths.cache_dir)
     world = base / "world"
-    shutil.copytree(cache / "demo", world)
     # cache.share_stages=false: the pools compute every stage (none taken from what other modules stored)
-    sets = [f"paths.cache_dir={cache}", "ray.include_dashboard=false", "ray.rows_per_part=1", "ray.batch_size=1",
-            "cache.share_stages=false",
-            f"benchmarks.demo.images={world}/images",
-            f"benchmarks.demo.annotations={world}/annotations/test_captions.json",
-            f"benchmarks.demo.annotations_by_split.test={world}/annotations/test_captions.json",
-            f"benchmarks.demo.annotations_by_split.val={world}/annotations/val_captions.json",
-            f"benchmarks.demo.corpus={world}/annotations/train_captions.json"]
+    sets = own_world_settings(demo_cfg, world)
     cfg = load_config("demo", sets + [f"limit={LIMIT}"]).resolved()
     records = read_records(cfg)
     load_models(cfg)  # the corpus index, built here once, so the drivers start no encode job

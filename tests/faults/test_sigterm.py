@@ -4,9 +4,7 @@ temp part left as a killed writer leaves it is removed by the next run, which re
 
 from __future__ import annotations
 
-import shutil
 import signal
-from pathlib import Path
 
 import pytest
 
@@ -15,6 +13,7 @@ from adjcap.pipeline import load_models
 from adjcap.rundir import RunDir
 from jobs.run_benchmark import read_records
 
+from .own_world import own_world_settings
 from .test_job_faults import BENCH, Driver, _n_parts, _one_line_error, _part_ids, _wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -22,16 +21,8 @@ LIMIT = 6
 
 
 def test_sigterm_after_ray_started_is_a_clean_stop_and_resume_is_exact(demo_cfg, tmp_path):
-    cache = Path(demo_cfg.resolved().paths.cache_dir)
     world = tmp_path / "world"
-    shutil.copytree(cache / "demo", world)
-    sets = [f"paths.cache_dir={cache}", "ray.include_dashboard=false", "ray.rows_per_part=1", "ray.batch_size=1",
-            "cache.share_stages=false",
-            f"benchmarks.demo.images={world}/images",
-            f"benchmarks.demo.annotations={world}/annotations/test_captions.json",
-            f"benchmarks.demo.annotations_by_split.test={world}/annotations/test_captions.json",
-            f"benchmarks.demo.annotations_by_split.val={world}/annotations/val_captions.json",
-            f"benchmarks.demo.corpus={world}/annotations/train_captions.json"]
+    sets = own_world_settings(demo_cfg, world)
     cfg = load_config("demo", sets + [f"limit={LIMIT}"]).resolved()
     records = read_records(cfg)
     load_models(cfg)  # the corpus index, built once here
