@@ -27,7 +27,7 @@ from jobs.ray_session import ray_session
 def _measure(plan: RowPlan, failed: dict[Path, str]) -> RowResult:
     res = RowResult(plan.row, plan.benchmark, plan.protocol, plan.picker, run_dir=str(plan.run_dir or ""))
     if plan.cfg is not None:
-        res.extra["encoder"] = plan.cfg.retrieval.model
+        res.extra["encoder"] = plan.cfg.retrieval.encoder.model
     if plan.problem:
         res.status = plan.problem
         return res
