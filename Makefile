@@ -25,11 +25,13 @@ demo: $(STAMP)
 	$(BIN)/adjcap demo
 
 # two test processes (the Ray and Java tests wait on process start-up much of the time); modules stay
-# whole on one worker (--dist loadfile), the slow ones first (tests/conftest.py)
+# whole on one worker (--dist loadfile), the slow ones first (tests/conftest.py). Tests that kill
+# processes or nodes at chosen moments (marker `alone`) then run by themselves, without a neighbour's load.
 TEST_WORKERS ?= 2
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not alone" tests
+	$(BIN)/python -m pytest -q -m alone tests
 
 # everyday work: no Ray cluster, no LAVIS environment, no end-to-end job (make test runs everything)
 test-fast: $(STAMP)

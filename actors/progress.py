@@ -29,8 +29,12 @@ class ProgressBoard:
 
 
 def start_board() -> Any:
-    """A new board for one job (inside a Ray session): no CPU, so it never waits for one."""
-    return ray.remote(num_cpus=0, max_restarts=0)(ProgressBoard).remote()
+    """A new board for one job (inside a Ray session): no CPU, so it never waits for one; on the
+    driver's node, so that losing a worker node never loses the board."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    return ray.remote(num_cpus=0, max_restarts=0)(ProgressBoard).options(scheduling_strategy=here).remote()
 
 
 class StageMeter:
@@ -52,7 +56,10 @@ class StageMeter:
             self.failed.inc(failed, tags=self.tags)
         self.seconds.observe(seconds, tags=self.tags)
         if self.board is not None:  # waited for: the tally is complete when the batch's output is
-            ray.get(self.board.add.remote(self.stage, done, failed))
+            try:
+                ray.get(self.board.add.remote(self.stage, done, failed))
+            except ray.exceptions.RayError:  # progress is a view: a board that is gone never fails a stage
+                self.board = None
 
     @contextlib.contextmanager
     def batch(self, states: Sequence[Any]) -> Iterator[None]:

@@ -333,14 +333,6 @@ class Config(_Strict):
             )
         return self.benchmarks[name]
 
-    def feature_identity(self) -> dict[str, Any]:
-        """The settings that decide what a feature row holds, flat ``dotted.key: value``: those the
-        stages read (:data:`adjcap.identity.STAGE_READS`), not those read only for speed nor anything
-        applied after extraction (rerank, eval). Equal identities write interchangeable rows."""
-        from adjcap.identity import config_identity  # it derives from this module's sections
-
-        return {k: v for d in config_identity(self).values() for k, v in d.items()}
-
     def to_toml(self) -> str:
         import tomli_w  # only where configs are written (not needed in the LAVIS pools' environment)
 

@@ -4,7 +4,7 @@
 every identity derives from it:
 
 * :func:`config_identity` - the settings that decide a feature row, flat ``dotted.key: value``
-  (:meth:`Config.feature_identity`);
+  (:func:`feature_identity`);
 * :func:`stage_settings` / :func:`stage_identities` - per stage, the same settings with paths replaced by
   their content, plus the inputs outside the config: the corpus searched (its fingerprint) and the index
   searched (its encoder, corpus and precision as its manifest records them, not its path);
@@ -103,6 +103,13 @@ def config_identity(cfg: Config) -> dict[str, dict[str, Any]]:
         if stage is not None:
             out[stage][key] = value
     return out
+
+
+def feature_identity(cfg: Config) -> dict[str, Any]:
+    """The settings that decide what a feature row holds, flat ``dotted.key: value``: those the stages
+    read (:data:`STAGE_READS`), not those read only for speed nor anything applied after extraction
+    (rerank, eval). Equal identities write interchangeable rows."""
+    return {k: v for d in config_identity(cfg).values() for k, v in d.items()}
 
 
 # configs a loader reads beside a checkpoint file (open_clip: the model config of a local checkpoint)

@@ -25,6 +25,7 @@ import ray
 import torch
 
 from adjcap.config import Config, load_config
+from adjcap.identity import feature_identity
 from adjcap.rerank import Heads, applicability, fit_device, load_features, load_heads, pick, run_protocol, save_heads
 from adjcap.rundir import RunDir
 from adjcap.tracking import log_run, parse_log_specs
@@ -80,8 +81,8 @@ def foreign_heads(cfg: Config, heads_dir: str | Path) -> Heads:
 
 
 def _check_features_unchanged(cfg: Config, run: RunDir) -> None:
-    before = load_config(config_file=run.config_path).feature_identity()
-    now = cfg.feature_identity()
+    before = feature_identity(load_config(config_file=run.config_path))
+    now = feature_identity(cfg)
     changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
     if changed:
         shown = ", ".join(f"{k} ({before.get(k)!r} -> {now.get(k)!r})" for k in changed[:3])

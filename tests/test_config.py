@@ -3,6 +3,7 @@ import tomllib
 import pytest
 
 from adjcap.config import Config, ConfigError, list_presets, load_config
+from adjcap.identity import feature_identity
 
 PAPER_PRESETS = {
     "headline", "training-free", "transductive", "ifcap", "verifier-flickr", "demo",
@@ -65,7 +66,7 @@ def test_paper_presets_run_fp32_and_precision_is_one_switch():
     r = fast.resolved()
     assert {e.precision for e in (r.retrieval.encoder, r.captioner.clip, r.eval.clipscore, r.scorer.encoder)} == {"bf16"}
     assert r.verifier.precision == "bf16" and r.captioner.precision == "fp32"  # GPT-2 keeps its own
-    assert fast.feature_identity()["precision"] == "bf16" != load_config("headline").feature_identity()["precision"]
+    assert feature_identity(fast)["precision"] == "bf16" != feature_identity(load_config("headline"))["precision"]
     one = load_config("headline", ["verifier.precision=bf16"]).resolved()
     assert one.verifier.precision == "bf16" and one.retrieval.encoder.precision == "fp32"
 
@@ -79,7 +80,7 @@ def test_scorer_and_clipscore_encoders_are_their_own_settings():
     swap = load_config("output-scorer-vitb32")
     assert (swap.scorer_encoder().model, swap.scorer_encoder().pretrained) == ("ViT-B-32", "openai")
     assert swap.retrieval.encoder == head.retrieval.encoder
-    ids = swap.feature_identity(), load_config("training-free").feature_identity()
+    ids = feature_identity(swap), feature_identity(load_config("training-free"))
     assert ids[0]["scorer.encoder.model"] == "ViT-B-32" and ids[1]["scorer.encoder.model"] == "ViT-bigG-14"
     xf, xn = load_config("xdomain-flickr30k"), load_config("xdomain-nocaps")
     assert xf.benchmark == "flickr30k" and xf.rerank.protocol == "transductive" and "flickr" in xf.captioner.checkpoint

@@ -17,7 +17,7 @@ from sim_cluster import simulated_cluster
 from adjcap.rundir import RunDir
 from jobs.run_benchmark import read_records
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 LIMIT = 24  # per split: 48 images, written 2 per part
 

@@ -17,6 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from adjcap.config import Config, list_presets, load_config
+from adjcap.identity import feature_identity
 from adjcap.features import rows_to_table
 from adjcap.pipeline import load_models, run_pipeline
 from adjcap.rundir import RunDir
@@ -37,7 +38,7 @@ class FeatureStore:
         self.models: dict[str, object] = {}
 
     def get(self, cfg: Config, split: str, records) -> list[dict]:
-        ident = json.dumps(cfg.feature_identity(), sort_keys=True, default=str)
+        ident = json.dumps(feature_identity(cfg), sort_keys=True, default=str)
         if (ident, split) not in self.rows:
             if ident not in self.models:
                 self.models.clear()  # keep one model set in memory
@@ -62,7 +63,7 @@ def run_preset(cfg: Config, run: RunDir, store: FeatureStore) -> dict:
     rcfg = cfg.resolved()
     records = run_benchmark.read_records(rcfg)
     with run.lock():
-        run.check_identity(cfg.feature_identity(), fresh=False)
+        run.check_identity(feature_identity(cfg), fresh=False)
         run.write_config(cfg.to_toml())
         run_benchmark.write_references(run, rcfg.benchmark, records)
         for split, recs in records.items():

@@ -4,7 +4,7 @@ prediction table."""
 import pyarrow as pa
 import pytest
 
-from adjcap.config import load_config
+from adjcap.config import ConfigError, load_config
 from adjcap.features import PREDICTION_SCHEMA, rows_to_table
 from adjcap.rerank import (
     ALPHA_GRID,
@@ -45,7 +45,10 @@ def test_training_free_fixed(tables):
 
 
 def test_learned_picker_refused_without_training(tables):
-    cfg = load_config("training-free", ["rerank.picker=ensemble"])
+    with pytest.raises(ConfigError, match="training-free"):  # when the config loads, before any work
+        load_config("training-free", ["rerank.picker=ensemble"])
+    cfg = load_config("training-free")  # and by the protocol, for a config made without that check
+    cfg = cfg.model_copy(update={"rerank": cfg.rerank.model_copy(update={"picker": "ensemble"})})
     with pytest.raises(ValueError, match="training-free"):
         run_protocol(cfg, tables)
 

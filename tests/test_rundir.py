@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 
 from adjcap.config import load_config
+from adjcap.identity import feature_identity
 from adjcap.features import empty_row, rows_to_table
 from adjcap.rundir import RunDir, RunDirError
 
@@ -109,20 +110,20 @@ def test_the_lock_on_a_path_that_is_a_file(tmp_path):
 
 def test_other_feature_settings_are_refused_and_fresh_starts_over(tmp_path):
     run = RunDir(tmp_path)
-    a = load_config("demo").feature_identity()
+    a = feature_identity(load_config("demo"))
     run.check_identity(a, fresh=False)
     run.write_part("demo", "test", _table(["x"]))
     run.check_identity(a, fresh=False)  # same settings: resume keeps the features
     assert run.done_ids("demo", "test") == {"x"}
-    b = load_config("demo", ["captioner.beam_width=3"]).feature_identity()
+    b = feature_identity(load_config("demo", ["captioner.beam_width=3"]))
     with pytest.raises(RunDirError, match=r"captioner.beam_width \(20 -> 3\).*--fresh"):
         run.check_identity(b, fresh=False)
     assert run.done_ids("demo", "test") == {"x"}  # nothing lost by the refusal
     run.check_identity(b, fresh=True)
     assert run.done_ids("demo", "test") == set()
     # batch sizes, workers and reranking never change what a feature row holds
-    c = load_config("demo", ["captioner.beam_width=3", "captioner.batch_size=7", "ray.workers=3",
-                             "rerank.picker=lm", "limit=5"]).feature_identity()
+    c = feature_identity(load_config("demo", ["captioner.beam_width=3", "captioner.batch_size=7", "ray.workers=3",
+                                              "rerank.picker=lm", "limit=5"]))
     assert c == b
 
 

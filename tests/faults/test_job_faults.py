@@ -32,7 +32,7 @@ from jobs.run_benchmark import read_records
 from .listening import descendants
 from .own_world import own_world_settings
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.alone, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 ROOT = Path(__file__).resolve().parents[2]
 LIMIT = 10

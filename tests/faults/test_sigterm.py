@@ -16,7 +16,7 @@ from jobs.run_benchmark import read_records
 from .own_world import own_world_settings
 from .test_job_faults import BENCH, Driver, _n_parts, _one_line_error, _part_ids, _wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.alone, pytest.mark.slow, pytest.mark.timeout(900)]
 LIMIT = 6
 
 
