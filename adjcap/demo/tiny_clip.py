@@ -15,6 +15,7 @@ from pathlib import Path
 import open_clip
 import torch
 
+from adjcap.models.clip import quiet_random_init
 from adjcap.io import atomic_write_bytes, atomic_write_json
 from adjcap.models.sources import OPEN_CLIP_CONFIG, PREPROCESS_KEYS
 
@@ -52,7 +53,7 @@ def build_tiny_clip(path: str | os.PathLike, seed: int = 42, embed_dim: int | No
     if embed_dim is not None and embed_dim != model_cfg["embed_dim"]:
         kwargs["embed_dim"] = int(embed_dim)
         model_cfg["embed_dim"] = int(embed_dim)
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), quiet_random_init():  # random by design: before its training
         torch.manual_seed(seed)
         net = open_clip.create_model(model, pretrained=None, precision="fp32", device="cpu", **kwargs)
     state = {k: v.detach().contiguous().clone() for k, v in net.state_dict().items()}

@@ -442,7 +442,7 @@ class _DropRandomInitWarning(logging.Filter):
 
 
 @contextlib.contextmanager
-def _quiet_random_init() -> Iterator[None]:
+def quiet_random_init() -> Iterator[None]:
     """open_clip warns that the model is randomly initialised; here the weights follow from the file."""
     f = _DropRandomInitWarning()
     logging.getLogger().addFilter(f)
@@ -464,7 +464,7 @@ def _build_towers(src, keep: set[str], dtype: torch.dtype, dev: torch.device):
     if reader is None:
         return None
     shapes, get = reader
-    with torch.device("meta"), _quiet_random_init():
+    with torch.device("meta"), quiet_random_init():
         net = open_clip.create_model(
             src.model, pretrained=None, precision="fp32", device="meta",
             force_preprocess_cfg=src.force_preprocess or None, force_quick_gelu=src.force_quick_gelu,
