@@ -11,6 +11,7 @@ from typing import Any, Callable, List, Optional
 
 import typer
 
+from adjcap import numerics
 from adjcap.config import Config, ConfigError, list_presets, load_config
 from adjcap.rundir import RunDir
 
@@ -54,12 +55,17 @@ def _typed(**updates: Any) -> dict[str, Any]:
 
 
 def _cfg(preset: str | None, sets: Optional[List[str]], config_file: Optional[Path],
-         updates: dict[str, Any] | None = None) -> Config:
+         updates: dict[str, Any] | None = None, computes: bool = True) -> Config:
+    """The command's config, resolved once here. A command that ``computes`` with portable numerics
+    starts again with them when run as the ``adjcap`` program (adjcap.numerics.enter)."""
     try:
-        return load_config(None if config_file else preset, list(sets or []), config_file, updates=updates)
+        cfg = load_config(None if config_file else preset, list(sets or []), config_file, updates=updates)
     except ConfigError as e:
         typer.secho(f"error: {e}", fg="red", err=True)
         raise typer.Exit(2) from None
+    if computes:
+        numerics.enter(cfg.numerics, restart=STATE.get("program", False))
+    return cfg
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -116,7 +122,7 @@ def config_cmd(
         for name, desc in list_presets().items():
             typer.echo(f"{name:18s} {desc}")
         return
-    typer.echo(_cfg(preset, sets, config_file).to_toml())
+    typer.echo(_cfg(preset, sets, config_file, computes=False).to_toml())
 
 
 @app.command("run-job")
@@ -270,7 +276,7 @@ def evaluate(
     if predictions is None or references is None:
         typer.secho("error: give --run DIR, or --predictions PRED.json with --references REFS", fg="red", err=True)
         raise typer.Exit(2)
-    eval_cfg = _cfg("headline", None, None, eval_updates).resolved().eval
+    eval_cfg = _cfg("headline", None, None, eval_updates, computes=False).resolved().eval
     _run(lambda: job.evaluate_file(eval_cfg, predictions, references, fmt, split, out, intersection=intersection))
 
 
@@ -339,7 +345,7 @@ def doctor(preset: str = PRESET, sets: Optional[List[str]] = SET):
     from adjcap.doctor import diagnose
     from jobs.preflight import memory_problem
 
-    cfg = _cfg(preset, sets, None)
+    cfg = _cfg(preset, sets, None, computes=False)
     text, problems = diagnose(cfg, memory_problem(cfg.resolved()))
     typer.echo(text)
     if problems:
@@ -366,7 +372,7 @@ def prepare(
     from adjcap.prepare import Options, PrepareError, run
 
     if data is None:
-        data = Path(_cfg(preset, sets, None).resolved().paths.data_dir)
+        data = Path(_cfg(preset, sets, None, computes=False).resolved().paths.data_dir)
     opts = Options(data=data, from_dir=from_dir, dry_run=dry_run, workers=workers, preset=preset,
                    coco_zip=coco_zip, mirror=mirror, sources=sources, sets=list(sets or []), targets=list(for_ or []))
     try:
@@ -382,6 +388,7 @@ def prepare(
 
 
 def main() -> None:
+    STATE["program"] = True  # the adjcap program itself (not a test's or a notebook's in-process call)
     app()
 
 

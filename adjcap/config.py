@@ -276,6 +276,10 @@ class Config(_Strict):
         "captioner's CLIP) and the verifier; None = each section's own (fp32, the paper's). bf16 = speed mode. "
         "The captioner's GPT-2 keeps captioner.precision"
     )
+    numerics: Literal["fast", "portable"] = Field(
+        "fast", description="fast: this machine's best kernels, whole batches. portable: the same bits on every "
+        "x86-64 CPU (one kernel level, one thread, one image at a time; slower; the demo's). See adjcap.numerics"
+    )
     paths: PathsCfg = Field(default_factory=PathsCfg)
     retrieval: RetrievalCfg = Field(default_factory=RetrievalCfg)
     verifier: VerifierCfg = Field(default_factory=VerifierCfg)

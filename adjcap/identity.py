@@ -47,18 +47,18 @@ _ENC_SPEED = ("image_batch_size", "text_batch_size")
 STAGE_READS: dict[str, Reads] = {
     "retrieve": Reads(
         ("benchmark", "benchmarks.{benchmark}.images", "benchmarks.{benchmark}.format",
-         "benchmarks.{benchmark}.exif_transpose", "device", "precision", "retrieval"),
+         "benchmarks.{benchmark}.exif_transpose", "device", "precision", "numerics", "retrieval"),
         by_content=("retrieval.index_dir",),  # the searched index: searched_index()
         speed=("retrieval.shard_size", *(f"retrieval.encoder.{k}" for k in _ENC_SPEED)),
     ),
-    "verify": Reads(("verifier",), speed=("verifier.batch_size",)),
+    "verify": Reads(("numerics", "verifier"), speed=("verifier.batch_size",)),
     "caption": Reads(
-        ("captioner",),
+        ("numerics", "captioner"),
         # captioner.search is not speed-only: the reference search's beams differ (the property test)
         speed=("captioner.batch_size", *(f"captioner.clip.{k}" for k in _ENC_SPEED)),
     ),
     "score": Reads(
-        ("scorer.encoder", "eval.clipscore"),
+        ("numerics", "scorer.encoder", "eval.clipscore"),
         speed=(*(f"scorer.encoder.{k}" for k in _ENC_SPEED), *(f"eval.clipscore.{k}" for k in _ENC_SPEED)),
     ),
 }

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from adjcap import entities as ent
+from adjcap import numerics
 from adjcap.config import CaptionerCfg
 from adjcap.data.images import decode_image, read_image_file
 from adjcap.features import empty_row
@@ -139,13 +140,18 @@ def encode_for_transport(data: bytes, image) -> bytes:
 def _guarded(stage: str, fn: Callable[[list[ImageState]], None], states: list[ImageState], *,
              completes: bool = True) -> list[ImageState]:
     """Run ``fn`` on the ok states that do not hold the stage's output yet (filled from the stage
-    cache: ``done``); if the batch fails, retry one image at a time. Marks the stage done/computed
+    cache: ``done``), the whole batch at once or, with portable numerics, one image at a time
+    (:func:`adjcap.numerics.per_image`); if the batch fails, retry one image at a time. Marks the stage done/computed
     unless ``fn`` is only part of the stage (``completes=False``: a later pool finishes it)."""
     live = [s for s in states if s.ok and stage not in s.done]
     if not live:
         return states
     try:
-        fn(live)
+        if numerics.per_image():  # portable numerics: an image's outputs do not depend on its batch
+            for s in live:
+                fn([s])
+        else:
+            fn(live)
     except Exception:  # noqa: BLE001 - isolate the failing image(s), keep the others
         if len(live) == 1:
             live[0].error = f"{stage}: {traceback.format_exc(limit=3).strip().splitlines()[-1]}"

@@ -17,6 +17,7 @@ from typing import Iterator
 
 import ray
 
+from adjcap import numerics
 from adjcap.accelerators import rocm_visible_env
 from adjcap.config import Config
 from adjcap.models.budget import POOLS as FEATURE_POOLS, human_bytes, pool_budget
@@ -138,13 +139,14 @@ def _init(**kwargs):
 @contextlib.contextmanager
 def ray_session(cfg: Config) -> Iterator[None]:
     quiet_console(cfg.ray.verbose)
+    numerics.enter(cfg.numerics, restart=False)  # the command line already restarted itself with the pin
     if ray.is_initialized():  # e.g. inside `ray job submit` or a notebook that already connected
         yield
         return
     address = cfg.ray.address or os.environ.get("RAY_ADDRESS")
     runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                                 "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "0"),
-                                "TOKENIZERS_PARALLELISM": "false"}}
+                                "TOKENIZERS_PARALLELISM": "false", **numerics.worker_env(cfg.numerics)}}
     if address:
         _init(address=address, runtime_env=runtime_env, **init_options(cfg))
         try:

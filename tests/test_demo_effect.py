@@ -7,27 +7,29 @@ breaks the effect names the stage that got worse:
 3. adjudication (the demo's headline: heads fitted on the val split's Borda pseudo-labels only, never
    on references, applied to test) beats the LM-only pick on CIDEr, with a paired bootstrap interval
    over the 300 test images that excludes zero, and lowers CHAIR_i (asserted: the direction; its
-   interval excludes zero on this world too, narrowly, and the trained models' floats differ a little
-   between CPU types: BENCHMARKS.md).
+   interval is narrow on this world: BENCHMARKS.md).
 
-Everything runs on the fixed demo world built once per session (``demo_cfg``), in-process (no Ray).
+Everything runs on the fixed demo world built once per session (``demo_cfg``); the headline is ``adjcap
+demo`` itself, on Ray, with portable numerics, and its predictions must be the committed ones.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from adjcap.demo import figures
 from adjcap.demo.quality import caption_errors, judge_quality
-from adjcap.features import rows_to_table
 from adjcap.metrics.bootstrap import paired_bootstrap, ratio_percent
 from adjcap.metrics.evaluate import Evaluator
-from adjcap.pipeline import load_models, run_pipeline
-from adjcap.rerank import load_features, pick, run_protocol
 from jobs.run_benchmark import read_records
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -36,28 +38,43 @@ def quality(demo_cfg):
 
 
 @pytest.fixture(scope="module")
-def effect(demo_cfg):
-    """The demo's headline run in-process: val and test through the four stages, the inductive protocol
-    (heads fitted on the val beams' Borda consensus, no references; the configured ensemble picker applied
-    to test) and the LM-only pick, both scored against the test references."""
+def demo_run(demo_cfg, tmp_path_factory):
+    """``adjcap demo`` as users run it (the command line, so portable numerics; Ray; val and test through
+    the four stages, the heads fitted on the val beams' Borda consensus, every picker applied to test),
+    on the session's demo world. Its run directory."""
+    run_dir = tmp_path_factory.mktemp("demo-run") / "demo"
+    cmd = [sys.executable, "-m", "adjcap", "demo", "--run-dir", str(run_dir),
+           "--set", f"paths.cache_dir={demo_cfg.paths.cache_dir}", "--set", "ray.include_dashboard=false"]
+    res = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1200)
+    assert res.returncode == 0, res.stdout[-4000:]
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def effect(demo_cfg, demo_run):
+    """The demo's headline run: the configured ensemble picker and the LM-only pick on test, both scored
+    against the test references here, apart from the run's own evaluation."""
     cfg = demo_cfg.resolved()
     assert cfg.rerank.protocol == "inductive" and cfg.rerank.fit_split == "val"
     records = read_records(cfg)
-    models = load_models(cfg)
-    tables = {split: rows_to_table(run_pipeline(records[split], cfg, models)) for split in ("val", "test")}
-    result = run_protocol(cfg, tables)
-    feats = load_features(tables["test"], lm_feature=cfg.scorer.lm_feature,
-                          memory_tokens=cfg.rerank.memattend.memory_tokens)
-    lm_idx = pick(feats, "lm")
-    captions = {
-        "lm": {iid: feats.texts[k][int(i)] for k, (iid, i) in enumerate(zip(feats.image_ids, lm_idx))},
-        "adjudicated": {iid: p.caption for iid, p in result.picks["test"].items()},
-    }
+    preds = demo_run / "predictions" / "inductive"
+    captions = {name: {r["image_id"]: r["caption"] for r in json.loads((preds / f"{picker}.json").read_text())}
+                for name, picker in (("lm", "lm"), ("adjudicated", cfg.rerank.picker))}
     refs = {r.image_id: list(r.references) for r in records["test"]}
     with Evaluator(refs) as ev:
         scores = {name: ev.score(c) for name, c in captions.items()}
     scenes = json.loads((Path(cfg.paths.cache_dir) / "demo" / "manifest.json").read_text())["scenes"]
     return {"captions": captions, "scores": scores, "scenes": scenes, "n": len(records["test"])}
+
+
+@pytest.mark.slow
+def test_demo_run_gives_the_committed_figures(demo_run):
+    """Portable numerics: the predictions and the headline of ``make demo`` are the ones every x86-64 CPU
+    with AVX2 gives (adjcap/demo/expected.json, written by benchmarks/demo_figures.py); a machine that
+    computes something else fails here instead of printing other numbers."""
+    want = figures.expected()
+    assert figures.prediction_digests(demo_run) == want["predictions"]
+    assert figures.headline(demo_run) == want["headline"]
 
 
 # ---- stage 1: the judges ---------------------------------------------------------------------------

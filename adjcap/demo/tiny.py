@@ -20,10 +20,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import subprocess
+import sys
 from collections import Counter
+from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
+
+from adjcap import numerics
 
 from adjcap.demo.tiny_blip import build_tiny_blip
 from adjcap.demo.tiny_clip import TINY_CLIP, TINY_CLIP_LARGE, build_tiny_clip
@@ -35,14 +41,12 @@ from adjcap.models.clip import load_dual_encoder
 
 READY = "READY.json"
 QUALITY = "QUALITY.json"  # the judges' held-out quality (adjcap.demo.quality.judge_quality)
-VERSION = 5
+VERSION = 6  # 6: built with portable numerics (adjcap.numerics.PIN)
 RETRIEVAL_CLIP = TINY_CLIP_LARGE  # the judge sees finer patches than the captioner's CLIP, as bigG/14 vs B/32
 CAPTIONER_CLIP = TINY_CLIP
 
 
 def world_fingerprint(texts: Sequence[str], seed: int, settings=None) -> str:
-    from dataclasses import asdict
-
     train = json.dumps(asdict(settings or TinyTrainSettings()), sort_keys=True)
     h = hashlib.sha256(f"v{VERSION}|{seed}|{train}|".encode())
     for t in texts:
@@ -82,6 +86,12 @@ def build_tiny_world(cache_dir: Path, corpus_texts: Sequence[str], seed: int = 4
         return paths
     root.mkdir(parents=True, exist_ok=True)
     (root / READY).unlink(missing_ok=True)
+    if not numerics.pinned():  # the same bits on every x86-64 CPU: built in a process started with the pin
+        _build_pinned(cache_dir, corpus_texts, seed, settings, workers)
+        if not tiny_world_ready(root, corpus_texts, seed, settings):
+            raise RuntimeError(f"building the tiny models under {root} did not finish (no {READY}); "
+                               "its error is printed above")
+        return paths
     build_tiny_clip(paths["retrieval_clip"], seed=seed, model=RETRIEVAL_CLIP)
     clip_path = build_tiny_clip(paths["captioner_clip"], seed=seed + 1, model=CAPTIONER_CLIP)
     build_tiny_blip(paths["blip"], list(corpus_texts), seed=seed, image_size=settings.blip_image_size)
@@ -99,8 +109,70 @@ def build_tiny_world(cache_dir: Path, corpus_texts: Sequence[str], seed: int = 4
     return paths
 
 
+def _build_pinned(cache_dir: Path, corpus_texts: Sequence[str], seed: int, settings: TinyTrainSettings,
+                  workers: int | None) -> None:
+    """:func:`build_tiny_world` in a fresh interpreter started with :data:`adjcap.numerics.PIN` (the
+    libraries read it when they load); the job goes through a file, the output is this process's."""
+    import adjcap
+
+    root = Path(cache_dir) / "tiny"
+    job = root / "build-job.json"
+    atomic_write_json(job, {"cache_dir": str(cache_dir), "texts": list(corpus_texts), "seed": seed,
+                            "settings": asdict(settings), "workers": workers})
+    src = str(Path(adjcap.__file__).resolve().parent.parent)
+    env = numerics.pinned_env()
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
+    try:
+        rc = subprocess.run([sys.executable, "-m", "adjcap.demo.tiny", str(job)], env=env).returncode
+    finally:
+        job.unlink(missing_ok=True)
+    if rc != 0:
+        raise RuntimeError(f"building the tiny models under {root} failed with exit code {rc}; its error is "
+                           "printed above")
+
+
+def _run_job(job: Path) -> None:
+    spec = json.loads(job.read_text())
+    build_tiny_world(Path(spec["cache_dir"]), spec["texts"], spec["seed"], TinyTrainSettings(**spec["settings"]),
+                     spec["workers"])
+
+
+MODEL_FILES = {  # what model_digests() hashes: each trained model's weights, by role
+    "retrieval_clip": "retrieval-clip/open_clip_model.safetensors",
+    "captioner_clip": "captioner-clip/open_clip_model.safetensors",
+    "blip": "blip-itm/model.safetensors",
+    "ifcap": "ifcap/tiny-ifcap.pt",
+}
+
+
+def model_digests(root: Path) -> dict[str, str]:
+    """Per trained tiny model (:data:`MODEL_FILES`), a digest of its tensors: names, dtypes, shapes and
+    bytes in name order (sha256, 16 hex digits), independent of how the file was written. Equal
+    digests = bit-identical models; ``adjcap/demo/expected.json`` holds the ones every x86-64 CPU
+    gives (tests/test_demo_portable.py)."""
+    import torch
+    from safetensors.torch import load_file
+
+    out = {}
+    for role, rel in MODEL_FILES.items():
+        path = Path(root) / rel
+        tensors = load_file(path) if path.suffix == ".safetensors" else torch.load(path, map_location="cpu",
+                                                                                    weights_only=True)
+        h = hashlib.sha256()
+        for name in sorted(tensors):
+            t = tensors[name].contiguous().reshape(-1)
+            h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        out[role] = h.hexdigest()[:16]
+    return out
+
+
 def entity_vocabulary(texts: Sequence[str], size: int = 64) -> list[str]:
     """A small noun-ish vocabulary for the CLIP-classifier path: the most frequent lower-case words
     of four or more letters (the demo corpus is built from object and colour words)."""
     counts = Counter(w for t in texts for w in re.findall(r"[a-z]{4,}", t.lower()))
     return sorted(w for w, _ in counts.most_common(size))
+
+
+if __name__ == "__main__":  # the pinned build (see _build_pinned)
+    _run_job(Path(sys.argv[1]))
