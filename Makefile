@@ -30,8 +30,8 @@ demo: $(STAMP)
 TEST_WORKERS ?= 2
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not alone" tests
-	$(BIN)/python -m pytest -q -m alone tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not alone" --durations=25 tests
+	$(BIN)/python -m pytest -q -m alone --durations=10 tests
 
 # everyday work: no Ray cluster, no LAVIS environment, no end-to-end job (make test runs everything)
 test-fast: $(STAMP)
