@@ -8,6 +8,7 @@ import shutil
 import subprocess
 from importlib import metadata
 
+from adjcap import numerics
 from adjcap.accelerators import HIP, ROCR, Gpu, backend, rocm_visible_env, visible_gpus
 from adjcap.config import Config
 from adjcap.needs import Need, missing, needs_of
@@ -80,6 +81,10 @@ def report(cfg: Config, needed: list[Need] | None = None) -> str:
     except Exception as e:  # noqa: BLE001
         lines.append(f"spice       unknown ({e})")
     lines.append(f"HF offline  {os.environ.get('HF_HUB_OFFLINE', '0')}")
+    problem = numerics.cpu_problem()
+    lines.append(f"numerics    {cfg.numerics}" + (
+        "" if cfg.numerics != "portable" else
+        f": {problem}" if problem else ": this CPU (x86-64, AVX2, FMA) computes the committed demo figures"))
     lines.append("")
     needed = needs_of(cfg) if needed is None else needed
     lines.extend(needs_lines(cfg, needed))

@@ -5,6 +5,7 @@
     python benchmarks/realsize.py --images 2 --mode stages       # in-process, one model at a time
     python benchmarks/realsize.py --device cuda --images 500     # one GPU, through the Ray job
     python benchmarks/realsize.py --device cuda --encode-only    # the corpus encode of 566,747 captions
+    python benchmarks/realsize.py --judges cpu-16gb --precision fp32 --mode ray   # the cpu-16gb preset's judges
 
 Writes, under ``--assets`` (default ``$ADJCAP_CACHE/realsize``, reused when present):
 
@@ -200,23 +201,29 @@ def write_gpt2_tokenizer(out: Path) -> Path:
     return out
 
 
-def blip_large_config(tok):
-    """blip-itm-large-coco's configuration (its config.json), the text ids taken from ``tok``."""
+BLIP_VISION = {  # the vision towers of blip-itm-large-coco (ViT-L/16) and blip-itm-base-coco (ViT-B/16), 384 px
+    "large": dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16),
+    "base": dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12),
+}
+
+
+def blip_large_config(tok, size: str = "large"):
+    """blip-itm-{large,base}-coco's configuration (its config.json), the text ids taken from ``tok``."""
     from transformers import BlipConfig
 
     dec = tok.convert_tokens_to_ids("[DEC]")
+    vision = BLIP_VISION[size]
     return BlipConfig(
-        text_config=dict(vocab_size=30524, hidden_size=768, encoder_hidden_size=1024, intermediate_size=3072,
-                         num_hidden_layers=12, num_attention_heads=12, max_position_embeddings=512,
-                         bos_token_id=dec, pad_token_id=tok.pad_token_id, sep_token_id=tok.sep_token_id,
-                         eos_token_id=tok.sep_token_id),
-        vision_config=dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
-                           image_size=384, patch_size=16, layer_norm_eps=1e-5),
+        text_config=dict(vocab_size=30524, hidden_size=768, encoder_hidden_size=vision["hidden_size"],
+                         intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+                         max_position_embeddings=512, bos_token_id=dec, pad_token_id=tok.pad_token_id,
+                         sep_token_id=tok.sep_token_id, eos_token_id=tok.sep_token_id),
+        vision_config=dict(**vision, image_size=384, patch_size=16, layer_norm_eps=1e-5),
         image_text_hidden_size=256, projection_dim=512,
     )
 
 
-def write_blip(out: Path) -> Path:
+def write_blip(out: Path, size: str = "large") -> Path:
     if (out / "model.safetensors").exists():
         return out
     from transformers import BlipForImageTextRetrieval, BlipImageProcessor
@@ -226,7 +233,7 @@ def write_blip(out: Path) -> Path:
 
     t = time.time()
     tok = train_wordpiece_tokenizer(corpus_captions(5000), vocab_size=30000)
-    cfg = blip_large_config(tok)
+    cfg = blip_large_config(tok, size)
     with torch.device("meta"):
         net = BlipForImageTextRetrieval(cfg)
     items = [(k, tuple(v.shape), torch.float32) for k, v in net.state_dict().items()]
@@ -311,14 +318,28 @@ def write_lexicon(path: Path) -> Path:
     return path
 
 
-def write_assets(root: Path, n_images: int, n_corpus: int) -> dict[str, Path]:
+def write_judges(root: Path, judges: str) -> dict[str, Path]:
+    """The judges' files: the headline's (bigG, BLIP ITM large) or the cpu-16gb preset's (ViT-L-14,
+    BLIP ITM base)."""
+    if judges == "cpu-16gb":
+        return {"retrieval": write_open_clip("ViT-L-14", root / "vit-l-14" / "vit-l-14.safetensors", torch.float32,
+                                             seed=5),
+                "blip": write_blip(root / "blip-itm-base", "base")}
+    return {"retrieval": write_open_clip("ViT-bigG-14", root / "bigG" / "vit-bigg-14.safetensors", torch.bfloat16,
+                                         seed=3),
+            "blip": write_blip(root / "blip-itm-large")}
+
+
+RETRIEVAL_MODEL = {"headline": "ViT-bigG-14", "cpu-16gb": "ViT-L-14"}
+
+
+def write_assets(root: Path, n_images: int, n_corpus: int, judges: str = "headline") -> dict[str, Path]:
     """Every file the job needs; existing files are kept (one big model in memory at a time)."""
     print(f"assets in {root}")
     tok = write_gpt2_tokenizer(root / "gpt2-tokenizer")
     return {
-        "bigG": write_open_clip("ViT-bigG-14", root / "bigG" / "vit-bigg-14.safetensors", torch.bfloat16, seed=3),
+        **write_judges(root, judges),
         "vitb32": write_open_clip("ViT-B-32", root / "vit-b-32" / "vit-b-32.safetensors", torch.float32, seed=4),
-        "blip": write_blip(root / "blip-itm-large"),
         "ifcap": write_ifcap(root / "ifcap", tok),
         "tokenizer": tok,
         "lexicon": write_lexicon(root / "lexicon.json"),
@@ -326,18 +347,22 @@ def write_assets(root: Path, n_images: int, n_corpus: int) -> dict[str, Path]:
     }
 
 
-def overrides(a: dict[str, Path], precision: str, device: str, n_images: int, cache: Path) -> list[str]:
-    """--set overrides of the headline preset that point every model at the written files."""
+def overrides(a: dict[str, Path], precision: str, device: str, n_images: int, cache: Path,
+              judges: str = "headline") -> list[str]:
+    """--set overrides of the ``judges`` preset that point every model at the written files."""
     p = precision
+    retrieval = RETRIEVAL_MODEL[judges]
+    if judges == "cpu-16gb":  # CLIPScore with OpenAI's ViT-B/32 (the captioner's CLIP file), as the preset
+        clipscore = ["eval.clipscore.model=ViT-B-32-quickgelu", f"eval.clipscore.pretrained={a['vitb32']}"]
+    else:  # CLIPScore's encoder is the same bigG file: the scorer pool reuses the output cosine
+        clipscore = [f"eval.clipscore.model={retrieval}", f"eval.clipscore.pretrained={a['retrieval']}"]
     return [
         "name=realsize", f"device={device}", "benchmark=realsize", 'splits=["test"]', f"limit={n_images}",
         f"paths.cache_dir={cache}", f"paths.runs_dir={cache / 'runs'}",
         "benchmarks.realsize.format=ifcap", f"benchmarks.realsize.annotations={a['annotations']}",
         f"benchmarks.realsize.images={a['images']}", f"benchmarks.realsize.corpus={a['corpus']}",
-        "retrieval.encoder.model=ViT-bigG-14", f"retrieval.encoder.pretrained={a['bigG']}",
-        f"retrieval.encoder.precision={p}",
-        # CLIPScore's encoder is the same bigG file: the scorer pool reuses the output cosine
-        "eval.clipscore.model=ViT-bigG-14", f"eval.clipscore.pretrained={a['bigG']}", f"eval.clipscore.precision={p}",
+        f"retrieval.encoder.model={retrieval}", f"retrieval.encoder.pretrained={a['retrieval']}",
+        f"retrieval.encoder.precision={p}", *clipscore, f"eval.clipscore.precision={p}",
         f"verifier.model={a['blip']}", f"verifier.precision={p}",
         f"captioner.checkpoint={a['ifcap']}", f"captioner.tokenizer={a['tokenizer']}",
         "captioner.clip.model=ViT-B-32-quickgelu", f"captioner.clip.pretrained={a['vitb32']}",
@@ -607,6 +632,8 @@ def main() -> None:
     ap.add_argument("--assets-only", action="store_true", help="write the checkpoints and stop")
     ap.add_argument("--encode-only", action="store_true", help="time the corpus encode only")
     ap.add_argument("--json", type=Path, default=None, help="write the figures here")
+    ap.add_argument("--judges", default="headline", choices=sorted(RETRIEVAL_MODEL),
+                    help="whose judges: the headline's (bigG, BLIP large) or the cpu-16gb preset's (ViT-L-14, BLIP base)")
     args = ap.parse_args()
 
     from adjcap.config import load_config
@@ -614,7 +641,7 @@ def main() -> None:
     cache = Path(os.environ.get("ADJCAP_CACHE", "~/.cache/adjcap")).expanduser()
     root = (args.assets or cache / "realsize").resolve()
     n_corpus = args.corpus or (COCO_CORPUS if args.device.startswith("cuda") else 128)
-    assets = write_assets(root, args.images, n_corpus)
+    assets = write_assets(root, args.images, n_corpus, args.judges)
     if args.assets_only:
         return
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
@@ -622,7 +649,7 @@ def main() -> None:
            "TOKENIZERS_PARALLELISM": "false"}
     results = {}
     for prec in args.precision:
-        sets = overrides(assets, prec, args.device, args.images, root / "cache")
+        sets = overrides(assets, prec, args.device, args.images, root / "cache", args.judges)
         cfg = load_config("headline", sets).resolved()
         if args.encode_only:
             encode_only(cfg, n_corpus)
@@ -635,7 +662,7 @@ def main() -> None:
         print(f"\n== {prec} on {args.device}, {args.images} images, {n_corpus} corpus captions: mode {mode} "
               f"(all pools at once ~{gib(need)}, available {gib(avail)}{why})")
         if mode == "ray":
-            r = run_ray(sets, root / "runs" / f"{prec}-{args.images}", env)
+            r = run_ray(sets, root / "runs" / f"{args.judges}-{prec}-{args.images}", env)
             print(f"  end to end: {args.images / r['wall_s']:.3f} images/s ({r['wall_s']:.0f}s wall, incl. Ray start, "
                   f"model loading, corpus encode, fit, evaluate)")
             for pool, b in sorted(r["pool_peak_rss"].items()):

@@ -111,3 +111,15 @@ def test_documents_carry_the_committed_figures(doc):
     text = (ROOT / doc).read_text()
     assert figures.block_in(text) == figures.BLOCKS[doc](figures.expected()), (
         f"{doc}'s demo figures are not adjcap/demo/expected.json's: run python benchmarks/demo_figures.py")
+
+
+def test_doctor_says_what_this_cpu_gives(monkeypatch, tmp_path):
+    from adjcap.config import load_config
+    from adjcap.doctor import report
+
+    cfg = load_config("demo", [f"paths.cache_dir={tmp_path}"])
+    monkeypatch.setattr(numerics, "cpu_problem", lambda: None)
+    assert "numerics    portable: this CPU (x86-64, AVX2, FMA) computes the committed demo figures" in report(cfg)
+    monkeypatch.setattr(numerics, "cpu_problem", lambda: "this CPU is aarch64, not x86-64")
+    assert "numerics    portable: this CPU is aarch64, not x86-64" in report(cfg)
+    assert "numerics    fast\n" in report(load_config("headline", [f"paths.cache_dir={tmp_path}"]))
