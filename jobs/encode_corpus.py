@@ -6,8 +6,10 @@ shard per call, each shard written atomically (a rerun verifies finished shards 
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
+from typing import Any
 
 import ray
 from ray.data import ActorPoolStrategy
@@ -16,8 +18,26 @@ from actors.encoder import CorpusEncoderActor
 from adjcap.config import Config
 from adjcap.data.corpus import Corpus
 from adjcap.index import IndexPlan, benchmark_corpus, ensure_index
+from adjcap.models.budget import corpus_encode_bytes
 from jobs.progress import tracked
 from jobs.ray_session import pool_resources, ray_session
+
+
+def embed_width(enc: Any, default: int = 1280) -> int:
+    """An open_clip encoder's embedding width: from the ``open_clip_config.json`` beside a local
+    checkpoint, else open_clip's own config of the model name; ``default`` (bigG's, the widest the
+    presets use) when neither says."""
+    spec = enc.pretrained
+    side = Path(spec).parent / "open_clip_config.json" if spec and Path(spec).is_file() else None
+    try:
+        if side is not None and side.is_file():
+            return int(json.loads(side.read_text())["model_cfg"]["embed_dim"])
+        import open_clip
+
+        cfg = open_clip.get_model_config(enc.model)
+        return int(cfg["embed_dim"]) if cfg else default
+    except (OSError, ValueError, KeyError, TypeError):
+        return default
 
 
 def encode_with_pool(cfg: Config):
@@ -38,7 +58,10 @@ def encode_with_pool(cfg: Config):
                 batch_size=1,
                 batch_format="numpy",
                 compute=ActorPoolStrategy(size=min(cfg.ray.workers, len(plan.todo))),
-                **pool_resources(cfg, "encoder"),
+                # the model plus the corpus it holds and one shard's embeddings (Ray's issue detector
+                # otherwise warns that the actor uses more than it asked for)
+                **pool_resources(cfg, "encoder", corpus_encode_bytes(
+                    plan.corpus.texts, cfg.retrieval.shard_size, embed_width(cfg.retrieval.encoder))),
             )
             ds.materialize()
         dt = time.time() - t0

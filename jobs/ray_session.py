@@ -205,8 +205,8 @@ def actor_memory(model_bytes: int) -> int:
     return int(WORKING_FACTOR * (ACTOR_BASE_BYTES + model_bytes))
 
 
-def pool_plan(cfg: Config, cluster: dict[str, float], pools: tuple[str, ...] = FEATURE_POOLS
-              ) -> dict[str, dict[str, float]]:
+def pool_plan(cfg: Config, cluster: dict[str, float], pools: tuple[str, ...] = FEATURE_POOLS,
+              working: dict[str, int] | None = None) -> dict[str, dict[str, float]]:
     """The Ray resources of one actor of every pool in ``pools`` on a cluster with ``cluster``
     resources (``ray.cluster_resources()``), or a ResourceError when ``cfg.ray.workers`` actors of
     every pool can never be placed: too many CPUs, GPUs or bytes of memory asked for. Pure."""
@@ -242,7 +242,7 @@ def pool_plan(cfg: Config, cluster: dict[str, float], pools: tuple[str, ...] = F
         for p in pools:
             plan[p] = {"num_cpus": share}
     have = float(cluster.get("memory", 0))
-    mem = {p: actor_memory(budget[p]["bytes"]) for p in pools}
+    mem = {p: actor_memory(budget[p]["bytes"] + (working or {}).get(p, 0)) for p in pools}
     total = workers * sum(mem.values())
     if have and total > have:
         per = " + ".join(f"{p} {human_bytes(mem[p])}" for p in pools)
@@ -255,13 +255,14 @@ def pool_plan(cfg: Config, cluster: dict[str, float], pools: tuple[str, ...] = F
     return plan
 
 
-def pool_resources(cfg: Config, pool: str) -> dict[str, float]:
+def pool_resources(cfg: Config, pool: str, working: int = 0) -> dict[str, float]:
     """Ray resources of one actor of ``pool`` on the connected cluster: a fraction of a GPU so one
     GPU hosts one actor of every pool (on CPU-only clusters a fraction of a CPU so all pools fit on
-    a 2-core machine), and ``memory`` from the size of the pool's models (:mod:`adjcap.models.budget`).
-    Raises ResourceError when the request can never be granted."""
+    a 2-core machine), and ``memory`` from the size of the pool's models (:mod:`adjcap.models.budget`)
+    plus ``working`` bytes the actor holds beyond them. Raises ResourceError when the request can
+    never be granted."""
     pools = FEATURE_POOLS if pool in FEATURE_POOLS else (pool,)
-    return pool_plan(cfg, ray.cluster_resources(), pools)[pool]
+    return pool_plan(cfg, ray.cluster_resources(), pools, {pool: working})[pool]
 
 
 def check_pools(cfg: Config, pools: tuple[str, ...] = FEATURE_POOLS) -> dict[str, dict[str, float]]:

@@ -105,3 +105,16 @@ def test_cpu_16gb_preset_fits_a_16_gb_machine_where_the_headline_does_not():
     assert b["retriever"]["params"] == l14["image"] and b["verifier"]["params"] == budget.BLIP_ITM_BASE
     with pytest.raises(ResourceError):
         pool_plan(load_config("headline", ["paths.data_dir=/nonexistent"]).resolved(), cluster)
+
+
+def test_the_corpus_encoder_asks_for_its_corpus_and_one_shard():
+    """An encode-corpus actor holds the corpus texts and one shard's embeddings beyond its model: the
+    request grows by them (with the working factor), so Ray's issue detector sees no under-declared pool."""
+    texts = [f"a caption number {i}" for i in range(1000)]
+    extra = budget.corpus_encode_bytes(texts, shard_size=16384, width=1280)
+    assert extra >= 10 * 16384 * 1280 + sum(len(t) for t in texts)
+    cfg = _cfg(1)
+    cluster = {"CPU": 16.0, "memory": 100 * GiB}
+    plain = pool_plan(cfg, cluster, ("encoder",))["encoder"]["memory"]
+    more = pool_plan(cfg, cluster, ("encoder",), {"encoder": extra})["encoder"]["memory"]
+    assert more - plain == pytest.approx(1.25 * extra, abs=2)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -169,6 +170,13 @@ def pool_budget(cfg: Any, gpu: bool | None = None) -> dict[str, dict[str, int]]:
         "encoder": {"params": text, "bytes": text * enc_b},
     }
     return out
+
+
+def corpus_encode_bytes(texts: Any, shard_size: int, width: int) -> int:
+    """What a corpus-encoder actor holds beyond its model: the corpus texts and ids it gets once, and one
+    shard's embeddings (fp32, their normalised copy and the written precision: 10 bytes a value)."""
+    text_bytes = sum(sys.getsizeof(t) for t in texts) + 8 * len(texts) * 2  # the strings, the list, the ids
+    return int(text_bytes + 10 * shard_size * width)
 
 
 def human_bytes(n: float) -> str:
