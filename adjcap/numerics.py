@@ -11,10 +11,10 @@ train differently and its numbers move by whole CIDEr points. A batch's shape mo
 * :data:`PIN`: one code path per library whatever the CPU offers beyond AVX2 (ATen's AVX2 kernels, also
   on AVX-512 CPUs; MKL's vendor-independent conditional-numerical-reproducibility branch; oneDNN capped
   at SSE4.1) and one thread per process. Every x86-64 CPU with AVX2 and FMA (Intel since 2013, AMD since
-  2015) computes the same bits; :func:`cpu_problem` names a CPU that cannot. The libraries read these variables once, when they load, so a
-  process gets them from its start: the ``adjcap`` command line starts itself again with them
-  (:func:`enter`), Ray's workers get them through the job's runtime environment, and the demo's
-  trainings run in fresh interpreters that have them (:func:`pinned_env`);
+  2015) computes the same bits; :func:`cpu_problem` names a CPU that cannot. The libraries read these
+  variables once, when they load, so a process gets them from its start: the ``adjcap`` command line
+  starts itself again with them (:func:`enter`), Ray's workers get them through the job's runtime
+  environment, and the tiny models are built in a fresh interpreter that has them (:func:`pinned_env`);
 * :func:`per_image`: every stage computes one image at a time, so an image's features do not depend on
   the batch it came in (:func:`adjcap.stages._guarded`).
 
@@ -27,8 +27,8 @@ from __future__ import annotations
 import os
 import platform
 import sys
-from pathlib import Path
 import warnings
+from pathlib import Path
 from typing import Literal
 
 Numerics = Literal["fast", "portable"]

@@ -141,8 +141,8 @@ def _guarded(stage: str, fn: Callable[[list[ImageState]], None], states: list[Im
              completes: bool = True) -> list[ImageState]:
     """Run ``fn`` on the ok states that do not hold the stage's output yet (filled from the stage
     cache: ``done``), the whole batch at once or, with portable numerics, one image at a time
-    (:func:`adjcap.numerics.per_image`); if the batch fails, retry one image at a time. Marks the stage done/computed
-    unless ``fn`` is only part of the stage (``completes=False``: a later pool finishes it)."""
+    (:func:`adjcap.numerics.per_image`); if the batch fails, retry one image at a time. Marks the stage
+    done/computed unless ``fn`` is only part of the stage (``completes=False``: a later pool finishes it)."""
     live = [s for s in states if s.ok and stage not in s.done]
     if not live:
         return states

@@ -207,7 +207,7 @@ BLIP_VISION = {  # the vision towers of blip-itm-large-coco (ViT-L/16) and blip-
 }
 
 
-def blip_large_config(tok, size: str = "large"):
+def blip_config(tok, size: str = "large"):
     """blip-itm-{large,base}-coco's configuration (its config.json), the text ids taken from ``tok``."""
     from transformers import BlipConfig
 
@@ -233,7 +233,7 @@ def write_blip(out: Path, size: str = "large") -> Path:
 
     t = time.time()
     tok = train_wordpiece_tokenizer(corpus_captions(5000), vocab_size=30000)
-    cfg = blip_large_config(tok, size)
+    cfg = blip_config(tok, size)
     with torch.device("meta"):
         net = BlipForImageTextRetrieval(cfg)
     items = [(k, tuple(v.shape), torch.float32) for k, v in net.state_dict().items()]

@@ -6,9 +6,7 @@ shard per call, each shard written atomically (a rerun verifies finished shards 
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 from typing import Any
 
 import ray
@@ -19,24 +17,18 @@ from adjcap.config import Config
 from adjcap.data.corpus import Corpus
 from adjcap.index import IndexPlan, benchmark_corpus, ensure_index
 from adjcap.models.budget import corpus_encode_bytes
+from adjcap.models.sources import clip_source
 from jobs.progress import tracked
 from jobs.ray_session import pool_resources, ray_session
 
 
 def embed_width(enc: Any, default: int = 1280) -> int:
-    """An open_clip encoder's embedding width: from the ``open_clip_config.json`` beside a local
-    checkpoint, else open_clip's own config of the model name; ``default`` (bigG's, the widest the
-    presets use) when neither says."""
-    spec = enc.pretrained
-    side = Path(spec).parent / "open_clip_config.json" if spec and Path(spec).is_file() else None
+    """An open_clip encoder's embedding width, resolved without loading it (:func:`clip_source`: a
+    local checkpoint's side config, a tag's architecture); ``default`` (bigG's, the widest the presets
+    use) when it cannot be resolved here (the actors then say why)."""
     try:
-        if side is not None and side.is_file():
-            return int(json.loads(side.read_text())["model_cfg"]["embed_dim"])
-        import open_clip
-
-        cfg = open_clip.get_model_config(enc.model)
-        return int(cfg["embed_dim"]) if cfg else default
-    except (OSError, ValueError, KeyError, TypeError):
+        return int(clip_source(enc.model, enc.pretrained).model_cfg["embed_dim"])
+    except (OSError, ValueError, KeyError):
         return default
 
 

@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import subprocess
 import sys
 from collections import Counter
 from dataclasses import asdict
@@ -30,12 +28,11 @@ from pathlib import Path
 from typing import Sequence
 
 from adjcap import numerics
-
 from adjcap.demo.tiny_blip import build_tiny_blip
 from adjcap.demo.tiny_clip import TINY_CLIP, TINY_CLIP_LARGE, build_tiny_clip
 from adjcap.demo.quality import judge_quality
 from adjcap.demo.tiny_ifcap import build_tiny_ifcap, train_gpt2_tokenizer
-from adjcap.demo.train import TinyTrainSettings, train_tiny_world
+from adjcap.demo.train import TinyTrainSettings, fresh_interpreter, train_tiny_world
 from adjcap.io import atomic_write_json
 from adjcap.models.clip import load_dual_encoder
 
@@ -113,18 +110,17 @@ def _build_pinned(cache_dir: Path, corpus_texts: Sequence[str], seed: int, setti
                   workers: int | None) -> None:
     """:func:`build_tiny_world` in a fresh interpreter started with :data:`adjcap.numerics.PIN` (the
     libraries read it when they load); the job goes through a file, the output is this process's."""
-    import adjcap
-
     root = Path(cache_dir) / "tiny"
     job = root / "build-job.json"
     atomic_write_json(job, {"cache_dir": str(cache_dir), "texts": list(corpus_texts), "seed": seed,
                             "settings": asdict(settings), "workers": workers})
-    src = str(Path(adjcap.__file__).resolve().parent.parent)
-    env = numerics.pinned_env()
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
+    proc = fresh_interpreter("adjcap.demo.tiny", job, numerics.pinned_env())
     try:
-        rc = subprocess.run([sys.executable, "-m", "adjcap.demo.tiny", str(job)], env=env).returncode
+        rc = proc.wait()
     finally:
+        if proc.poll() is None:  # interrupted: the build stops with its caller
+            proc.kill()
+            proc.wait()
         job.unlink(missing_ok=True)
     if rc != 0:
         raise RuntimeError(f"building the tiny models under {root} failed with exit code {rc}; its error is "
@@ -156,8 +152,10 @@ def model_digests(root: Path) -> dict[str, str]:
     out = {}
     for role, rel in MODEL_FILES.items():
         path = Path(root) / rel
-        tensors = load_file(path) if path.suffix == ".safetensors" else torch.load(path, map_location="cpu",
-                                                                                    weights_only=True)
+        if path.suffix == ".safetensors":
+            tensors = load_file(path)
+        else:
+            tensors = torch.load(path, map_location="cpu", weights_only=True)
         h = hashlib.sha256()
         for name in sorted(tensors):
             t = tensors[name].contiguous().reshape(-1)

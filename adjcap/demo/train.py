@@ -114,6 +114,18 @@ def available_cores() -> int:
 _TRAINERS = {"clip": train_clip, "blip": train_blip_itm}  # what may train in a process of its own
 
 
+def fresh_interpreter(module: str, job: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """``python -m MODULE JOB`` in a fresh interpreter that imports this adjcap (``env``: default this
+    process's environment). A fresh interpreter, not multiprocessing, so nothing depends on the caller's
+    ``__main__`` and the child gets the environment from its start (:mod:`adjcap.numerics`)."""
+    import adjcap
+
+    root = str(Path(adjcap.__file__).resolve().parent.parent)
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    return subprocess.Popen([sys.executable, "-m", module, str(job)], env=env)
+
+
 class _Apart:
     """One training in a fresh interpreter (``python -m adjcap.demo.train JOB``): the job (trainer,
     model path, numbers) goes through a file, the pool is rendered again there (deterministic, a few
@@ -122,16 +134,12 @@ class _Apart:
 
     def __init__(self, work: Path, role: str, trainer: str, path: Path, seed: int, pool_images: int,
                  kwargs: dict[str, Any]) -> None:
-        import adjcap
-
         self.role = role
         self.job, self.result = work / f"{role}-job.json", work / f"{role}-log.json"
         self.result.unlink(missing_ok=True)
         atomic_write_bytes(self.job, json.dumps({"trainer": trainer, "path": str(path), "seed": seed,
                                                  "pool_images": pool_images, "kwargs": kwargs}).encode())
-        root = str(Path(adjcap.__file__).resolve().parent.parent)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
-        self.proc = subprocess.Popen([sys.executable, "-m", "adjcap.demo.train", str(self.job)], env=env)
+        self.proc = fresh_interpreter("adjcap.demo.train", self.job)
 
     def result_log(self) -> dict[str, Any]:
         rc = self.proc.wait()
