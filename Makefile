@@ -27,9 +27,12 @@ demo: $(STAMP)
 # two test processes (the Ray and Java tests wait on process start-up much of the time); modules stay
 # whole on one worker (--dist loadfile), the slow ones first (tests/conftest.py). Tests that kill
 # processes or nodes at chosen moments (marker `alone`) then run by themselves, without a neighbour's load.
+# First, what the modules would wait on is built side by side: the demo world (CPU) and the LAVIS
+# environment (pip) (tests/prebuild.py).
 TEST_WORKERS ?= 2
 
 test: $(STAMP)
+	$(BIN)/python tests/prebuild.py
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not alone" --durations=25 tests
 	$(BIN)/python -m pytest -q -m alone --durations=10 tests
 

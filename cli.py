@@ -12,7 +12,7 @@ from typing import Any, Callable, List, Optional
 import typer
 
 from adjcap import numerics
-from adjcap.config import Config, ConfigError, list_presets, load_config
+from adjcap.config import Config, ConfigError, config_data, list_presets, validate_config
 from adjcap.rundir import RunDir
 
 app = typer.Typer(
@@ -59,13 +59,13 @@ def _cfg(preset: str | None, sets: Optional[List[str]], config_file: Optional[Pa
     """The command's config, resolved once here. A command that ``computes`` with portable numerics
     starts again with them when run as the ``adjcap`` program (adjcap.numerics.enter)."""
     try:
-        cfg = load_config(None if config_file else preset, list(sets or []), config_file, updates=updates)
+        data = config_data(None if config_file else preset, list(sets or []), config_file, updates=updates)
+        if computes:  # before validation, which imports the registries and torch with them
+            numerics.enter(data.get("numerics"), restart=STATE.get("program", False))
+        return validate_config(data)
     except ConfigError as e:
         typer.secho(f"error: {e}", fg="red", err=True)
         raise typer.Exit(2) from None
-    if computes:
-        numerics.enter(cfg.numerics, restart=STATE.get("program", False))
-    return cfg
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -142,11 +142,11 @@ def run_job(
     verbose: bool = VERBOSE,
 ):
     """Stream a benchmark through the four actor pools, write features, fit, predict, evaluate."""
-    from jobs import demo, run
-
     cfg = _cfg(preset or ("demo" if benchmark == "demo" else "headline"), sets, config_file,
                _typed(**{"benchmark": benchmark, "ray.workers": workers, "limit": limit, "ray.address": address,
                          "ray.verbose": verbose or None}))
+    from jobs import demo, run  # after _cfg: a portable restart happens before torch is imported
+
     job = demo.main if benchmark == "demo" else run.main
     _run(lambda: job(cfg, run_dir=run_dir, resume=resume, evaluate_after=evaluate, log=list(log or [])))
 
@@ -170,10 +170,10 @@ def caption(
 ):
     """Caption a folder of your own images: the same Ray job, one caption per image with its candidates.
     Checks the preset's weights and memory first and says what is missing (adjcap prepare --for PRESET)."""
-    from jobs import caption as job
-
     cfg = _cfg(preset, sets, config_file, _typed(**{"ray.workers": workers, "ray.address": address,
                                                     "ray.verbose": verbose or None}))
+    from jobs import caption as job  # after _cfg (a portable restart first)
+
     _run(lambda: job.main(cfg, folder, heads=heads, out=out, run_dir=run_dir, absolute_paths=absolute_paths))
 
 
@@ -222,11 +222,11 @@ def encode_corpus(
     verbose: bool = VERBOSE,
 ):
     """Encode a caption corpus into a content-addressed index (resumable, sharded over workers)."""
-    from jobs import encode_corpus as job
-
     cfg = _cfg(preset, sets, config_file, _typed(**{
         "benchmark": benchmark, "retrieval.encoder.model": encoder, "retrieval.encoder.pretrained": pretrained,
         "ray.workers": workers, "ray.address": address, "ray.verbose": verbose or None}))
+    from jobs import encode_corpus as job  # after _cfg (a portable restart first)
+
     _run(lambda: job.main(cfg))
 
 
@@ -240,13 +240,13 @@ def fit(
 ):
     """Fit the rerankers per protocol on a run's feature tables and write predictions
     (or, with --heads, apply heads fitted on another benchmark)."""
-    from jobs import fit as job
-
     rd = RunDir(run)
     if not rd.config_path.exists():
         typer.secho(f"error: {rd.config_path} not found: is {run} a run directory?", fg="red", err=True)
         raise typer.Exit(2)
     cfg = _cfg(None, sets, rd.config_path)
+    from jobs import fit as job  # after _cfg (a portable restart first)
+
     _run(lambda: job.refit(cfg.resolved(), rd, heads_dir=heads, log=list(log or []), saved=cfg))
 
 
@@ -264,19 +264,21 @@ def evaluate(
                                       help="score only images present in both predictions and references"),
 ):
     """Score predictions: BLEU, METEOR, ROUGE-L, CIDEr, SPICE, CHAIR proxy (and NoCaps domains)."""
-    from jobs import evaluate as job
-
     eval_updates = _typed(**{"eval.spice_jars": str(spice_jars) if spice_jars else None})
     eval_updates["eval.spice"] = not no_spice
     if run is not None:
         rd = RunDir(run)
         cfg = _cfg(None, None, rd.config_path, eval_updates)
+        from jobs import evaluate as job  # after _cfg (a portable restart first)
+
         _run(lambda: job.evaluate_saved_run(cfg, rd, intersection=intersection))
         return
     if predictions is None or references is None:
         typer.secho("error: give --run DIR, or --predictions PRED.json with --references REFS", fg="red", err=True)
         raise typer.Exit(2)
     eval_cfg = _cfg("headline", None, None, eval_updates, computes=False).resolved().eval
+    from jobs import evaluate as job
+
     _run(lambda: job.evaluate_file(eval_cfg, predictions, references, fmt, split, out, intersection=intersection))
 
 
@@ -319,9 +321,9 @@ def demo(
     verbose: bool = VERBOSE,
 ):
     """The whole job on the built-in demo world with tiny models on a local Ray."""
-    from jobs import demo as job
-
     cfg = _cfg("demo", sets, None, _typed(**{"ray.workers": workers, "ray.verbose": verbose or None}))
+    from jobs import demo as job  # after _cfg (a portable restart first)
+
     _run(lambda: job.main(cfg, run_dir, resume=resume, log=list(log or [])))
 
 

@@ -229,7 +229,9 @@ class RayCfg(_Strict):
         default_factory=lambda: {"retriever": 0.25, "verifier": 0.25, "captioner": 0.25, "scorer": 0.25}
     )
     cpu_share: float = Field(0.25, gt=0.0, description="CPUs per actor when no GPU is present")
-    decode_cpus: float = Field(0.25, gt=0.0)
+    decode_cpus: float = Field(0.25, gt=0.0, description="CPUs per image-decoding task")
+    decode_tasks: int | None = Field(None, gt=0, description="image-decoding tasks at once, cluster-wide (each is "
+                                     "a worker process holding torch); None: 2 x workers")
     batch_size: int = Field(16, gt=0, description="images per Ray Data batch")
     rows_per_part: int = Field(256, gt=0, description="feature rows per Parquet part file")
     verbose: bool = Field(False, description="Ray's own console output: Ray Data's operator progress and Ray's "
@@ -510,6 +512,17 @@ def load_config(
 ) -> Config:
     """Preset (or a saved config.toml) + ``key=value`` overrides + typed ``updates`` ({dotted key:
     value}, e.g. from command-line options; applied last) -> validated Config."""
+    return validate_config(config_data(preset, overrides, config_file, updates))
+
+
+def config_data(
+    preset: str | None = "headline",
+    overrides: list[str] | tuple[str, ...] = (),
+    config_file: str | Path | None = None,
+    updates: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """:func:`load_config`'s merged settings before validation (validating imports the registries,
+    and with them torch: the command line reads ``numerics`` here first, adjcap.numerics.enter)."""
     if config_file is not None:
         p = Path(config_file)
         if not p.exists():
@@ -532,6 +545,11 @@ def load_config(
         apply_override(data, ov)
     for key, value in (updates or {}).items():
         set_key(data, key, value)
+    return data
+
+
+def validate_config(data: dict[str, Any]) -> Config:
+    """:func:`config_data`'s settings -> validated Config (ConfigError naming the field)."""
     try:
         cfg = Config.model_validate(data)
     except ValidationError as e:

@@ -11,7 +11,7 @@ import time
 from collections import defaultdict
 
 import ray
-from ray.data import ActorPoolStrategy
+from ray.data import ActorPoolStrategy, TaskPoolStrategy
 
 from actors.captioner import CaptionerActor
 from actors.decode import decode_batch
@@ -152,6 +152,11 @@ def stream_stages(cfg: Config, first: int) -> list[str]:
     return out
 
 
+def decode_tasks(cfg: Config) -> int:
+    """Image-decoding tasks at once, cluster-wide: ``ray.decode_tasks``, else two per pool actor."""
+    return cfg.ray.decode_tasks or 2 * cfg.ray.workers
+
+
 def _stream(cfg: Config, corpus, todo: list[Record], found: dict, first: int, board=None):
     """decode -> the pools from stage ``first`` on, as a Ray dataset of packed states."""
     bs = cfg.ray.batch_size
@@ -163,8 +168,10 @@ def _stream(cfg: Config, corpus, todo: list[Record], found: dict, first: int, bo
         for r in todo
     ]
     ds = ray.data.from_items(items, override_num_blocks=max(1, min(len(items) // bs, 200)))
+    # bounded: unbounded, Ray Data starts one decode process per free decode_cpus of the cluster (23 on
+    # two 8-CPU nodes, ~0.8 GiB each), far more than the pools can take images from
     ds = ds.map_batches(decode_batch, fn_kwargs={"board": board}, batch_size=bs, batch_format="numpy",
-                        num_cpus=cfg.ray.decode_cpus)
+                        num_cpus=cfg.ray.decode_cpus, compute=TaskPoolStrategy(size=decode_tasks(cfg)))
     for actor, pool, env in pools(cfg):
         if STAGE_OF_POOL[pool] < first:
             continue

@@ -34,17 +34,11 @@ def demo_cfg(tmp_path_factory):
 
 def _shared_world(world: Path, cache: Path) -> None:
     """Build (or reuse) the demo world and tiny models under ``world`` once, under a file lock so that
-    parallel test sessions wait for one build, then link them into the session's own ``cache`` (runs,
-    indexes and stage outputs stay per session)."""
-    import fcntl
+    parallel test sessions wait for one build (``make test`` builds it first: tests/prebuild.py), then
+    link them into the session's own ``cache`` (runs, indexes and stage outputs stay per session)."""
+    from prebuild import build_shared_world
 
-    from adjcap.config import load_config
-    from jobs.demo import prepare
-
-    world.mkdir(parents=True, exist_ok=True)
-    with open(world / ".build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        prepare(load_config("demo", [f"paths.cache_dir={world}"]))
+    build_shared_world(world)
     for sub in ("demo", "tiny"):
         (cache / sub).symlink_to(world / sub, target_is_directory=True)
 

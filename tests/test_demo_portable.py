@@ -106,6 +106,33 @@ def test_pin_and_warning(monkeypatch):
     numerics.enter("portable", restart=True)  # already pinned: no restart
 
 
+RESTART_PROBE = """
+import sys
+from adjcap import numerics
+
+def stop(mode, *, restart):
+    print("restart" if restart else "no restart", "torch imported" if "torch" in sys.modules else "torch not imported")
+    sys.exit(0)
+
+numerics.enter = stop
+import cli
+
+sys.argv = ["adjcap", *sys.argv[1:]]
+cli.main()
+"""
+
+
+@pytest.mark.parametrize("args", [["run-job", "demo", "--limit", "1"], ["demo"], ["caption", "."],
+                                  ["encode-corpus", "--preset", "demo", "--benchmark", "demo"]])
+def test_the_command_restarts_before_it_imports_torch(args, tmp_path):
+    """The portable restart (os.execve) comes before the job's imports: importing torch, open_clip and
+    Ray twice cost every portable command 5-6 s."""
+    done = subprocess.run([sys.executable, "-c", RESTART_PROBE, *args, "--set", f"paths.cache_dir={tmp_path}"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120,
+                          env={k: v for k, v in os.environ.items() if k not in numerics.PIN})
+    assert done.stdout.strip() == "restart torch not imported", done.stdout + done.stderr[-2000:]
+
+
 @pytest.mark.parametrize("doc", sorted(figures.BLOCKS))
 def test_documents_carry_the_committed_figures(doc):
     text = (ROOT / doc).read_text()

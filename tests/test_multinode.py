@@ -55,18 +55,21 @@ def raylet_pid(node) -> int:
 
 
 class ActorPlacement(threading.Thread):
-    """While a job runs: which node each pool actor lives on. Every node of the simulated cluster is a
-    raylet on this machine and a node's workers are its raylet's children; a worker's process title,
-    ``ray::MapWorker(MapBatches(RetrieverActor))``, names the pool."""
+    """While a job runs: which node each pool actor lives on, and the most image-decoding tasks seen
+    running at once. Every node of the simulated cluster is a raylet on this machine and a node's
+    workers are its raylet's children; a worker's process title, ``ray::MapWorker(MapBatches(RetrieverActor))``
+    or ``ray::MapBatches(decode_batch)`` while it runs a task, names its work."""
 
     def __init__(self, nodes: dict[int, str]):
         super().__init__(daemon=True)
         self.nodes, self.seen, self.halt = nodes, {}, threading.Event()  # raylet pid -> node name
+        self.decoding = 0
 
     def run(self) -> None:
         while not self.halt.is_set():
+            decoding = 0
             for d in os.listdir("/proc"):
-                if not d.isdigit() or int(d) in self.seen:
+                if not d.isdigit():
                     continue
                 try:
                     with open(f"/proc/{d}/stat") as f:
@@ -77,9 +80,11 @@ class ActorPlacement(threading.Thread):
                         title = f.read().decode(errors="replace")
                 except (OSError, ValueError, IndexError):
                     continue
+                decoding += "MapBatches(decode_batch)" in title
                 pool = next((p for p in POOLS if f"MapBatches({p})" in title), None)
-                if pool:
+                if pool and int(d) not in self.seen:
                     self.seen[int(d)] = (pool, self.nodes[ppid])
+            self.decoding = max(self.decoding, decoding)
             self.halt.wait(0.2)
 
     def placement(self) -> dict[str, list[str]]:
@@ -102,11 +107,11 @@ def runs(cluster, demo_cfg, tmp_path_factory):
     wide_actors = watch.placement()
     narrow = tmp_path_factory.mktemp("narrow") / "demo"
     _run_job(c, demo_cfg, narrow, workers=1)
-    return wide, wide_actors, narrow, set(gpu_nodes)
+    return wide, wide_actors, narrow, set(gpu_nodes), watch.decoding
 
 
 def test_pools_spread_over_the_gpu_nodes_as_asked(runs):
-    _, actors, _, gpu_nodes = runs
+    _, actors, _, gpu_nodes, _ = runs
     for pool in POOLS:
         assert len(actors[pool]) == 4, (pool, actors)
         assert set(actors[pool]) <= gpu_nodes, f"{pool} actor on the GPU-less head"
@@ -115,8 +120,15 @@ def test_pools_spread_over_the_gpu_nodes_as_asked(runs):
     assert sorted(per_node.values()) == [8, 8] and set(per_node) == gpu_nodes
 
 
+def test_image_decoding_is_bounded_by_the_workers(runs):
+    """2 x --workers decoding tasks at once (ray.decode_tasks), not one per free quarter CPU of the
+    cluster: unbounded, the two 8-CPU nodes ran 23 decoding processes of ~0.8 GiB each."""
+    decoding = runs[-1]
+    assert 1 <= decoding <= 2 * 4, decoding
+
+
 def test_every_image_exactly_once_and_rows_equal_to_one_worker(runs, demo_cfg):
-    wide, _, narrow, _ = runs
+    wide, _, narrow, _, _ = runs
     cfg = demo_cfg.model_copy(update={"limit": LIMIT}).resolved()
     for split, recs in read_records(cfg).items():
         got = RunDir(wide).read_features("demo", split).to_pylist()
