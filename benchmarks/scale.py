@@ -121,7 +121,10 @@ def widen_encoder(src: Path, out: Path) -> Path:
     return weights
 
 
-def overrides(cache: Path, world: Path, workers: int) -> list[str]:
+def overrides(cache: Path, world: Path, workers: int, batch_size: int = 16) -> list[str]:
+    """The run's settings: the demo preset's models on the scale world, with the headline's Ray batch
+    and ``numerics = "fast"`` (a real run's: the demo's portable mode computes one image at a time, so
+    that its figures are the same on every CPU, and would measure that instead of the job's speed)."""
     ann = world / "annotations"
     sets = {
         "paths.cache_dir": cache, "paths.runs_dir": cache / "runs",
@@ -132,7 +135,7 @@ def overrides(cache: Path, world: Path, workers: int) -> list[str]:
         f"benchmarks.{BENCH}.corpus": ann / "train_captions.json",
         "retrieval.encoder.pretrained": cache / "retrieval-clip-1280" / "open_clip_model.safetensors",
         "retrieval.index_precision": "fp16", "retrieval.shard_size": 16384,
-        "cache.share_stages": "false", "ray.workers": workers,
+        "cache.share_stages": "false", "ray.workers": workers, "ray.batch_size": batch_size, "numerics": "fast",
     }
     out = []
     for k, v in sets.items():
@@ -272,7 +275,7 @@ def count_rows(run_dir: Path) -> tuple[int, int]:
     return rows, len(unique)
 
 
-def one(work: Path, n: int, m: int, workers: int, fresh: bool) -> dict:
+def one(work: Path, n: int, m: int, workers: int, fresh: bool, batch_size: int = 16) -> dict:
     t0 = time.perf_counter()
     cache, world = build_inputs(work, n, m)
     world_s = time.perf_counter() - t0
@@ -288,7 +291,7 @@ def one(work: Path, n: int, m: int, workers: int, fresh: bool) -> dict:
             shutil.rmtree(d)
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "TOKENIZERS_PARALLELISM": "false",
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    sets = overrides(cache, world, workers)
+    sets = overrides(cache, world, workers, batch_size)
     logs = work / "logs" / run_dir.name
     logs.mkdir(parents=True, exist_ok=True)
     images = 2 * n
@@ -311,7 +314,7 @@ def one(work: Path, n: int, m: int, workers: int, fresh: bool) -> dict:
     rows, unique = count_rows(run_dir)
     feats = phases["features"]
     return {
-        "images": n, "corpus": corpus_n, "workers": workers, "nodes": 1, "world_s": world_s,
+        "images": n, "corpus": corpus_n, "workers": workers, "batch_size": batch_size, "nodes": 1, "world_s": world_s,
         "phases": phases, "driver_peak_rss_gib": max(p["driver_peak_rss_gib"] for p in phases.values()),
         "index_resident_gib_per_node": feats["index_resident_gib_per_node"],
         "index_bytes_on_disk": du(index_root), "rows": rows, "rows_unique": unique,
@@ -401,13 +404,15 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
     ap.add_argument("--sweep", action="store_true", help=f"N in {SWEEP_N} x M in {SWEEP_M}, with exponents")
     ap.add_argument("--keep", action="store_true", help="reuse a finished index and features (default: fresh)")
+    ap.add_argument("--batch-size", type=int, default=16, help="ray.batch_size (images per Ray Data batch; "
+                    "the headline's 16)")
     args = ap.parse_args()
     work = args.work or Path(os.environ.get("ADJCAP_CACHE", "~/.cache/adjcap")).expanduser() / "scale"
     shapes = [(n, m) for m in SWEEP_M for n in SWEEP_N] if args.sweep else [(args.images, args.corpus)]
     results = []
     for n, m in shapes:
         print(f"== {n:,} + {n:,} images, {m:,} captions, --workers {args.workers}", flush=True)
-        results.append(one(work, n, m, args.workers, fresh=not args.keep))
+        results.append(one(work, n, m, args.workers, fresh=not args.keep, batch_size=args.batch_size))
         r = results[-1]
         print(f"rows {r['rows']} unique {r['rows_unique']}; driver peak {r['driver_peak_rss_gib']:.2f} GiB; "
               f"index resident per node {r['index_resident_gib_per_node']:.2f} GiB; framework "
