@@ -24,10 +24,20 @@ from typing import Any
 import torch
 
 from adjcap.config import CaptionerCfg, ConfigError, EncoderCfg, VerifierCfg
-from adjcap.entities import ensemble_embeddings
-from adjcap.models.blip import load_verifier_from_config
-from adjcap.models.clip import load_encoder_from_config
-from adjcap.models.ifcap import load_ifcap
+# each role imports only its own model families (open_clip, transformers' BLIP, IFCap) when it loads
+# them: every pool's actor process imports this module, and open_clip alone costs ~2.7 s of CPU to import
+
+
+def load_encoder_from_config(enc: EncoderCfg, **kwargs):
+    from adjcap.models.clip import load_encoder_from_config as load
+
+    return load(enc, **kwargs)
+
+
+def load_verifier_from_config(verifier: VerifierCfg, **kwargs):
+    from adjcap.models.blip import load_verifier_from_config as load
+
+    return load(verifier, **kwargs)
 
 
 def load_retrieval_encoder(encoder: EncoderCfg, device: str, towers: tuple[str, ...] = ("image", "text")):
@@ -67,6 +77,8 @@ class CaptionerRole:
 
 def load_captioner(c: CaptionerCfg, device: str) -> CaptionerRole:
     """IFCap, its CLIP, and the vocabulary for the CLIP-classifier entities (or None)."""
+    from adjcap.models.ifcap import load_ifcap
+
     captioner = load_ifcap(c.checkpoint, lm_config=c.lm_config, tokenizer=c.tokenizer, device=device,
                            mapping_heads=c.mapping_heads, precision=c.precision)
     clip = load_encoder_from_config(c.clip, device=device)
@@ -85,6 +97,8 @@ def entity_vocabulary(c: CaptionerCfg, clip) -> tuple[list[str], torch.Tensor]:
         raise ConfigError(f"entity vocabulary {path} does not exist (captioner.entities.vocabulary)")
     data = json.loads(path.read_text())
     names = sorted({str(x).lower().strip() for x in (data.keys() if isinstance(data, dict) else data)})
+    from adjcap.entities import ensemble_embeddings
+
     with torch.inference_mode():
         return names, ensemble_embeddings(names, lambda texts: clip.encode_texts(texts, normalize=True))
 
