@@ -222,10 +222,6 @@ class BenchmarkCfg(_Strict):
 
 class RayCfg(_Strict):
     workers: int = Field(1, gt=0, description="actors per pool")
-    max_workers: int | None = Field(None, gt=0, description="actors per pool at most: a pool starts with `workers` "
-                                    "actors and grows up to this while its input queues and the cluster has room "
-                                    "(Ray Data's autoscaling actor pools), so the costliest stage gets the spare "
-                                    "CPUs or GPU shares; None: fixed pools of `workers`")
     address: str | None = Field(None, description="existing cluster; None starts an embedded local Ray")
     dashboard_host: str = "127.0.0.1"
     include_dashboard: bool | None = None
@@ -578,15 +574,7 @@ def _picker_vs_protocol(cfg: Config) -> str | None:
 
 # conflicts the configuration alone shows, refused when it loads (before Ray or any feature pass):
 # each returns one line naming the settings and what to do, or None
-def _max_workers(cfg: Config) -> str | None:
-    r = cfg.ray
-    if r.max_workers is not None and r.max_workers < r.workers:
-        return (f"ray.max_workers={r.max_workers} is below ray.workers={r.workers} (--workers): "
-                f"set it to {r.workers} or more, or leave it unset for fixed pools")
-    return None
-
-
-CONFLICTS = (_picker_vs_protocol, _max_workers)
+CONFLICTS = (_picker_vs_protocol,)
 
 
 def _explain(e: ValidationError) -> str:

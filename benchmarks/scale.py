@@ -121,7 +121,7 @@ def widen_encoder(src: Path, out: Path) -> Path:
     return weights
 
 
-def overrides(cache: Path, world: Path, workers: int, batch_size: int = 16, max_workers: int | None = None) -> list[str]:
+def overrides(cache: Path, world: Path, workers: int, batch_size: int = 16) -> list[str]:
     """The run's settings: the demo preset's models on the scale world, with the headline's Ray batch
     and ``numerics = "fast"`` (a real run's: the demo's portable mode computes one image at a time, so
     that its figures are the same on every CPU, and would measure that instead of the job's speed)."""
@@ -137,8 +137,6 @@ def overrides(cache: Path, world: Path, workers: int, batch_size: int = 16, max_
         "retrieval.index_precision": "fp16", "retrieval.shard_size": 16384,
         "cache.share_stages": "false", "ray.workers": workers, "ray.batch_size": batch_size, "numerics": "fast",
     }
-    if max_workers:
-        sets["ray.max_workers"] = max_workers
     out = []
     for k, v in sets.items():
         out += ["--set", f"{k}={v}"]
@@ -277,15 +275,14 @@ def count_rows(run_dir: Path) -> tuple[int, int]:
     return rows, len(unique)
 
 
-def one(work: Path, n: int, m: int, workers: int, fresh: bool, batch_size: int = 16,
-        max_workers: int | None = None) -> dict:
+def one(work: Path, n: int, m: int, workers: int, fresh: bool, batch_size: int = 16) -> dict:
     t0 = time.perf_counter()
     cache, world = build_inputs(work, n, m)
     world_s = time.perf_counter() - t0
     from adjcap.data.corpus import load_corpus
 
     corpus_n = len(load_corpus(world / "annotations" / "train_captions.json", fmt="ifcap").texts)
-    run_dir = work / "runs" / (f"scale-{n}-{m}-w{workers}" + (f"-max{max_workers}" if max_workers else ""))
+    run_dir = work / "runs" / f"scale-{n}-{m}-w{workers}"
     if fresh and run_dir.exists():
         shutil.rmtree(run_dir)
     index_root = cache / "index"
@@ -294,7 +291,7 @@ def one(work: Path, n: int, m: int, workers: int, fresh: bool, batch_size: int =
             shutil.rmtree(d)
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "TOKENIZERS_PARALLELISM": "false",
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    sets = overrides(cache, world, workers, batch_size, max_workers)
+    sets = overrides(cache, world, workers, batch_size)
     logs = work / "logs" / run_dir.name
     logs.mkdir(parents=True, exist_ok=True)
     images = 2 * n
@@ -317,7 +314,7 @@ def one(work: Path, n: int, m: int, workers: int, fresh: bool, batch_size: int =
     rows, unique = count_rows(run_dir)
     feats = phases["features"]
     return {
-        "images": n, "corpus": corpus_n, "workers": workers, "max_workers": max_workers, "batch_size": batch_size, "nodes": 1, "world_s": world_s,
+        "images": n, "corpus": corpus_n, "workers": workers, "batch_size": batch_size, "nodes": 1, "world_s": world_s,
         "phases": phases, "driver_peak_rss_gib": max(p["driver_peak_rss_gib"] for p in phases.values()),
         "index_resident_gib_per_node": feats["index_resident_gib_per_node"],
         "index_bytes_on_disk": du(index_root), "rows": rows, "rows_unique": unique,
@@ -407,8 +404,6 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
     ap.add_argument("--sweep", action="store_true", help=f"N in {SWEEP_N} x M in {SWEEP_M}, with exponents")
     ap.add_argument("--keep", action="store_true", help="reuse a finished index and features (default: fresh)")
-    ap.add_argument("--max-workers", type=int, default=None, help="ray.max_workers: pools grow up to this many "
-                    "actors where their input queues (default: fixed pools of --workers)")
     ap.add_argument("--batch-size", type=int, default=16, help="ray.batch_size (images per Ray Data batch; "
                     "the headline's 16)")
     args = ap.parse_args()
@@ -417,8 +412,7 @@ def main() -> None:
     results = []
     for n, m in shapes:
         print(f"== {n:,} + {n:,} images, {m:,} captions, --workers {args.workers}", flush=True)
-        results.append(one(work, n, m, args.workers, fresh=not args.keep, batch_size=args.batch_size,
-                           max_workers=args.max_workers))
+        results.append(one(work, n, m, args.workers, fresh=not args.keep, batch_size=args.batch_size))
         r = results[-1]
         print(f"rows {r['rows']} unique {r['rows_unique']}; driver peak {r['driver_peak_rss_gib']:.2f} GiB; "
               f"index resident per node {r['index_resident_gib_per_node']:.2f} GiB; framework "

@@ -152,13 +152,6 @@ def stream_stages(cfg: Config, first: int) -> list[str]:
     return out
 
 
-def pool_strategy(cfg: Config) -> ActorPoolStrategy:
-    """``ray.workers`` actors per pool, or, with ``ray.max_workers``, a pool that starts there and grows
-    while its input queues and the cluster has room (the costliest stage takes the spare resources)."""
-    lo, hi = cfg.ray.workers, max(cfg.ray.workers, cfg.ray.max_workers or 0)
-    return ActorPoolStrategy(size=lo) if hi == lo else ActorPoolStrategy(min_size=lo, max_size=hi)
-
-
 def decode_tasks(cfg: Config) -> int:
     """Image-decoding tasks at once, cluster-wide: ``ray.decode_tasks``, else two per pool actor."""
     return cfg.ray.decode_tasks or 2 * cfg.ray.workers
@@ -188,7 +181,7 @@ def _stream(cfg: Config, corpus, todo: list[Record], found: dict, first: int, bo
             kwargs["index_ref"] = ray.put(shared_index(index_for(cfg, corpus), corpus.texts))
         ds = ds.map_batches(
             actor, fn_constructor_kwargs=kwargs, batch_size=bs, batch_format="numpy",
-            compute=pool_strategy(cfg), **pool_resources(cfg, pool), **env,
+            compute=ActorPoolStrategy(size=cfg.ray.workers), **pool_resources(cfg, pool), **env,
         )
     return ds
 

@@ -118,19 +118,3 @@ def test_the_corpus_encoder_asks_for_its_corpus_and_one_shard():
     plain = pool_plan(cfg, cluster, ("encoder",))["encoder"]["memory"]
     more = pool_plan(cfg, cluster, ("encoder",), {"encoder": extra})["encoder"]["memory"]
     assert more - plain == pytest.approx(1.25 * extra, abs=2)
-
-
-def test_pools_grow_up_to_max_workers_and_decoding_is_bounded():
-    """ray.max_workers: pools start at --workers and may grow to it (Ray Data's autoscaling pools);
-    unset, the pools are fixed. Decoding tasks: 2 x workers unless ray.decode_tasks says otherwise."""
-    from adjcap.config import ConfigError
-    from jobs.run_benchmark import decode_tasks, pool_strategy
-
-    fixed = pool_strategy(load_config("demo", ["ray.workers=3"]))
-    assert (fixed.min_size, fixed.max_size) == (3, 3)
-    grows = pool_strategy(load_config("demo", ["ray.workers=2", "ray.max_workers=5"]))
-    assert (grows.min_size, grows.max_size) == (2, 5)
-    with pytest.raises(ConfigError, match="ray.max_workers=1 is below ray.workers=2"):
-        load_config("demo", ["ray.workers=2", "ray.max_workers=1"])
-    assert decode_tasks(load_config("demo", ["ray.workers=4"])) == 8
-    assert decode_tasks(load_config("demo", ["ray.workers=4", "ray.decode_tasks=3"])) == 3
