@@ -118,3 +118,12 @@ def test_the_corpus_encoder_asks_for_its_corpus_and_one_shard():
     plain = pool_plan(cfg, cluster, ("encoder",))["encoder"]["memory"]
     more = pool_plan(cfg, cluster, ("encoder",), {"encoder": extra})["encoder"]["memory"]
     assert more - plain == pytest.approx(1.25 * extra, abs=2)
+
+
+def test_decoding_tasks_are_bounded_by_the_workers():
+    """At most ray.decode_tasks image-decoding tasks at once, by default 2 x workers (unbounded, Ray
+    Data starts one per free decode_cpus of the cluster: tests/test_multinode.py counts them)."""
+    from jobs.run_benchmark import decode_tasks
+
+    assert decode_tasks(load_config("demo", ["ray.workers=4"])) == 8
+    assert decode_tasks(load_config("demo", ["ray.workers=4", "ray.decode_tasks=3"])) == 3
