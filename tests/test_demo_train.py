@@ -43,11 +43,18 @@ def small_corpus(tmp_path_factory):
     return demo_corpus_texts(root)
 
 
-def test_two_builds_with_one_seed_are_identical(tmp_path, small_corpus):
+@pytest.fixture(scope="module")
+def seven(tmp_path_factory, small_corpus):
+    """(cache dir, files) of one small build, seed 7, in this process; read by the tests below."""
+    root = tmp_path_factory.mktemp("tiny-seven")
+    return root, build_tiny_world(root, small_corpus, seed=7, settings=SMALL, workers=1)
+
+
+def test_two_builds_with_one_seed_are_identical(tmp_path, small_corpus, seven):
     """The same files whether the BLIP judge trains in this process or in a second one (``workers``)."""
-    a = build_tiny_world(tmp_path / "a", small_corpus, seed=7, settings=SMALL, workers=1)
+    root_a, a = seven
     b = build_tiny_world(tmp_path / "b", small_corpus, seed=7, settings=SMALL, workers=2)
-    fa, fb = _files(tmp_path / "a" / "tiny"), _files(tmp_path / "b" / "tiny")
+    fa, fb = _files(root_a / "tiny"), _files(tmp_path / "b" / "tiny")
     assert fa.keys() == fb.keys()
     for rel in fa:
         if rel.endswith((".safetensors", ".pt")):
@@ -57,7 +64,7 @@ def test_two_builds_with_one_seed_are_identical(tmp_path, small_corpus):
                 assert torch.equal(sa[k], sb[k]), f"{rel}: {k}"
         else:
             assert fa[rel].read_bytes() == fb[rel].read_bytes(), rel
-    log = json.loads((tmp_path / "a" / "tiny" / "TRAINING.json").read_text())
+    log = json.loads((root_a / "tiny" / "TRAINING.json").read_text())
     assert log["captioner_clip"]["steps"] == SMALL.clip_steps and log["ifcap"]["steps"] == SMALL.ifcap_steps
     assert log["blip"]["steps"] == SMALL.blip_steps and log["retrieval_clip"]["steps"] == SMALL.retrieval_clip_steps
     assert log["workers"] == 1 and json.loads((tmp_path / "b" / "tiny" / "TRAINING.json").read_text())["workers"] == 2
@@ -75,11 +82,10 @@ def test_two_builds_with_one_seed_are_identical(tmp_path, small_corpus):
     assert cap.dims.clip_dim == 32
 
 
-def test_settings_are_part_of_the_cache_key(tmp_path, small_corpus):
+def test_settings_are_part_of_the_cache_key(small_corpus, seven):
     from adjcap.demo.tiny import tiny_world_ready
 
-    build_tiny_world(tmp_path, small_corpus, seed=7, settings=SMALL)
-    root = tmp_path / "tiny"
+    root = seven[0] / "tiny"
     assert tiny_world_ready(root, small_corpus, 7, SMALL)
     assert not tiny_world_ready(root, small_corpus, 7, SMALL.scaled(2.0))
     assert not tiny_world_ready(root, small_corpus, 7)  # the demo's default settings
