@@ -57,7 +57,8 @@ def _typed(**updates: Any) -> dict[str, Any]:
 def _cfg(preset: str | None, sets: Optional[List[str]], config_file: Optional[Path],
          updates: dict[str, Any] | None = None, computes: bool = True) -> Config:
     """The command's config, resolved once here. A command that ``computes`` with portable numerics
-    starts again with them when run as the ``adjcap`` program (adjcap.numerics.enter)."""
+    starts again with them when run as the ``adjcap`` program (adjcap.numerics.enter), before the
+    config is validated; commands import their jobs after this call, so torch is imported once."""
     try:
         data = config_data(None if config_file else preset, list(sets or []), config_file, updates=updates)
         if computes:  # before validation, which imports the registries and torch with them
@@ -145,7 +146,7 @@ def run_job(
     cfg = _cfg(preset or ("demo" if benchmark == "demo" else "headline"), sets, config_file,
                _typed(**{"benchmark": benchmark, "ray.workers": workers, "limit": limit, "ray.address": address,
                          "ray.verbose": verbose or None}))
-    from jobs import demo, run  # after _cfg: a portable restart happens before torch is imported
+    from jobs import demo, run
 
     job = demo.main if benchmark == "demo" else run.main
     _run(lambda: job(cfg, run_dir=run_dir, resume=resume, evaluate_after=evaluate, log=list(log or [])))
@@ -172,7 +173,7 @@ def caption(
     Checks the preset's weights and memory first and says what is missing (adjcap prepare --for PRESET)."""
     cfg = _cfg(preset, sets, config_file, _typed(**{"ray.workers": workers, "ray.address": address,
                                                     "ray.verbose": verbose or None}))
-    from jobs import caption as job  # after _cfg (a portable restart first)
+    from jobs import caption as job
 
     _run(lambda: job.main(cfg, folder, heads=heads, out=out, run_dir=run_dir, absolute_paths=absolute_paths))
 
@@ -225,7 +226,7 @@ def encode_corpus(
     cfg = _cfg(preset, sets, config_file, _typed(**{
         "benchmark": benchmark, "retrieval.encoder.model": encoder, "retrieval.encoder.pretrained": pretrained,
         "ray.workers": workers, "ray.address": address, "ray.verbose": verbose or None}))
-    from jobs import encode_corpus as job  # after _cfg (a portable restart first)
+    from jobs import encode_corpus as job
 
     _run(lambda: job.main(cfg))
 
@@ -245,7 +246,7 @@ def fit(
         typer.secho(f"error: {rd.config_path} not found: is {run} a run directory?", fg="red", err=True)
         raise typer.Exit(2)
     cfg = _cfg(None, sets, rd.config_path)
-    from jobs import fit as job  # after _cfg (a portable restart first)
+    from jobs import fit as job
 
     _run(lambda: job.refit(cfg.resolved(), rd, heads_dir=heads, log=list(log or []), saved=cfg))
 
@@ -269,7 +270,7 @@ def evaluate(
     if run is not None:
         rd = RunDir(run)
         cfg = _cfg(None, None, rd.config_path, eval_updates)
-        from jobs import evaluate as job  # after _cfg (a portable restart first)
+        from jobs import evaluate as job
 
         _run(lambda: job.evaluate_saved_run(cfg, rd, intersection=intersection))
         return
@@ -322,7 +323,7 @@ def demo(
 ):
     """The whole job on the built-in demo world with tiny models on a local Ray."""
     cfg = _cfg("demo", sets, None, _typed(**{"ray.workers": workers, "ray.verbose": verbose or None}))
-    from jobs import demo as job  # after _cfg (a portable restart first)
+    from jobs import demo as job
 
     _run(lambda: job.main(cfg, run_dir, resume=resume, log=list(log or [])))
 

@@ -58,6 +58,7 @@ GIB = float(2**30)
 WIDTH = 1280  # ViT-bigG-14's embedding width
 COCO_CORPUS = 566_747
 BENCH = "scale"
+BATCH = 16  # ray.batch_size of a real run (the headline preset's)
 SWEEP_N = (500, 1500, 5000)
 SWEEP_M = (50_000, COCO_CORPUS)
 
@@ -121,7 +122,7 @@ def widen_encoder(src: Path, out: Path) -> Path:
     return weights
 
 
-def overrides(cache: Path, world: Path, workers: int, batch_size: int = 16) -> list[str]:
+def overrides(cache: Path, world: Path, workers: int, batch_size: int = BATCH) -> list[str]:
     """The run's settings: the demo preset's models on the scale world, with the headline's Ray batch
     and ``numerics = "fast"`` (a real run's: the demo's portable mode computes one image at a time, so
     that its figures are the same on every CPU, and would measure that instead of the job's speed)."""
@@ -275,7 +276,7 @@ def count_rows(run_dir: Path) -> tuple[int, int]:
     return rows, len(unique)
 
 
-def one(work: Path, n: int, m: int, workers: int, fresh: bool, batch_size: int = 16) -> dict:
+def one(work: Path, n: int, m: int, workers: int, fresh: bool, batch_size: int) -> dict:
     t0 = time.perf_counter()
     cache, world = build_inputs(work, n, m)
     world_s = time.perf_counter() - t0
@@ -404,8 +405,8 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
     ap.add_argument("--sweep", action="store_true", help=f"N in {SWEEP_N} x M in {SWEEP_M}, with exponents")
     ap.add_argument("--keep", action="store_true", help="reuse a finished index and features (default: fresh)")
-    ap.add_argument("--batch-size", type=int, default=16, help="ray.batch_size (images per Ray Data batch; "
-                    "the headline's 16)")
+    ap.add_argument("--batch-size", type=int, default=BATCH, help="ray.batch_size (images per Ray Data batch; "
+                    "default: the headline's)")
     args = ap.parse_args()
     work = args.work or Path(os.environ.get("ADJCAP_CACHE", "~/.cache/adjcap")).expanduser() / "scale"
     shapes = [(n, m) for m in SWEEP_M for n in SWEEP_N] if args.sweep else [(args.images, args.corpus)]
