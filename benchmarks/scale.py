@@ -149,6 +149,10 @@ def overrides(cache: Path, world: Path, workers: int, batch_size: int = BATCH) -
 # --------------------------------------------------------------------------------------------
 
 
+# roles a process keeps once seen: its title says "ray::IDLE" between tasks and at exit
+STICKY = {*POOL_OF_ACTOR.values(), "decode"}
+
+
 def classify(cmd: str) -> str:
     for actor, pool in POOL_OF_ACTOR.items():
         if actor in cmd:
@@ -183,6 +187,9 @@ class Sampler(threading.Thread):
         retr_private, retr_shared = 0, 0
         procs = [(self.root, "driver")] + [(p, classify(c)) for p, c in descendants(self.root)]
         for pid, role in procs:
+            known = self.cpu.get(pid, ("",))[0]
+            if known in STICKY:  # an actor keeps its pool (a decoding worker its role) when its title changes
+                role = known
             try:
                 private, shared = mem(pid)
                 self.cpu[pid] = (role, proc_cpu_seconds(pid))
