@@ -6,6 +6,7 @@
     python benchmarks/realsize.py --device cuda --images 500     # one GPU, through the Ray job
     python benchmarks/realsize.py --device cuda --encode-only    # the corpus encode of 566,747 captions
     python benchmarks/realsize.py --judges cpu-16gb --precision fp32 --mode ray   # the cpu-16gb preset's judges
+    python benchmarks/realsize.py --images 2 --precision fp32 --mode side-by-side  # adjcap vs the paper's way
 
 Writes, under ``--assets`` (default ``$ADJCAP_CACHE/realsize``, reused when present):
 
@@ -37,6 +38,10 @@ Modes (``--mode``):
   do not fit in memory at once (fp32 on a 24 GB machine shared with others).
 * ``auto`` (default): ``ray`` unless the job's own up-front check (``pool_plan``: the pools' declared
   memory, adjcap.models.budget, against the local Ray's memory resource) would refuse it, else ``stages``.
+* ``side-by-side``: as ``stages``, and every stage also the way the paper's code does it
+  (benchmarks/paper_way.py: one image at a time, BLIP ITM per pair with the image encoded again, IFCap's
+  beam without a KV cache, 77-token text towers) on the same inputs: CPU seconds per image of both ways,
+  their ratio, and whether the outputs agree (retrieved ids, kept captions, beams, top candidates).
 Nothing is asserted; the figures go to BENCHMARKS.md by hand.
 """
 
@@ -603,6 +608,42 @@ def run_stages(cfg, n_images: int) -> dict:
     return out
 
 
+def run_side_by_side(cfg, n_images: int) -> dict:
+    """adjcap's stages against the paper's way (benchmarks/paper_way.py), one pool's models at a time."""
+    from adjcap import stages
+    from adjcap.data.corpus import load_corpus
+    from adjcap.index import CaptionIndex
+    from adjcap.models.roles import load_captioner, load_retrieval_encoder, load_verifier
+    from benchmarks.paper_way import side_by_side
+    from jobs.run_benchmark import read_records
+
+    recs = read_records(cfg)["test"][:n_images]
+    states = [stages.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path) for r in recs]
+    corpus = load_corpus(cfg.benchmark_cfg().corpus, cfg.benchmark_cfg().corpus_format)
+    dev = cfg.device
+    enc = load_retrieval_encoder(cfg.retrieval.encoder, dev, towers=("text",))
+    index = CaptionIndex.from_arrays(enc.encode_texts(list(corpus.texts), normalize=True).float().cpu().numpy(),
+                                     device=dev, precision="fp16")
+    del enc
+    gc.collect()
+    loaders = {
+        "retriever": lambda: load_retrieval_encoder(cfg.retrieval.encoder, dev, towers=("image",)),
+        "verifier": lambda: load_verifier(cfg.verifier, dev),
+        "captioner": lambda: load_captioner(cfg.captioner, dev),
+        "scorer": lambda: (load_retrieval_encoder(cfg.retrieval.encoder, dev, towers=("text",)),
+                           load_verifier(cfg.verifier, dev)),
+    }
+
+    def load(pool: str):
+        gc.collect()
+        return loaders[pool]()
+
+    out = side_by_side(cfg, states, load, index, corpus.texts)
+    out["example"] = {"image": states[0].image_id, "candidates": len(states[0].candidates),
+                      "verified": len(states[0].verified)}
+    return out
+
+
 def encode_only(cfg, n: int) -> None:
     """The retrieval encoder's text tower over n COCO-like captions (566,747: COCO Karpathy train)."""
     from adjcap.models.roles import load_retrieval_encoder
@@ -627,7 +668,7 @@ def main() -> None:
     ap.add_argument("--corpus", type=int, default=None, help="corpus captions (default: 128 on CPU, 566,747 on cuda)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--precision", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16", "fp16"])
-    ap.add_argument("--mode", default="auto", choices=["auto", "ray", "stages"])
+    ap.add_argument("--mode", default="auto", choices=["auto", "ray", "stages", "side-by-side"])
     ap.add_argument("--assets", type=Path, default=None)
     ap.add_argument("--assets-only", action="store_true", help="write the checkpoints and stop")
     ap.add_argument("--encode-only", action="store_true", help="time the corpus encode only")
@@ -671,6 +712,9 @@ def main() -> None:
             print(f"  example: {r['example']}")
             if r["errors"]:
                 print(f"  ERRORS ({len(r['errors'])}): {r['errors'][0][:400]}")
+        elif mode == "side-by-side":
+            r = run_side_by_side(cfg, args.images)
+            print(f"  example: {r['example']}")
         else:
             r = run_stages(cfg, args.images)
             print(f"  example: {r['example']}")
