@@ -1,5 +1,5 @@
 """A Ray cluster simulated on this machine for the multi-node tests: a head (1 CPU, no GPU) and worker
-nodes with 8 logical CPUs and 2 logical GPUs each (ray.cluster_utils.Cluster), every server on
+nodes with 8 logical CPUs and ``gpus`` logical GPUs each (ray.cluster_utils.Cluster), every server on
 127.0.0.1. The GPUs are Ray resources only: actors are scheduled as on GPU machines and run on the CPU."""
 
 import contextlib
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 
 @contextlib.contextmanager
-def simulated_cluster(gpu_nodes: int = 2) -> Iterator[tuple[object, list[object]]]:
+def simulated_cluster(gpu_nodes: int = 2, gpus: int = 2) -> Iterator[tuple[object, list[object]]]:
     """(cluster, [worker node, ...]); the cluster is shut down and Ray's settings restored on exit."""
     from ray._private import ray_constants
     from ray.cluster_utils import Cluster
@@ -19,7 +19,7 @@ def simulated_cluster(gpu_nodes: int = 2) -> Iterator[tuple[object, list[object]
     local = {"node_ip_address": "127.0.0.1", "object_store_memory": 150 << 20}
     c = Cluster(initialize_head=True, head_node_args={**local, "num_cpus": 1, "num_gpus": 0,
                                                       "include_dashboard": False})
-    nodes = [c.add_node(**local, num_cpus=8, num_gpus=2) for _ in range(gpu_nodes)]
+    nodes = [c.add_node(**local, num_cpus=8, num_gpus=gpus) for _ in range(gpu_nodes)]
     c.wait_for_nodes()
     try:
         yield c, nodes

@@ -1,6 +1,7 @@
 """The console of a demo job (`adjcap run-job demo` in a subprocess, stdout and stderr together): adjcap's
 progress and summary, no Ray INFO lines, no issue-detector memory warnings, no open_clip "initialized
-randomly"; `--verbose` brings Ray's own output back."""
+randomly"; `--verbose` brings Ray's own output back (shown on `adjcap encode-corpus`, the smallest Ray job:
+every command connects to Ray through the same session, jobs/ray_session.py)."""
 
 import os
 import re
@@ -18,11 +19,10 @@ ISSUE_DETECTOR = re.compile(r"configured\s+logical\s+memory|configured \S+ MiB")
 RANDOM_INIT = "initialized randomly"
 
 
-def _job(demo_cfg, run_dir: Path, *extra: str) -> str:
-    """`adjcap run-job demo` on 2 images per split, every stage computed; the console it printed."""
-    cmd = [sys.executable, str(ROOT / "cli.py"), "run-job", "demo", "--limit", "2", "--run-dir", str(run_dir),
-           "--no-evaluate", "--set", f"paths.cache_dir={demo_cfg.paths.cache_dir}",
-           "--set", "ray.include_dashboard=false", "--set", "cache.share_stages=false", *extra]
+def _cli(demo_cfg, *args: str) -> str:
+    """An adjcap command on the session's demo world without the dashboard; the console it printed."""
+    cmd = [sys.executable, str(ROOT / "cli.py"), *args, "--set", f"paths.cache_dir={demo_cfg.paths.cache_dir}",
+           "--set", "ray.include_dashboard=false"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     res = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          timeout=600)
@@ -31,7 +31,9 @@ def _job(demo_cfg, run_dir: Path, *extra: str) -> str:
 
 
 def test_quiet_console_by_default_and_ray_output_with_verbose(demo_cfg, tmp_path):
-    quiet = _job(demo_cfg, tmp_path / "quiet")
+    # `adjcap run-job demo` on 2 images per split, every stage computed
+    quiet = _cli(demo_cfg, "run-job", "demo", "--limit", "2", "--run-dir", str(tmp_path / "quiet"), "--no-evaluate",
+                 "--set", "cache.share_stages=false")
     assert not RAY_INFO.search(quiet), quiet
     assert not ISSUE_DETECTOR.search(quiet), quiet
     assert RANDOM_INIT not in quiet and "logging_progress" not in quiet and "Progress bars disabled" not in quiet, quiet
@@ -45,6 +47,8 @@ def test_quiet_console_by_default_and_ray_output_with_verbose(demo_cfg, tmp_path
     assert sorted(listed) == on_disk and "metrics/" not in listed and "report.md" not in listed
     assert quiet.strip().splitlines()[-1] == str(tmp_path / "quiet")
 
-    verbose = _job(demo_cfg, tmp_path / "verbose", "--verbose")
+    # the demo corpus encoded into a new index: one Ray Data job with one actor
+    verbose = _cli(demo_cfg, "encode-corpus", "--preset", "demo", "--benchmark", "demo", "--verbose",
+                   "--set", f"retrieval.index_dir={tmp_path / 'index'}")
     assert RAY_INFO.search(verbose), verbose  # Ray's INFO lines (Ray Data's execution plan, progress) are back
     assert "Execution plan of Dataset" in verbose or "Running Dataset" in verbose, verbose

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from adjcap.demo.train import TinyTrainSettings
+from adjcap.demo.train_settings import TinyTrainSettings
 from adjcap.demo.train_base import HELDOUT_POOL, deterministic, render_pool
 from adjcap.demo.train_blip import swap_negative
 from adjcap.demo.train_ifcap import caption_entities, training_entities

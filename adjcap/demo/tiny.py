@@ -28,19 +28,15 @@ from pathlib import Path
 from typing import Sequence
 
 from adjcap import numerics
-from adjcap.demo.tiny_blip import build_tiny_blip
-from adjcap.demo.tiny_clip import TINY_CLIP, TINY_CLIP_LARGE, build_tiny_clip
-from adjcap.demo.quality import judge_quality
-from adjcap.demo.tiny_ifcap import build_tiny_ifcap, train_gpt2_tokenizer
-from adjcap.demo.train import TinyTrainSettings, fresh_interpreter, train_tiny_world
+from adjcap.demo.train_settings import TinyTrainSettings
 from adjcap.io import atomic_write_json
-from adjcap.models.clip import load_dual_encoder
+
+# The builders and trainers (open_clip, transformers' BLIP, IFCap) are imported only when a world is
+# built: every demo job checks that its world is ready, and that check needs none of them.
 
 READY = "READY.json"
 QUALITY = "QUALITY.json"  # the judges' held-out quality (adjcap.demo.quality.judge_quality)
 VERSION = 6  # 6: built with portable numerics (adjcap.numerics.PIN)
-RETRIEVAL_CLIP = TINY_CLIP_LARGE  # the judge sees finer patches than the captioner's CLIP, as bigG/14 vs B/32
-CAPTIONER_CLIP = TINY_CLIP
 
 
 def world_fingerprint(texts: Sequence[str], seed: int, settings=None) -> str:
@@ -89,17 +85,26 @@ def build_tiny_world(cache_dir: Path, corpus_texts: Sequence[str], seed: int = 4
             raise RuntimeError(f"building the tiny models under {root} did not finish (no {READY}); "
                                "its error is printed above")
         return paths
-    build_tiny_clip(paths["retrieval_clip"], seed=seed, model=RETRIEVAL_CLIP)
-    clip_path = build_tiny_clip(paths["captioner_clip"], seed=seed + 1, model=CAPTIONER_CLIP)
+    from adjcap.demo.quality import judge_quality
+    from adjcap.demo.tiny_blip import build_tiny_blip
+    from adjcap.demo.tiny_clip import TINY_CLIP, TINY_CLIP_LARGE, build_tiny_clip
+    from adjcap.demo.tiny_ifcap import build_tiny_ifcap, train_gpt2_tokenizer
+    from adjcap.demo.train import train_tiny_world
+    from adjcap.models.clip import load_dual_encoder
+
+    # the retrieval judge sees finer patches than the captioner's CLIP, as bigG/14 against B/32
+    retrieval_clip, captioner_clip = TINY_CLIP_LARGE, TINY_CLIP
+    build_tiny_clip(paths["retrieval_clip"], seed=seed, model=retrieval_clip)
+    clip_path = build_tiny_clip(paths["captioner_clip"], seed=seed + 1, model=captioner_clip)
     build_tiny_blip(paths["blip"], list(corpus_texts), seed=seed, image_size=settings.blip_image_size)
     train_gpt2_tokenizer(list(corpus_texts), paths["tokenizer"])
-    clip_dim = load_dual_encoder(CAPTIONER_CLIP, str(clip_path), device="cpu").embed_dim
+    clip_dim = load_dual_encoder(captioner_clip, str(clip_path), device="cpu").embed_dim
     build_tiny_ifcap(paths["ifcap"].parent, paths["tokenizer"], clip_dim=clip_dim, seed=seed)
-    logs = train_tiny_world(paths, corpus_texts, seed, settings, retrieval_model=RETRIEVAL_CLIP,
-                            captioner_model=CAPTIONER_CLIP, workers=workers)
+    logs = train_tiny_world(paths, corpus_texts, seed, settings, retrieval_model=retrieval_clip,
+                            captioner_model=captioner_clip, workers=workers)
     atomic_write_json(root / "TRAINING.json", logs)
-    atomic_write_json(root / QUALITY, judge_quality(root, seed, models={"retrieval": RETRIEVAL_CLIP,
-                                                                        "captioner": CAPTIONER_CLIP}))
+    atomic_write_json(root / QUALITY, judge_quality(root, seed, models={"retrieval": retrieval_clip,
+                                                                        "captioner": captioner_clip}))
     atomic_write_json(paths["vocabulary"], entity_vocabulary(corpus_texts))
     atomic_write_json(root / READY, {"fingerprint": world_fingerprint(corpus_texts, seed, settings), "seed": seed,
                                      "paths": {k: str(v) for k, v in paths.items()}})
@@ -110,6 +115,8 @@ def _build_pinned(cache_dir: Path, corpus_texts: Sequence[str], seed: int, setti
                   workers: int | None) -> None:
     """:func:`build_tiny_world` in a fresh interpreter started with :data:`adjcap.numerics.PIN` (the
     libraries read it when they load); the job goes through a file, the output is this process's."""
+    from adjcap.demo.train import fresh_interpreter
+
     root = Path(cache_dir) / "tiny"
     job = root / "build-job.json"
     atomic_write_json(job, {"cache_dir": str(cache_dir), "texts": list(corpus_texts), "seed": seed,
