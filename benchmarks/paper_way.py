@@ -87,12 +87,38 @@ class Padded77:
         return self.e.encode_images(images, normalize=normalize)
 
 
-def one_at_a_time(stage: Callable[..., Any]) -> Callable[..., None]:
-    """``stage`` called with one image's state at a time."""
-    def run(states, *args, **kwargs) -> None:
-        for s in states:
-            stage([s], *args, **kwargs)
+def way(stage: Callable[..., Any], *args: Any, each: bool = False,
+        prepare: Callable[[list], None] | None = None) -> Callable[[list], None]:
+    """``stage(states, *args)`` on the whole list (the job's batch) or, with ``each``, one image's state
+    at a time; ``prepare(states)`` first."""
+    def run(states: list) -> None:
+        if prepare is not None:
+            prepare(states)
+        for batch in ([s] for s in states) if each else [states]:
+            stage(batch, *args)
     return run
+
+
+def _forget_stage2_encoding(states: list) -> None:
+    for s in states:
+        s.verifier_memo = None  # the paper's way has no stage-2 image encoding to reuse
+
+
+def both_ways(stage: str, models: Any, cfg, index, corpus_texts) -> tuple[Callable, Callable]:
+    """(adjcap's way, the paper's way) of ``stage`` with its pool's ``models``."""
+    if stage == "retrieve":
+        args = (models, index, corpus_texts, cfg.retrieval.top_l)
+        return way(stages.retrieve, *args), way(stages.retrieve, *args, each=True)
+    if stage == "verify":
+        keep = cfg.verifier.keep
+        return way(stages.verify, models, keep), way(stages.verify, models and PairwiseITM(models), keep, each=True)
+    if stage == "caption":
+        c, reference = models, cfg.captioner.model_copy(update={"search": "reference"})
+        return (way(stages.caption, c.captioner, c.clip, cfg.captioner, c.vocabulary),
+                way(stages.caption, c.captioner, c.clip, reference, c.vocabulary, each=True))
+    enc, ver = models
+    return (way(stages.score, enc, ver),
+            way(stages.score, Padded77(enc), ver and PairwiseITM(ver), each=True, prepare=_forget_stage2_encoding))
 
 
 # ---- comparing what the two ways wrote -------------------------------------------------------------
@@ -162,33 +188,10 @@ def side_by_side(cfg, states: list[stages.ImageState], load: Callable[[str], Any
     list at once (the job's batch); returns per stage the seconds and CPU seconds per image of each way
     and the comparison, and ``states`` holds adjcap's outputs of all four stages."""
     n = len(states)
-    ref = cfg.captioner.model_copy(update={"search": "reference"})
     out: dict[str, Any] = {"images": n, "stages": {}}
     for stage in STAGES:
         models = load(stage_pool(stage))
-        if stage == "retrieve":
-            ours = lambda st: stages.retrieve(st, models, index, corpus_texts, cfg.retrieval.top_l)  # noqa: E731
-            paper = lambda st: one_at_a_time(stages.retrieve)(st, models, index, corpus_texts,  # noqa: E731
-                                                              cfg.retrieval.top_l)
-        elif stage == "verify":
-            ours = lambda st: stages.verify(st, models, cfg.verifier.keep)  # noqa: E731
-            paper = lambda st: one_at_a_time(stages.verify)(st, models and PairwiseITM(models),  # noqa: E731
-                                                            cfg.verifier.keep)
-        elif stage == "caption":
-            ours = lambda st: stages.caption(st, models.captioner, models.clip, cfg.captioner,  # noqa: E731
-                                             models.vocabulary)
-            paper = lambda st: one_at_a_time(stages.caption)(st, models.captioner, models.clip, ref,  # noqa: E731
-                                                             models.vocabulary)
-        else:
-            enc, ver = models
-
-            def ours(st):
-                stages.score(st, enc, ver)
-
-            def paper(st):
-                for s in st:
-                    s.verifier_memo = None  # the paper's way has no stage-2 image encoding to reuse
-                one_at_a_time(stages.score)(st, Padded77(enc), ver and PairwiseITM(ver))
+        ours, paper = both_ways(stage, models, cfg, index, corpus_texts)
         before = copy.deepcopy(states)
         wall, cpu = _timed(lambda: ours(states))
         p_wall, p_cpu = _timed(lambda: paper(before))
@@ -199,7 +202,7 @@ def side_by_side(cfg, states: list[stages.ImageState], load: Callable[[str], Any
         echo(f"  {stage:9s} adjcap {cpu / n:8.2f} CPU-s/image   paper's way {p_cpu / n:8.2f} CPU-s/image   "
              f"x{p_cpu / max(cpu, 1e-9):6.1f}   outputs {'equal' if equal(stage, c) else 'DIFFER'} "
              f"(max |diff| {c['max_abs_diff']:.2e})")
-        del models, before
+        del models, ours, paper, before
     ours_total = sum(v["adjcap_cpu_s_per_image"] for v in out["stages"].values())
     paper_total = sum(v["paper_cpu_s_per_image"] for v in out["stages"].values())
     out.update(adjcap_cpu_s_per_image=ours_total, paper_cpu_s_per_image=paper_total,
