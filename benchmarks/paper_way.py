@@ -60,12 +60,12 @@ class PairwiseITM:
         v, out = self.v, []
         for image, texts in zip(memo.images, texts_per_image, strict=True):
             probs = np.zeros(len(texts), dtype=np.float32)
+            pixels = v.preprocess([image]).to(v.device, dtype=v.dtype)  # the vision encoder runs on it per pair
             for j, seq in enumerate(v.tokenize(list(texts))):
                 ids = torch.full((1, v.max_text_tokens), v.pad_id, dtype=torch.long)
                 mask = torch.zeros((1, v.max_text_tokens), dtype=torch.long)
                 ids[0, : len(seq)] = torch.as_tensor(seq)
                 mask[0, : len(seq)] = 1
-                pixels = v.preprocess([image]).to(v.device, dtype=v.dtype)  # again for every pair
                 res = v.model(input_ids=ids.to(v.device), pixel_values=pixels, attention_mask=mask.to(v.device),
                               use_itm_head=True)
                 probs[j] = float(res.itm_score.float().softmax(dim=-1)[0, 1])

@@ -58,7 +58,8 @@ def test_the_adapters_compute_what_the_verifier_and_encoder_compute(run):
     ver, enc = models.verifier, models.retrieval
     texts = [c["text"] for c in states[0].candidates[:5]]
     img = states[0].pil()
-    ours = PairwiseITM(ver).score(PairwiseITM(ver).encode_images([img]), [texts])[0]
+    pairwise = PairwiseITM(ver)
+    ours = pairwise.score(pairwise.encode_images([img]), [texts])[0]
     ref = ver.score_pairs([img] * len(texts), texts, batch_size=1)
     np.testing.assert_allclose(ours, ref, atol=1e-5)
     torch.testing.assert_close(Padded77(enc).encode_texts(texts), enc.encode_texts(texts), atol=1e-5, rtol=1e-4)
