@@ -18,8 +18,16 @@ What goes in, and why:
 * what ``import lavis`` imports at module level though ITM never calls it: pandas, decord, webdataset,
   opencv-python-headless (a current one), einops, spacy, pycocoevalcap.
 
-The directory name hashes the Python version and the full requirement list, so a change of either
-builds a new environment beside the old one. A build is complete when its marker file exists (written
+The bridge packages are not installed again: the environment links them, and everything they need
+here, from this environment (``{env}/bridge``, on its path through a ``.pth`` file), so pip finds them
+installed and the LAVIS workers import the very files the driver imports. That saves the 6 GB copy of
+torch (and its CUDA libraries) and most of the build's time (about 20 s instead of 2-3 minutes on 2
+cores). A package the LAVIS pins need in another version (none today) is installed by pip instead, and
+shadows the link. If this environment is moved or removed, the links dangle and :func:`env_python`
+says to rebuild (``adjcap lavis-env --force``).
+
+The directory name hashes the Python version, the full requirement list and this environment's
+location, so a change of any builds a new environment beside the old one. A build is complete when its marker file exists (written
 last, atomically); an incomplete directory is removed and rebuilt. Builds take a file lock.
 """
 
@@ -29,6 +37,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -50,6 +59,8 @@ ITM_DEPS = (
 )
 IMPORT_DEPS = ("pandas", "decord", "webdataset", "opencv-python-headless", "einops>=0.4.1", "spacy", "pycocoevalcap")
 MARKER = "adjcap-lavis-env.json"
+BRIDGE_DIR = "bridge"
+BRIDGE_PTH = "adjcap-bridge.pth"
 SMOKE = "import lavis.models.blip_models.blip_image_text_matching, lavis.processors.blip_processors, ray.data, pydantic"
 
 
@@ -69,7 +80,8 @@ def requirements() -> list[str]:
 
 def env_dir(cache_dir: str | os.PathLike) -> Path:
     """``{cache}/envs/lavis-<hash of python version + requirements>``."""
-    key = json.dumps({"python": sys.version.split()[0], "lavis": LAVIS_VERSION, "requirements": requirements()})
+    key = json.dumps({"python": sys.version.split()[0], "lavis": LAVIS_VERSION, "requirements": requirements(),
+                      "bridge_from": str(_site_packages_here())})
     return Path(cache_dir).expanduser() / "envs" / f"lavis-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
@@ -79,6 +91,10 @@ def env_python(cache_dir: str | os.PathLike) -> Path:
     if not (d / MARKER).is_file():
         raise LavisEnvError(f"{d}: the LAVIS environment is not built; run `adjcap lavis-env` "
                             "(verifier.backend='lavis' needs it)")
+    gone = dangling_links(d)
+    if gone:
+        raise LavisEnvError(f"{d}: {len(gone)} packages it links from {_site_packages_here()} are gone "
+                            f"({', '.join(gone[:3])}); rebuild it with `adjcap lavis-env --force`")
     return d / "bin" / "python"
 
 
@@ -118,17 +134,108 @@ def build(cache_dir: str | os.PathLike, *, force: bool = False, echo=print) -> P
         echo(f"building the LAVIS environment in {d} (log: {log})")
         _run([base, "-m", "venv", str(d)], log)
         py = str(d / "bin" / "python")
+        linked = link_bridge(d, _env_site_packages(py))
         _run([py, "-m", "pip", "install", "--disable-pip-version-check", *requirements()], log)
         _run([py, "-m", "pip", "install", "--disable-pip-version-check", "--no-deps",
               f"salesforce-lavis=={LAVIS_VERSION}"], log)
         _run([py, "-W", "ignore", "-c", SMOKE], log)
         info = {"lavis": LAVIS_VERSION, "requirements": requirements(), "python": sys.version.split()[0],
-                "seconds": round(time.time() - t0, 1)}
+                "linked_from": str(_site_packages_here()), "linked": linked, "seconds": round(time.time() - t0, 1)}
         tmp = d / f".{MARKER}.tmp"
         tmp.write_text(json.dumps(info, indent=1) + "\n")
         os.replace(tmp, d / MARKER)
         echo(f"LAVIS environment built in {info['seconds']:.0f}s")
         return d
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _site_packages_here() -> Path:
+    """Where this environment's bridge packages live (torch's site-packages)."""
+    return Path(metadata.distribution("torch").locate_file("")).resolve()
+
+
+def _env_site_packages(py: str) -> Path:
+    out = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                         capture_output=True, text=True, check=True)
+    return Path(out.stdout.strip())
+
+
+def bridge_closure() -> dict[str, metadata.Distribution]:
+    """The bridge packages of this environment and everything they require here (environment markers
+    evaluated, ray's ``data`` extra), by canonical name."""
+    from packaging.requirements import Requirement
+
+    found: dict[str, metadata.Distribution] = {}
+    extras_seen: dict[str, set[str]] = {}
+    todo: list[tuple[str, set[str]]] = [(d, {"data"} if d == "ray" else set()) for d in BRIDGE]
+    while todo:
+        name, extras = todo.pop()
+        key = _canonical(name)
+        if key in found and extras <= extras_seen[key]:
+            continue
+        try:
+            dist = found.get(key) or metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        found[key] = dist
+        extras_seen[key] = extras_seen.get(key, set()) | extras
+        for spec in dist.requires or []:
+            req = Requirement(spec)
+            if req.marker is not None and not any(req.marker.evaluate({"extra": e}) for e in (extras or {""})):
+                continue
+            todo.append((req.name, set(req.extras)))
+    return found
+
+
+def _lavis_needs_other(closure: dict[str, metadata.Distribution]) -> set[str]:
+    """Packages of the closure whose version here the LAVIS requirements do not accept: pip installs those."""
+    from packaging.requirements import Requirement
+
+    out = set()
+    for spec in (*ITM_DEPS, *IMPORT_DEPS):
+        req = Requirement(spec)
+        key = _canonical(req.name)
+        if key in closure and not req.specifier.contains(closure[key].version, prereleases=True):
+            out.add(key)
+    return out
+
+
+def link_bridge(d: Path, site_packages: Path) -> list[str]:
+    """Link the bridge closure into ``d/bridge`` (each package's top-level entries, as its RECORD lists
+    them) and put that folder on the environment's path (a ``.pth`` file); returns ``name==version``
+    of every package linked."""
+    closure = bridge_closure()
+    other = _lavis_needs_other(closure)
+    out = d / BRIDGE_DIR
+    (out / "__pycache__").mkdir(parents=True, exist_ok=True)
+    linked = []
+    for key, dist in sorted(closure.items()):
+        if key in other or not dist.files:
+            continue
+        base = Path(dist.locate_file(""))
+        for f in dist.files:
+            parts = f.parts
+            if not parts or parts[0] == ".." or f.suffix == ".pth":
+                continue
+            rel = Path(*parts) if parts[0] == "__pycache__" else Path(parts[0])  # one module's bytecode
+            target, link = base / rel, out / rel
+            if target.exists() and not link.is_symlink():
+                link.symlink_to(target, target_is_directory=target.is_dir())
+        linked.append(f"{dist.metadata['Name']}=={dist.version}")
+    (site_packages / BRIDGE_PTH).write_text(f"{out}\n")
+    return linked
+
+
+def dangling_links(d: Path) -> list[str]:
+    """Links of ``d/bridge`` whose package is gone from the environment they were linked from."""
+    out = d / BRIDGE_DIR
+    if not out.is_dir():
+        return []
+    return sorted(p.name for p in [*out.iterdir(), *(out / "__pycache__").iterdir()]
+                  if p.is_symlink() and not p.exists())
 
 
 def code_dir(cache_dir: str | os.PathLike) -> Path:

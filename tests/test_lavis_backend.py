@@ -83,6 +83,15 @@ def test_env_is_built_once_and_reported(lavis_python):
     t0 = os.path.getmtime(lavis_python.parent.parent / lavis_env.MARKER)
     assert lavis_env.build(_cache()) == lavis_python.parent.parent  # reused, not rebuilt
     assert os.path.getmtime(lavis_python.parent.parent / lavis_env.MARKER) == t0
+    # torch and Ray are this environment's files, linked, not a second copy; LAVIS's pins are its own
+    assert f"torch=={torch.__version__.split('+')[0]}" in [x.split("+")[0] for x in info["linked"]]
+    done = subprocess.run([str(lavis_python), "-c", "import torch, ray, transformers; "
+                           "print(torch.__file__, ray.__file__, transformers.__version__)"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": ""})
+    assert done.returncode == 0, done.stderr[-2000:]
+    t, r, tv = done.stdout.split()
+    bridge = lavis_python.parent.parent / lavis_env.BRIDGE_DIR
+    assert t == str(bridge / "torch" / "__init__.py") and r == str(bridge / "ray" / "__init__.py") and tv == "4.26.1"
 
 
 def test_transformers_on_converted_lavis_checkpoint_equals_lavis(tiny):

@@ -82,17 +82,20 @@ def test_one_row_per_image_no_duplicates(job):
 
 
 def test_rerun_does_no_work_and_deleting_a_part_restores_exactly_it(job):
+    from jobs.ray_session import ray_session
+
     cfg, run_dir, _ = job
     rd = RunDir(run_dir)
-    run.main(cfg, run_dir=run_dir, evaluate_after=False)
-    summary = rd.summary()["splits"]
-    assert all(s["done"] == 0 and s["failed"] == 0 and s["skipped"] == s["images"] for s in summary.values())
+    with ray_session(cfg.resolved()):  # both reruns on one local Ray
+        run.main(cfg, run_dir=run_dir, evaluate_after=False)
+        summary = rd.summary()["splits"]
+        assert all(s["done"] == 0 and s["failed"] == 0 and s["skipped"] == s["images"] for s in summary.values())
 
-    victim = rd.parts(cfg.benchmark, "test")[0]
-    lost = set(pq.read_table(victim).column("image_id").to_pylist())
-    before = rd.done_ids(cfg.benchmark, "test")
-    victim.unlink()
-    run.main(cfg, run_dir=run_dir, evaluate_after=False)
+        victim = rd.parts(cfg.benchmark, "test")[0]
+        lost = set(pq.read_table(victim).column("image_id").to_pylist())
+        before = rd.done_ids(cfg.benchmark, "test")
+        victim.unlink()
+        run.main(cfg, run_dir=run_dir, evaluate_after=False)
     summary = rd.summary()["splits"]
     assert summary["test"]["done"] + summary["test"]["failed"] == len(lost)
     assert summary["val"]["done"] == 0
