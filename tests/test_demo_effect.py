@@ -16,12 +16,15 @@ demo`` itself, on Ray, with portable numerics, and its predictions must be the c
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from console_checks import assert_quiet_console
 
 from adjcap.demo import figures
 from adjcap.demo.quality import caption_errors, judge_quality
@@ -45,8 +48,10 @@ def demo_run(demo_cfg, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("demo-run") / "demo"
     cmd = [sys.executable, "-m", "adjcap", "demo", "--run-dir", str(run_dir),
            "--set", f"paths.cache_dir={demo_cfg.paths.cache_dir}", "--set", "ray.include_dashboard=false"]
-    res = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1200)
+    res = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, timeout=1200)
     assert res.returncode == 0, res.stdout[-4000:]
+    (run_dir.parent / "console.txt").write_text(res.stdout)  # what the user saw, stdout and stderr together
     return run_dir
 
 
@@ -75,6 +80,17 @@ def test_demo_run_gives_the_committed_figures(demo_run):
     want = figures.expected()
     assert figures.prediction_digests(demo_run) == want["predictions"]
     assert figures.headline(demo_run) == want["headline"]
+
+
+@pytest.mark.slow
+def test_the_demo_console_is_adjcaps_own(demo_cfg, demo_run):
+    """The quiet default console on ``adjcap demo``: adjcap's progress and summary, nothing of Ray's
+    (no INFO lines, no issue-detector memory warnings), no open_clip "initialized randomly"; the
+    summary lists exactly what the run wrote, the run directory comes last."""
+    images = sum(len(r) for r in read_records(demo_cfg.resolved()).values())
+    out = (demo_run.parent / "console.txt").read_text()
+    listed = assert_quiet_console(out, demo_run, images)
+    assert {"metrics/", "report.md", "report.html", "predictions/"} <= set(listed)
 
 
 # ---- stage 1: the judges ---------------------------------------------------------------------------
