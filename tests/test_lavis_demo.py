@@ -18,6 +18,7 @@ import tomllib
 
 from adjcap import lavis_env
 from adjcap.rundir import RunDir
+from jobs.ray_session import ray_session
 
 pytestmark = [pytest.mark.slow, pytest.mark.lavis]
 
@@ -51,11 +52,13 @@ def runs(demo_cfg, tmp_path_factory):
     if not envs.exists() and shared != envs:
         envs.symlink_to(shared, target_is_directory=True)
     lavis = tmp_path_factory.mktemp("lavis") / "demo"
-    out = _run_job(cache, lavis, "verifier.backend=lavis")
-    pth = cache / "tiny" / "blip-itm-lavis" / "model_tiny_retrieval.pth"
-    tok = pth.parent / "bert-tokenizer"
-    hf = tmp_path_factory.mktemp("hf") / "demo"
-    _run_job(cache, hf, f"verifier.model={pth}", f"verifier.tokenizer={tok}")
+    with ray_session(demo_cfg.model_copy(update={"ray": demo_cfg.ray.model_copy(update={"include_dashboard": False})})
+                     .resolved()):  # one local Ray for both jobs (each joins it)
+        out = _run_job(cache, lavis, "verifier.backend=lavis")
+        pth = cache / "tiny" / "blip-itm-lavis" / "model_tiny_retrieval.pth"
+        tok = pth.parent / "bert-tokenizer"
+        hf = tmp_path_factory.mktemp("hf") / "demo"
+        _run_job(cache, hf, f"verifier.model={pth}", f"verifier.tokenizer={tok}")
     return lavis, hf, pth, out
 
 
