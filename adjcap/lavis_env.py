@@ -21,14 +21,15 @@ What goes in, and why:
 The bridge packages are not installed again: the environment links them, and everything they need
 here, from this environment (``{env}/bridge``, on its path through a ``.pth`` file), so pip finds them
 installed and the LAVIS workers import the very files the driver imports. That saves the 6 GB copy of
-torch (and its CUDA libraries) and most of the build's time (about 20 s instead of 2-3 minutes on 2
-cores). A package the LAVIS pins need in another version (none today) is installed by pip instead, and
-shadows the link. If this environment is moved or removed, the links dangle and :func:`env_python`
-says to rebuild (``adjcap lavis-env --force``).
+torch (and its CUDA libraries) and half the build's CPU (about 40 CPU-s instead of 86 on 2 cores; the
+rest of its time is waiting on the package registry). A package the LAVIS pins need in another version
+(none today) is installed by pip instead, and shadows the link. If this environment is moved or
+removed, the links dangle and :func:`env_python` says to rebuild (``adjcap lavis-env --force``).
 
 The directory name hashes the Python version, the full requirement list and this environment's
-location, so a change of any builds a new environment beside the old one. A build is complete when its marker file exists (written
-last, atomically); an incomplete directory is removed and rebuilt. Builds take a file lock.
+location, so a change of any builds a new environment beside the old one. A build is complete when
+its marker file exists (written last, atomically); an incomplete directory is removed and rebuilt.
+Builds take a file lock.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ import fcntl
 import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -148,10 +148,6 @@ def build(cache_dir: str | os.PathLike, *, force: bool = False, echo=print) -> P
         return d
 
 
-def _canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def _site_packages_here() -> Path:
     """Where this environment's bridge packages live (torch's site-packages)."""
     return Path(metadata.distribution("torch").locate_file("")).resolve()
@@ -167,13 +163,14 @@ def bridge_closure() -> dict[str, metadata.Distribution]:
     """The bridge packages of this environment and everything they require here (environment markers
     evaluated, ray's ``data`` extra), by canonical name."""
     from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
 
     found: dict[str, metadata.Distribution] = {}
     extras_seen: dict[str, set[str]] = {}
     todo: list[tuple[str, set[str]]] = [(d, {"data"} if d == "ray" else set()) for d in BRIDGE]
     while todo:
         name, extras = todo.pop()
-        key = _canonical(name)
+        key = canonicalize_name(name)
         if key in found and extras <= extras_seen[key]:
             continue
         try:
@@ -193,11 +190,12 @@ def bridge_closure() -> dict[str, metadata.Distribution]:
 def _lavis_needs_other(closure: dict[str, metadata.Distribution]) -> set[str]:
     """Packages of the closure whose version here the LAVIS requirements do not accept: pip installs those."""
     from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
 
     out = set()
     for spec in (*ITM_DEPS, *IMPORT_DEPS):
         req = Requirement(spec)
-        key = _canonical(req.name)
+        key = canonicalize_name(req.name)
         if key in closure and not req.specifier.contains(closure[key].version, prereleases=True):
             out.add(key)
     return out
@@ -216,11 +214,11 @@ def link_bridge(d: Path, site_packages: Path) -> list[str]:
         if key in other or not dist.files:
             continue
         base = Path(dist.locate_file(""))
-        for f in dist.files:
-            parts = f.parts
-            if not parts or parts[0] == ".." or f.suffix == ".pth":
-                continue
-            rel = Path(*parts) if parts[0] == "__pycache__" else Path(parts[0])  # one module's bytecode
+        # a package's top-level entries (torch lists ~15,000 files under one folder), and the bytecode of
+        # top-level single-file modules one by one (__pycache__ is shared by every package)
+        tops = {Path(*f.parts) if f.parts[0] == "__pycache__" else Path(f.parts[0])
+                for f in dist.files if f.parts and f.parts[0] != ".." and f.suffix != ".pth"}
+        for rel in tops:
             target, link = base / rel, out / rel
             if target.exists() and not link.is_symlink():
                 link.symlink_to(target, target_is_directory=target.is_dir())

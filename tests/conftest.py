@@ -32,6 +32,17 @@ def demo_cfg(tmp_path_factory):
     return cfg
 
 
+@pytest.fixture(scope="module")
+def one_local_ray(demo_cfg):
+    """One embedded local Ray (no dashboard) for a module's in-process jobs: each job joins the Ray it finds
+    running, as in a notebook that connected first, instead of starting and stopping its own."""
+    from jobs.ray_session import ray_session
+
+    cfg = demo_cfg.model_copy(update={"ray": demo_cfg.ray.model_copy(update={"include_dashboard": False})})
+    with ray_session(cfg.resolved()):
+        yield
+
+
 def _shared_world(world: Path, cache: Path) -> None:
     """Build (or reuse) the demo world and tiny models under ``world`` once, under a file lock so that
     parallel test sessions wait for one build (``make test`` builds it first: tests/prebuild.py), then

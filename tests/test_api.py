@@ -77,19 +77,8 @@ def sets(demo_cfg, tmp_path_factory):
             "ray.include_dashboard=false"]
 
 
-@pytest.fixture(scope="module")
-def one_ray(demo_cfg):
-    """One local Ray for this module's two API jobs: the API joins a Ray it finds running (as in a notebook
-    that connected first) instead of starting its own."""
-    from jobs.ray_session import ray_session
-
-    with ray_session(demo_cfg.model_copy(update={"ray": demo_cfg.ray.model_copy(update={"include_dashboard": False})})
-                     .resolved()):
-        yield
-
-
 @pytest.mark.slow
-def test_caption_a_list_of_demo_images(demo_cfg, sets, one_ray, tmp_path):
+def test_caption_a_list_of_demo_images(demo_cfg, sets, one_local_ray, tmp_path):
     images = sorted((Path(demo_cfg.resolved().paths.cache_dir) / "demo" / "images").glob("demo-test-000*.png"))[:3]
     assert len(images) == 3
     result = adjcap.caption(images, preset="demo", overrides=sets, run_dir=tmp_path / "run")
@@ -106,7 +95,7 @@ def test_caption_a_list_of_demo_images(demo_cfg, sets, one_ray, tmp_path):
 
 
 @pytest.mark.slow
-def test_run_then_load_run(demo_cfg, sets, one_ray, tmp_path):
+def test_run_then_load_run(demo_cfg, sets, one_local_ray, tmp_path):
     run = adjcap.run("demo", preset="demo", overrides=[*sets, "rerank.beta=0.6"], limit=8,
                      run_dir=tmp_path / "demo")
     assert isinstance(run, adjcap.Run) and run.config.rerank.beta == 0.6 and run.config.limit == 8

@@ -18,7 +18,6 @@ import tomllib
 
 from adjcap import lavis_env
 from adjcap.rundir import RunDir
-from jobs.ray_session import ray_session
 
 pytestmark = [pytest.mark.slow, pytest.mark.lavis]
 
@@ -45,20 +44,18 @@ def _run_job(cache: Path, run_dir: Path, *sets: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def runs(demo_cfg, tmp_path_factory):
+def runs(demo_cfg, tmp_path_factory, one_local_ray):  # both jobs on one local Ray
     cache = Path(demo_cfg.paths.cache_dir)
     shared = lavis_env.build(_cache()).parent  # reused when present
     envs = cache / "envs"
     if not envs.exists() and shared != envs:
         envs.symlink_to(shared, target_is_directory=True)
     lavis = tmp_path_factory.mktemp("lavis") / "demo"
-    with ray_session(demo_cfg.model_copy(update={"ray": demo_cfg.ray.model_copy(update={"include_dashboard": False})})
-                     .resolved()):  # one local Ray for both jobs (each joins it)
-        out = _run_job(cache, lavis, "verifier.backend=lavis")
-        pth = cache / "tiny" / "blip-itm-lavis" / "model_tiny_retrieval.pth"
-        tok = pth.parent / "bert-tokenizer"
-        hf = tmp_path_factory.mktemp("hf") / "demo"
-        _run_job(cache, hf, f"verifier.model={pth}", f"verifier.tokenizer={tok}")
+    out = _run_job(cache, lavis, "verifier.backend=lavis")
+    pth = cache / "tiny" / "blip-itm-lavis" / "model_tiny_retrieval.pth"
+    tok = pth.parent / "bert-tokenizer"
+    hf = tmp_path_factory.mktemp("hf") / "demo"
+    _run_job(cache, hf, f"verifier.model={pth}", f"verifier.tokenizer={tok}")
     return lavis, hf, pth, out
 
 
