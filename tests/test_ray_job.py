@@ -37,8 +37,9 @@ def job(demo_cfg, tmp_path_factory):
             "run-job", "demo", "--workers", "2", "--run-dir", str(run_dir), "--limit", "10",
             "--set", f"paths.cache_dir={demo_cfg.paths.cache_dir}", "--set", "ray.include_dashboard=false",
             "--set", "ray.rows_per_part=4",
-            # every stage computed by the pools here, none taken from the stage cache other modules filled
-            "--set", "cache.share_stages=false",
+            # a stage cache of its own: the pools compute every stage here (none is taken from what other
+            # modules stored), and a rerun finds them there, as a user's rerun does (the default)
+            "--set", f"cache.stages_dir={run_dir.parent / 'stages'}",
             "--log", f"mlflow={mlruns.as_uri()}", "--log", "wandb=adjcap-test",
         ])
     finally:
@@ -48,6 +49,8 @@ def job(demo_cfg, tmp_path_factory):
             else:
                 os.environ[k] = v
     assert res.exit_code == 0, res.output
+    stages = RunDir(run_dir).summary()["stages"]
+    assert all(n == 20 for n in stages["computed"].values()) and not any(stages["reused"].values()), stages
     cfg = load_config(config_file=run_dir / "config.toml")  # the saved config re-runs as is
     return cfg, run_dir, res.stdout  # the job's own lines (Ray forwards worker logs to stderr)
 
@@ -99,6 +102,9 @@ def test_rerun_does_no_work_and_deleting_a_part_restores_exactly_it(job):
     summary = rd.summary()["splits"]
     assert summary["test"]["done"] + summary["test"]["failed"] == len(lost)
     assert summary["val"]["done"] == 0
+    # the lost images come back from the run's stage cache: no pool computes anything again
+    stages = rd.summary()["stages"]
+    assert not any(stages["computed"].values()) and set(stages["reused"].values()) == {len(lost)}, stages
     after = _ids(run_dir, cfg, "test")
     assert len(after) == len(set(after)) and set(after) == before
 
