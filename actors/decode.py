@@ -11,7 +11,7 @@ from typing import Any
 from actors.progress import StageMeter
 from actors.transport import pack
 from adjcap.stage_cache import apply_outputs
-from adjcap.stages import decode_state
+from adjcap.image_state import decode_state
 
 
 @functools.cache

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from adjcap.stages import ImageState
+from adjcap.image_state import ImageState
 
 
 def unpack(batch: dict[str, Any]) -> list[ImageState]:

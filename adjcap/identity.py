@@ -28,7 +28,7 @@ from typing import Any
 
 from adjcap.config import Config
 from adjcap.io import file_digest
-from adjcap.stages import STAGES
+from adjcap.image_state import STAGES
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from adjcap.config import Config
 from adjcap.identity import content_id, stage_identities, stage_settings  # noqa: F401 - identities live there
 from adjcap.features import CANDIDATE, RETRIEVED, VERIFIED
 from adjcap.io import atomic_write_json, atomic_write_parquet, is_temp_name
-from adjcap.stages import STAGES, ImageState
+from adjcap.image_state import STAGES, ImageState
 
 PART_GLOB = "part-*.parquet"
 

@@ -19,7 +19,7 @@ from adjcap.report.page import table_page
 from adjcap.reproduce import RowResult, build_table, distinct_runs, get_table, plan_table
 from adjcap.reproduce.plan import DEMO, RowPlan
 from adjcap.rundir import RunDir
-from adjcap.stages import STAGES
+from adjcap.image_state import STAGES
 from jobs import preflight, run
 from jobs.ray_session import ray_session
 

@@ -28,7 +28,7 @@ from adjcap.index.lifecycle import search_corpus
 from adjcap.lavis_env import runtime_env as lavis_runtime_env
 from adjcap.rundir import RunDir
 from adjcap.stage_cache import StageCache, apply_outputs
-from adjcap.stages import STAGES, ImageState, decode_state
+from adjcap.image_state import STAGES, ImageState, decode_state
 from jobs.encode_corpus import index_for
 from jobs.progress import tracked
 from jobs.ray_session import check_pools, pool_resources

@@ -121,3 +121,17 @@ def test_scorer_loads_the_image_tower_only_when_an_embedding_is_missing(world):
         for cx, cy, cz in zip(x.candidates, y.candidates, z.candidates):
             assert cx["retrieval_cosine"] == pytest.approx(cy["retrieval_cosine"], abs=1e-5)
             assert cx["retrieval_cosine"] == pytest.approx(cz["retrieval_cosine"], abs=1e-5)
+
+
+def test_decode_tasks_and_the_stage_cache_load_no_torch():
+    """The CPU tasks that decode images import no model library (a decode process starts in about a
+    third of the CPU it took with PyTorch), nor does the stage cache they fill states from."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys, actors.decode, actors.transport, adjcap.stage_cache; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'torchvision', 'open_clip', 'transformers'}))")
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True).stdout
+    assert out.strip() == "[]", out
