@@ -36,7 +36,8 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not alone" --durations=25 tests
 	$(BIN)/python -m pytest -q -m alone --durations=10 tests
 
-# everyday work: no Ray cluster, no LAVIS environment, no end-to-end job (make test runs everything)
+# everyday work: no Ray cluster, no LAVIS environment, no end-to-end job, no repeated training of the
+# tiny models (make test runs everything)
 test-fast: $(STAMP)
 	ADJCAP_TEST_FAST=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow and not lavis" --durations=10 tests
 
