@@ -39,7 +39,7 @@ test: $(STAMP)
 # everyday work: no Ray cluster, no LAVIS environment, no end-to-end job, no repeated training of the
 # tiny models (make test runs everything)
 test-fast: $(STAMP)
-	ADJCAP_TEST_FAST=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow and not lavis" --durations=10 tests
+	ADJCAP_TEST_FAST=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow and not lavis and not training" --durations=10 tests
 
 clean-demo:
 	rm -rf runs/demo

@@ -59,7 +59,7 @@ def _train(env: dict[str, str]) -> str:
     return next(line.split()[1] for line in res.stdout.splitlines() if line.startswith("DIGEST"))
 
 
-@pytest.mark.slow  # five trainings, each in a process of its own: make test runs it, make test-fast does not
+@pytest.mark.training  # five trainings, each in a process of its own: make test runs it, make test-fast does not
 def test_a_pinned_training_is_the_same_on_every_instruction_set():
     unpinned = {name: _train({**m, "OMP_NUM_THREADS": "1"}) for name, m in MACHINES.items() if name != "avx512"}
     assert unpinned["avx2"] != unpinned["sse4"], "the emulated machines should train differently without the pin"

@@ -50,7 +50,7 @@ def seven(tmp_path_factory, small_corpus):
     return root, build_tiny_world(root, small_corpus, seed=7, settings=SMALL, workers=1)
 
 
-@pytest.mark.slow  # two more builds, one across two processes: make test runs it, make test-fast does not
+@pytest.mark.training  # two more builds, one across two processes: make test runs it, make test-fast does not
 def test_two_builds_with_one_seed_are_identical(tmp_path, small_corpus, seven):
     """The same files whether the BLIP judge trains in this process or in a second one (``workers``)."""
     root_a, a = seven
