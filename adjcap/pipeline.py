@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from adjcap import stages
+from adjcap import image_state, stages
 from adjcap.config import Config
 from adjcap.data.records import Record
 from adjcap.index import CaptionIndex, encode_shards_in_process, encoder_identity, ensure_index
@@ -43,7 +43,7 @@ def load_models(cfg: Config, benchmark: str | None = None) -> Models:
     return Models(retrieval, index, corpus.texts, verifier, roles.load_captioner(cfg.captioner, cfg.device), scorer)
 
 
-def process_states(states: list[stages.ImageState], models: Models, cfg: Config) -> list[stages.ImageState]:
+def process_states(states: list[image_state.ImageState], models: Models, cfg: Config) -> list[image_state.ImageState]:
     """The four stages on decoded states (``cfg`` resolved)."""
     c = models.captioner
     stages.retrieve(states, models.retrieval, models.index, models.corpus_texts, cfg.retrieval.top_l)
@@ -68,7 +68,7 @@ def run_pipeline(records: Sequence[Record], cfg: Config, models: Models | None =
     known = cfg.benchmarks.get(benchmark)
     exif = known.applies_exif() if known is not None else True  # records of an unconfigured folder: users' photos
     for start in range(0, len(records), bs):
-        states = [stages.decode_state(r.image_id, benchmark, r.split, r.domain, r.image_path, r.error, exif)
+        states = [image_state.decode_state(r.image_id, benchmark, r.split, r.domain, r.image_path, r.error, exif)
                   for r in records[start : start + bs]]
         if stage_cache is not None:
             stage_cache.prefill(states)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import math
 import traceback
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -27,7 +27,7 @@ import torch
 from adjcap import entities as ent
 from adjcap import numerics
 from adjcap.config import CaptionerCfg
-from adjcap.image_state import STAGES, ImageState, decode_state, encode_for_transport  # noqa: F401 - the states the stages fill
+from adjcap.image_state import ImageState
 
 # --------------------------------------------------------------------------------------------
 # error isolation

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from adjcap import stages
+from adjcap import image_state, stages
 
 STAGES = ("retrieve", "verify", "caption", "score")
 
@@ -129,7 +129,7 @@ def _max_diff(a: Sequence[float], b: Sequence[float]) -> float:
     return max((abs(x - y) for x, y in pairs), default=0.0)
 
 
-def compare(stage: str, ours: Sequence[stages.ImageState], paper: Sequence[stages.ImageState]) -> dict[str, Any]:
+def compare(stage: str, ours: Sequence[image_state.ImageState], paper: Sequence[image_state.ImageState]) -> dict[str, Any]:
     """How far the paper's way's output of ``stage`` is from adjcap's, image by image."""
     out: dict[str, Any] = {"images": len(ours), "errors": [s.error for s in (*ours, *paper) if s.error]}
     if stage == "retrieve":
@@ -155,7 +155,7 @@ def compare(stage: str, ours: Sequence[stages.ImageState], paper: Sequence[stage
     return out
 
 
-def _top(s: stages.ImageState, key: str) -> int:
+def _top(s: image_state.ImageState, key: str) -> int:
     vals = [c[key] for c in s.candidates]
     return int(np.nanargmax(vals)) if vals and not all(math.isnan(v) for v in vals) else -1
 
@@ -180,7 +180,7 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, float]:
     return time.perf_counter() - t, time.process_time() - c
 
 
-def side_by_side(cfg, states: list[stages.ImageState], load: Callable[[str], Any], index, corpus_texts,
+def side_by_side(cfg, states: list[image_state.ImageState], load: Callable[[str], Any], index, corpus_texts,
                  echo=print) -> dict[str, Any]:
     """Each stage both ways on copies of the same states; ``load(pool)`` gives the pool's models
     ("retriever": image encoder, "verifier", "captioner": CaptionerRole, "scorer": (text encoder,

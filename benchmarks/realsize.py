@@ -540,6 +540,7 @@ def run_ray(sets: list[str], run_dir: Path, env: dict) -> dict:
 
 def run_stages(cfg, n_images: int) -> dict:
     """One pool's models at a time, in this process: seconds per image per stage, RSS per pool."""
+    from adjcap import image_state
     from adjcap import stages
     from adjcap.data.corpus import load_corpus
     from adjcap.index import CaptionIndex
@@ -547,7 +548,7 @@ def run_stages(cfg, n_images: int) -> dict:
     from jobs.run_benchmark import read_records
 
     recs = read_records(cfg)["test"][:n_images]
-    states = [stages.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path) for r in recs]
+    states = [image_state.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path) for r in recs]
     corpus = load_corpus(cfg.benchmark_cfg().corpus, cfg.benchmark_cfg().corpus_format)
     dev = cfg.device
     out: dict = {"load_s": {}, "stage_s_per_image": {}, "rss_after_load": {}}
@@ -610,7 +611,7 @@ def run_stages(cfg, n_images: int) -> dict:
 
 def run_side_by_side(cfg, n_images: int) -> dict:
     """adjcap's stages against the paper's way (benchmarks/paper_way.py), one pool's models at a time."""
-    from adjcap import stages
+    from adjcap import image_state
     from adjcap.data.corpus import load_corpus
     from adjcap.index import CaptionIndex
     from adjcap.models.roles import load_captioner, load_retrieval_encoder, load_verifier
@@ -618,7 +619,7 @@ def run_side_by_side(cfg, n_images: int) -> dict:
     from jobs.run_benchmark import read_records
 
     recs = read_records(cfg)["test"][:n_images]
-    states = [stages.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path) for r in recs]
+    states = [image_state.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path) for r in recs]
     corpus = load_corpus(cfg.benchmark_cfg().corpus, cfg.benchmark_cfg().corpus_format)
     dev = cfg.device
     enc = load_retrieval_encoder(cfg.retrieval.encoder, dev, towers=("text",))

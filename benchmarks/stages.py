@@ -22,6 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from adjcap import image_state  # noqa: E402
 from adjcap import stages  # noqa: E402
 from adjcap.config import load_config  # noqa: E402
 from adjcap.models.roles import CaptionerRole, ScorerRole  # noqa: E402
@@ -81,7 +82,7 @@ def tiny(args) -> None:
 
         def factory(n: int):
             chosen = [recs[i % len(recs)] for i in range(n)]
-            return [stages.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path) for r in chosen]
+            return [image_state.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path) for r in chosen]
 
         bench_stages("tiny models, cpu (demo world)", models, cfg, factory, args.images, args.batch)
         texts = list(models.corpus_texts)
@@ -114,7 +115,7 @@ def real(args) -> None:
     images = [Image.fromarray(rng.integers(0, 255, (480, 640, 3), dtype=np.uint8)) for _ in range(16)]
 
     def factory(k: int):
-        st = [stages.ImageState(image_id=str(i), benchmark="bench", split="test") for i in range(k)]
+        st = [image_state.ImageState(image_id=str(i), benchmark="bench", split="test") for i in range(k)]
         for i, s in enumerate(st):
             s.image = images[i % len(images)]
         return st

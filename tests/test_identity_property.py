@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from adjcap import stages
+from adjcap import image_state, stages
 from adjcap.config import BenchmarkCfg, Config, load_config
 from adjcap.identity import config_view, stage_identities
 from adjcap.index import CaptionIndex, encode_shards_in_process, encoder_identity, ensure_index
 from adjcap.index.lifecycle import index_location, search_corpus
 from adjcap.models import roles
 from adjcap.stage_cache import OUTPUTS
-from adjcap.stages import STAGES
+from adjcap.image_state import STAGES
 from jobs.run_benchmark import read_records
 
 BASE = ["captioner.beam_width=4", "captioner.max_len=12"]
@@ -78,7 +78,7 @@ class World:
         """The first ``n_stages`` stages on the two images with ``cfg``: stage -> each image's output."""
         dev = cfg.device
         d = lambda m: m.model_dump(mode="json")  # noqa: E731
-        states = [stages.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path, r.error,
+        states = [image_state.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path, r.error,
                                       cfg.benchmark_cfg().applies_exif()) for r in self.records]
         enc = self.model("retrieval", [d(cfg.retrieval.encoder), dev],
                          lambda: roles.load_retrieval_encoder(cfg.retrieval.encoder, dev))

@@ -139,7 +139,7 @@ def test_ray_actors_of_both_backends_agree(tiny, tmp_path):
     from actors.transport import pack
     from actors.verifier import VerifierActor
     from adjcap.config import load_config
-    from adjcap.stages import ImageState
+    from adjcap.image_state import ImageState
 
     import importlib.util
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from adjcap import stages
+from adjcap import image_state
 from adjcap.pipeline import load_models
 from benchmarks.paper_way import STAGES, Padded77, PairwiseITM, side_by_side
 from jobs.run_benchmark import read_records
@@ -21,7 +21,7 @@ def run(demo_cfg):
     models = load_models(cfg)
     pools = {"retriever": models.retrieval, "verifier": models.verifier, "captioner": models.captioner,
              "scorer": (models.retrieval, models.verifier)}
-    states = [stages.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path)
+    states = [image_state.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path)
               for r in read_records(cfg)["test"][:N]]
     res = side_by_side(cfg, states, pools.__getitem__, models.index, models.corpus_texts, echo=lambda *a: None)
     return cfg, models, states, res

@@ -11,7 +11,7 @@ from adjcap.config import list_presets, load_config
 from adjcap.index import benchmark_corpus
 from adjcap.reproduce import RowResult, build_table, get_table, load_tables, parse_tables, plan_table
 from adjcap.stage_cache import stage_identities
-from adjcap.stages import STAGES
+from adjcap.image_state import STAGES
 from cli import app
 
 PAPER_TABLES = ("reproduction", "scoreboard", "protocols", "ablation", "verifier-substrate", "xdomain", "chair",

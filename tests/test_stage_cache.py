@@ -12,7 +12,7 @@ from adjcap.features import rows_to_table
 from adjcap.index import benchmark_corpus
 from adjcap.pipeline import load_models, run_pipeline
 from adjcap.stage_cache import StageCache, stage_identities
-from adjcap.stages import STAGES
+from adjcap.image_state import STAGES
 from jobs.run_benchmark import read_records
 
 

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from actors.transport import pack, unpack
-from adjcap import stages
+from adjcap import image_state, stages
 from adjcap.data.images import decode_image
 from adjcap.models.roles import ScorerEncoder
 from adjcap.pipeline import load_models
@@ -35,14 +35,14 @@ def world(demo_cfg):
 def test_features_through_the_transport_equal_features_from_decoded_pixels(world):
     cfg, m, recs = world
     # as before: every stage sees the pixels decoded straight from the file
-    old = [stages.ImageState(r.image_id, cfg.benchmark, r.split, image=decode_image(r.image_path).image) for r in recs]
+    old = [image_state.ImageState(r.image_id, cfg.benchmark, r.split, image=decode_image(r.image_path).image) for r in recs]
     c = m.captioner
     stages.retrieve(old, m.retrieval, m.index, m.corpus_texts, cfg.retrieval.top_l)
     stages.verify(old, m.verifier, cfg.verifier.keep)
     stages.caption(old, c.captioner, c.clip, cfg.captioner, c.vocabulary)
     stages.score(old, m.retrieval, m.verifier)
     # now: decoded once, then carried as bytes and pickled between every stage, as between Ray pools
-    new = [stages.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path) for r in recs]
+    new = [image_state.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path) for r in recs]
 
     def hop(states):
         batch = pack(states)
@@ -86,7 +86,7 @@ def test_large_images_travel_compact_and_decode_to_the_same_pixels(tmp_path):
         "rotated.jpg": _save(rotated, tmp_path / "rotated.jpg", exif=exif),
     }
     for name, path in files.items():
-        s = stages.decode_state(name, "folder", "test", None, path)
+        s = image_state.decode_state(name, "folder", "test", None, path)
         assert s.ok, s.error
         raw = s.image.width * s.image.height * 3
         blob = pickle.dumps(s)
@@ -95,13 +95,13 @@ def test_large_images_travel_compact_and_decode_to_the_same_pixels(tmp_path):
         assert back.image is None
         ref = decode_image(path)
         assert np.array_equal(np.asarray(back.pil()), np.asarray(ref.image)), name
-    big = pickle.dumps(stages.decode_state("b", "folder", "test", None, files["big.jpg"]))
+    big = pickle.dumps(image_state.decode_state("b", "folder", "test", None, files["big.jpg"]))
     assert len(big) < 4000 * 3000 * 3 / 10  # a JPEG travels at a fraction of its pixels
 
 
 def test_scorer_loads_the_image_tower_only_when_an_embedding_is_missing(world):
     cfg, m, recs = world
-    states = [stages.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path) for r in recs[:3]]
+    states = [image_state.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path) for r in recs[:3]]
     c = m.captioner
     stages.retrieve(states, m.retrieval, m.index, m.corpus_texts, cfg.retrieval.top_l)
     stages.verify(states, m.verifier, cfg.verifier.keep)
@@ -124,8 +124,8 @@ def test_scorer_loads_the_image_tower_only_when_an_embedding_is_missing(world):
 
 
 def test_decode_tasks_and_the_stage_cache_load_no_torch():
-    """The CPU tasks that decode images import no model library (a decode process starts in about a
-    third of the CPU it took with PyTorch), nor does the stage cache they fill states from."""
+    """The CPU tasks that decode images import no model library (a decoding process starts on under
+    half the CPU it took with PyTorch), nor does the stage cache they fill states from."""
     import subprocess
     import sys
     from pathlib import Path
