@@ -146,7 +146,7 @@ def run_job(
     cfg = _cfg(preset or ("demo" if benchmark == "demo" else "headline"), sets, config_file,
                _typed(**{"benchmark": benchmark, "ray.workers": workers, "limit": limit, "ray.address": address,
                          "ray.verbose": verbose or None}))
-    from jobs import demo, run
+    from adjcap.jobs import demo, run
 
     job = demo.main if benchmark == "demo" else run.main
     _run(lambda: job(cfg, run_dir=run_dir, resume=resume, evaluate_after=evaluate, log=list(log or [])))
@@ -173,7 +173,7 @@ def caption(
     Checks the preset's weights and memory first and says what is missing (adjcap prepare --for PRESET)."""
     cfg = _cfg(preset, sets, config_file, _typed(**{"ray.workers": workers, "ray.address": address,
                                                     "ray.verbose": verbose or None}))
-    from jobs import caption as job
+    from adjcap.jobs import caption as job
 
     _run(lambda: job.main(cfg, folder, heads=heads, out=out, run_dir=run_dir, absolute_paths=absolute_paths))
 
@@ -194,7 +194,7 @@ def reproduce(
 ):
     """Run every row of one of the paper's tables and render it beside the published values."""
     from adjcap.reproduce import listing_with_status
-    from jobs import reproduce as job
+    from adjcap.jobs import reproduce as job
 
     if list_ or table is None:
         typer.echo(listing_with_status())
@@ -226,7 +226,7 @@ def encode_corpus(
     cfg = _cfg(preset, sets, config_file, _typed(**{
         "benchmark": benchmark, "retrieval.encoder.model": encoder, "retrieval.encoder.pretrained": pretrained,
         "ray.workers": workers, "ray.address": address, "ray.verbose": verbose or None}))
-    from jobs import encode_corpus as job
+    from adjcap.jobs import encode_corpus as job
 
     _run(lambda: job.main(cfg))
 
@@ -246,7 +246,7 @@ def fit(
         typer.secho(f"error: {rd.config_path} not found: is {run} a run directory?", fg="red", err=True)
         raise typer.Exit(2)
     cfg = _cfg(None, sets, rd.config_path)
-    from jobs import fit as job
+    from adjcap.jobs import fit as job
 
     _run(lambda: job.refit(cfg.resolved(), rd, heads_dir=heads, log=list(log or []), saved=cfg))
 
@@ -270,7 +270,7 @@ def evaluate(
     if run is not None:
         rd = RunDir(run)
         cfg = _cfg(None, None, rd.config_path, eval_updates)
-        from jobs import evaluate as job
+        from adjcap.jobs import evaluate as job
 
         _run(lambda: job.evaluate_saved_run(cfg, rd, intersection=intersection))
         return
@@ -278,7 +278,7 @@ def evaluate(
         typer.secho("error: give --run DIR, or --predictions PRED.json with --references REFS", fg="red", err=True)
         raise typer.Exit(2)
     eval_cfg = _cfg("headline", None, None, eval_updates, computes=False).resolved().eval
-    from jobs import evaluate as job
+    from adjcap.jobs import evaluate as job
 
     _run(lambda: job.evaluate_file(eval_cfg, predictions, references, fmt, split, out, intersection=intersection))
 
@@ -292,7 +292,7 @@ def report(
         "run); default: each run's own LM-only pick"),
 ):
     """Write report.md, LaTeX tables, plots and the qualitative HTML gallery."""
-    from jobs import evaluate as job
+    from adjcap.jobs import evaluate as job
 
     _run(lambda: job.report(run, out, baseline))
 
@@ -307,7 +307,7 @@ def compare(
                                       "instead of refusing runs with different image sets"),
 ):
     """B - A for every metric and picker of both runs, with paired bootstrap 95% intervals."""
-    from jobs import evaluate as job
+    from adjcap.jobs import evaluate as job
 
     _run(lambda: job.compare(runs, out, intersection))
 
@@ -323,7 +323,7 @@ def demo(
 ):
     """The whole job on the built-in demo world with tiny models on a local Ray."""
     cfg = _cfg("demo", sets, None, _typed(**{"ray.workers": workers, "ray.verbose": verbose or None}))
-    from jobs import demo as job
+    from adjcap.jobs import demo as job
 
     _run(lambda: job.main(cfg, run_dir, resume=resume, log=list(log or [])))
 
@@ -346,7 +346,7 @@ def doctor(preset: str = PRESET, sets: Optional[List[str]] = SET):
     """Check everything the preset needs here (weights, data, NLTK data, Java, SPICE jars when it scores
     SPICE, the memory plan); exit 1 when something is missing."""
     from adjcap.doctor import diagnose
-    from jobs.preflight import memory_problem
+    from adjcap.jobs.preflight import memory_problem
 
     cfg = _cfg(preset, sets, None, computes=False)
     text, problems = diagnose(cfg, memory_problem(cfg.resolved()))

@@ -8,8 +8,8 @@ import pickle
 import time
 from typing import Any
 
-from actors.progress import StageMeter
-from actors.transport import pack
+from adjcap.actors.progress import StageMeter
+from adjcap.actors.transport import pack
 from adjcap.stage_cache import apply_outputs
 from adjcap.image_state import decode_state
 

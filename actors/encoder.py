@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import ray
 
-from actors.metrics import CORPUS_ENCODED
-from actors.progress import StageMeter
+from adjcap.actors.metrics import CORPUS_ENCODED
+from adjcap.actors.progress import StageMeter
 from adjcap.config import Config
 from adjcap.index import encode_range
 from adjcap.models.roles import load_retrieval_encoder

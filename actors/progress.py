@@ -10,7 +10,7 @@ from typing import Any, Iterator, Sequence
 
 import ray
 
-from actors import metrics
+from adjcap.actors import metrics
 
 
 class ProgressBoard:

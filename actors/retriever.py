@@ -6,8 +6,8 @@ from typing import Any
 
 import ray
 
-from actors.progress import StageMeter
-from actors.transport import pack, unpack
+from adjcap.actors.progress import StageMeter
+from adjcap.actors.transport import pack, unpack
 from adjcap import stages
 from adjcap.config import Config
 from adjcap.index import SharedIndex

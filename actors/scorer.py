@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from actors.progress import StageMeter
-from actors.transport import pack, unpack
+from adjcap.actors.progress import StageMeter
+from adjcap.actors.transport import pack, unpack
 from adjcap import stages
 from adjcap.config import Config
 from adjcap.models.roles import load_scorer

@@ -237,24 +237,22 @@ def dangling_links(d: Path) -> list[str]:
 
 
 def code_dir(cache_dir: str | os.PathLike) -> Path:
-    """A directory holding only links to this adjcap's ``adjcap`` and ``actors`` packages, for the LAVIS
-    workers' PYTHONPATH: wherever adjcap is installed, nothing else of this environment (transformers 5,
-    ...) can shadow the LAVIS environment's packages."""
-    import adjcap
-
-    root = Path(adjcap.__file__).resolve().parent.parent
+    """A directory holding only a link to this adjcap package (the application layer's actors are inside
+    it, docs/architecture.md "One layout"), for the LAVIS workers' PYTHONPATH: wherever adjcap is
+    installed, nothing else of this environment (transformers 5, ...) can shadow the LAVIS environment's
+    packages."""
+    package = Path(__file__).resolve().parent  # this file is adjcap/lavis_env.py
     d = env_dir(cache_dir) / "adjcap-code"
     d.mkdir(parents=True, exist_ok=True)
-    for pkg in ("adjcap", "actors"):  # an installed wheel has actors inside adjcap (setup.py)
-        if not (root / pkg).is_dir():
-            continue
-        link = d / pkg
-        if link.is_symlink() and Path(os.readlink(link)) == root / pkg:
-            continue
-        tmp = d / f".{pkg}.{os.getpid()}"
+    link = d / "adjcap"
+    if not (link.is_symlink() and Path(os.readlink(link)) == package):
+        tmp = d / f".adjcap.{os.getpid()}"
         tmp.unlink(missing_ok=True)
-        tmp.symlink_to(root / pkg, target_is_directory=True)
+        tmp.symlink_to(package, target_is_directory=True)
         os.replace(tmp, link)
+    stale = d / "actors"  # an older layout linked the repository's actors/ beside adjcap
+    if stale.is_symlink():
+        stale.unlink()
     return d
 
 

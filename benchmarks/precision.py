@@ -27,8 +27,8 @@ from adjcap.features import rows_to_table  # noqa: E402
 from adjcap.metrics.evaluate import Evaluator  # noqa: E402
 from adjcap.pipeline import run_pipeline  # noqa: E402
 from adjcap.rerank import applicable_pickers, load_features, pick, run_protocol  # noqa: E402
-from jobs.demo import prepare  # noqa: E402
-from jobs.run_benchmark import read_records  # noqa: E402
+from adjcap.jobs.demo import prepare  # noqa: E402
+from adjcap.jobs.run_benchmark import read_records  # noqa: E402
 
 
 def extract(cfg, records) -> tuple[dict, float]:

@@ -482,7 +482,7 @@ def estimated_bytes(cfg) -> int:
 def ray_refuses(cfg, avail: int) -> str | None:
     """The job's own up-front check (jobs.ray_session.pool_plan) against the local Ray this machine
     would start: its ``memory`` resource is what is available less the object store (30% by default)."""
-    from jobs.ray_session import ResourceError, pool_plan
+    from adjcap.jobs.ray_session import ResourceError, pool_plan
 
     try:
         pool_plan(cfg, {"CPU": float(os.cpu_count() or 1), "memory": 0.7 * avail})
@@ -545,7 +545,7 @@ def run_stages(cfg, n_images: int) -> dict:
     from adjcap.data.corpus import load_corpus
     from adjcap.index import CaptionIndex
     from adjcap.models.roles import load_captioner, load_retrieval_encoder, load_verifier
-    from jobs.run_benchmark import read_records
+    from adjcap.jobs.run_benchmark import read_records
 
     recs = read_records(cfg)["test"][:n_images]
     states = [image_state.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path) for r in recs]
@@ -616,7 +616,7 @@ def run_side_by_side(cfg, n_images: int) -> dict:
     from adjcap.index import CaptionIndex
     from adjcap.models.roles import load_captioner, load_retrieval_encoder, load_verifier
     from benchmarks.paper_way import side_by_side
-    from jobs.run_benchmark import read_records
+    from adjcap.jobs.run_benchmark import read_records
 
     recs = read_records(cfg)["test"][:n_images]
     states = [image_state.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path) for r in recs]

@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from adjcap.image_state import STAGES  # noqa: E402
-from jobs import reproduce  # noqa: E402
+from adjcap.jobs import reproduce  # noqa: E402
 
 
 def main() -> None:

@@ -75,7 +75,7 @@ def model_cache(work: Path) -> Path:
     if shared and (Path(shared) / "tiny" / "READY.json").is_file():
         return Path(shared)
     from adjcap.config import load_config
-    from jobs.demo import prepare
+    from adjcap.jobs.demo import prepare
 
     base = work / "base"
     prepare(load_config("demo", [f"paths.cache_dir={base}"]))

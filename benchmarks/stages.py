@@ -70,8 +70,8 @@ def bench_stages(label: str, models: Models, cfg, states_factory, n_images: int,
 
 
 def tiny(args) -> None:
-    from jobs.demo import prepare
-    from jobs.run_benchmark import read_records
+    from adjcap.jobs.demo import prepare
+    from adjcap.jobs.run_benchmark import read_records
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load_config("demo", [f"paths.cache_dir={tmp}", "device=cpu"])

@@ -19,7 +19,7 @@ from adjcap.data.layouts.folder import scan_folder
 from adjcap.rerank import get_picker, load_heads, picker_names, run_protocol
 from adjcap.report.captions import caption_records, write_gallery, write_jsonl
 from adjcap.rundir import RunDir
-from jobs import demo, preflight, run
+from adjcap.jobs import demo, preflight, run
 
 FOLDER_BENCHMARK = "folder"
 LM_PICKER = "lm"

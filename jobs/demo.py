@@ -15,7 +15,7 @@ from adjcap.demo.tiny import QUALITY, build_tiny_world
 from adjcap.demo.tiny_lavis import build_tiny_lavis
 from adjcap.demo.world import build_demo_world, demo_corpus_texts
 from adjcap.rundir import RunDir
-from jobs import run
+from adjcap.jobs import run
 
 
 # the demo preset's model and data keys: what `on_demo_world` swaps into another preset

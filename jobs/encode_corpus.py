@@ -12,14 +12,14 @@ from typing import Any
 import ray
 from ray.data import ActorPoolStrategy
 
-from actors.encoder import CorpusEncoderActor
+from adjcap.actors.encoder import CorpusEncoderActor
 from adjcap.config import Config
 from adjcap.data.corpus import Corpus
 from adjcap.index import IndexPlan, benchmark_corpus, ensure_index
 from adjcap.models.budget import corpus_encode_bytes
 from adjcap.models.sources import clip_source
-from jobs.progress import tracked
-from jobs.ray_session import pool_resources, ray_session
+from adjcap.jobs.progress import tracked
+from adjcap.jobs.ray_session import pool_resources, ray_session
 
 
 def embed_width(enc: Any, default: int = 1280) -> int:

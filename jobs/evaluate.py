@@ -10,7 +10,7 @@ from adjcap.metrics.evaluate import evaluate_predictions, evaluate_run, format_t
 from adjcap.report import write_report
 from adjcap.report.compare import compare as compare_runs, to_text
 from adjcap.rundir import RunDir
-from jobs.provenance import note_step
+from adjcap.jobs.provenance import note_step
 
 
 def evaluate_run_dir(eval_cfg: EvalCfg, cache_dir: str | Path, run: RunDir, intersection: bool = False) -> dict:
@@ -38,7 +38,7 @@ def write_samples(cfg: Config, run: RunDir, records: dict | None = None) -> Path
     """``samples.parquet`` and ``samples.md`` of a run (``cfg`` resolved); ``records``: the benchmark's
     records as the job read them (their image paths), default: read again (none when unreadable)."""
     if records is None:
-        from jobs.run_benchmark import read_records
+        from adjcap.jobs.run_benchmark import read_records
 
         try:
             records = read_records(cfg)

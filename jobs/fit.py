@@ -29,9 +29,9 @@ from adjcap.identity import feature_identity
 from adjcap.rerank import Heads, applicability, fit_device, load_features, load_heads, pick, run_protocol, save_heads
 from adjcap.rundir import RunDir
 from adjcap.tracking import log_run, parse_log_specs
-from jobs.evaluate import write_samples
-from jobs.provenance import note_step
-from jobs.ray_session import has_gpus
+from adjcap.jobs.evaluate import write_samples
+from adjcap.jobs.provenance import note_step
+from adjcap.jobs.ray_session import has_gpus
 
 
 def needed_splits(cfg: Config, heads_given: bool = False) -> list[str]:

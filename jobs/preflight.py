@@ -11,7 +11,7 @@ from adjcap.accelerators import visible_gpus
 from adjcap.config import Config
 from adjcap.needs import Need, missing, needs_of, steps_for
 from adjcap.prepare.steps import STEPS
-from jobs.ray_session import ResourceError, pool_plan
+from adjcap.jobs.ray_session import ResourceError, pool_plan
 
 # what a job cannot start without (Java and SPICE only matter to the evaluation, which reports them)
 PREFLIGHT_GROUPS = ("weights", "data", "nltk")

@@ -15,8 +15,8 @@ from typing import Any, TextIO
 
 import ray
 
-from actors import metrics
-from actors.progress import start_board
+from adjcap.actors import metrics
+from adjcap.actors.progress import start_board
 from adjcap.config import RayCfg
 
 POLL_S = 0.5  # how often a terminal's bar is refreshed from the board

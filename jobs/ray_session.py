@@ -22,9 +22,10 @@ from adjcap.accelerators import rocm_visible_env
 from adjcap.config import Config
 from adjcap.models.budget import POOLS as FEATURE_POOLS, human_bytes, pool_budget
 
-# the directory the workers import this code from: the checkout (jobs.ray_session) or the site-packages
-# an installed wheel put it in (adjcap._jobs.ray_session; setup.py), never a folder inside a package
-ROOT = Path(__file__).resolve().parents[len(__name__.split(".")) - 1]
+# the directory the workers import this code from: the one holding the ``adjcap`` package (a checkout
+# or site-packages), i.e. adjcap/jobs/ray_session.py's grandparent. Not resolved: in a checkout
+# adjcap/jobs is a link to the repository's jobs/ (docs/architecture.md, "One layout").
+ROOT = Path(os.path.abspath(__file__)).parents[2]
 LOOPBACK = "127.0.0.1"
 # Ray picks a loopback node IP (instead of the machine's address) when this is off; it is read
 # from the environment at `import ray`, so the module constant is set as well while a local Ray starts.

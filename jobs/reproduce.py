@@ -20,8 +20,8 @@ from adjcap.reproduce import RowResult, build_table, distinct_runs, get_table, p
 from adjcap.reproduce.plan import DEMO, RowPlan
 from adjcap.rundir import RunDir
 from adjcap.image_state import STAGES
-from jobs import preflight, run
-from jobs.ray_session import ray_session
+from adjcap.jobs import preflight, run
+from adjcap.jobs.ray_session import ray_session
 
 
 def _measure(plan: RowPlan, failed: dict[Path, str]) -> RowResult:
@@ -68,7 +68,7 @@ def main(table_key: str, benchmark: str | None = None, sets: list[str] | tuple[s
     failed: dict[Path, str] = {}
     t0 = time.time()
     if any(p.benchmark == DEMO for p in runs):
-        from jobs import demo
+        from adjcap.jobs import demo
 
         demo.prepare(runs[0].cfg)
     for p in runs:  # rows that cannot run here are said before Ray starts, and skipped

@@ -11,9 +11,9 @@ from adjcap.config import Config
 from adjcap.identity import run_identity
 from adjcap.rundir import RunDir
 from adjcap.tracking import log_run, parse_log_specs
-from jobs import evaluate, fit, preflight, run_benchmark
-from jobs.provenance import recorded
-from jobs.ray_session import ray_session
+from adjcap.jobs import evaluate, fit, preflight, run_benchmark
+from adjcap.jobs.provenance import recorded
+from adjcap.jobs.ray_session import ray_session
 
 
 def run_dir_for(cfg: Config, run_dir: str | Path | None) -> RunDir:

@@ -13,12 +13,12 @@ from collections import defaultdict
 import ray
 from ray.data import ActorPoolStrategy, TaskPoolStrategy
 
-from actors.captioner import CaptionerActor
-from actors.decode import decode_batch
-from actors.lavis import LavisScorerActor, LavisVerifierActor
-from actors.retriever import RetrieverActor
-from actors.scorer import ScorerActor
-from actors.verifier import VerifierActor
+from adjcap.actors.captioner import CaptionerActor
+from adjcap.actors.decode import decode_batch
+from adjcap.actors.lavis import LavisScorerActor, LavisVerifierActor
+from adjcap.actors.retriever import RetrieverActor
+from adjcap.actors.scorer import ScorerActor
+from adjcap.actors.verifier import VerifierActor
 from adjcap.config import Config
 from adjcap.data.benchmarks import read_benchmark, split_annotations
 from adjcap.data.records import Record
@@ -29,9 +29,9 @@ from adjcap.lavis_env import runtime_env as lavis_runtime_env
 from adjcap.rundir import RunDir
 from adjcap.stage_cache import StageCache, apply_outputs
 from adjcap.image_state import STAGES, ImageState, decode_state
-from jobs.encode_corpus import index_for
-from jobs.progress import tracked
-from jobs.ray_session import check_pools, pool_resources
+from adjcap.jobs.encode_corpus import index_for
+from adjcap.jobs.progress import tracked
+from adjcap.jobs.ray_session import check_pools, pool_resources
 
 
 def pools(cfg: Config) -> list[tuple[type, str, dict]]:

@@ -21,7 +21,7 @@ import pytest  # noqa: E402
 def demo_cfg(tmp_path_factory):
     """The demo preset pointed at a fresh cache with the demo world and the tiny models built once."""
     from adjcap.config import load_config
-    from jobs.demo import prepare
+    from adjcap.jobs.demo import prepare
 
     cache = tmp_path_factory.mktemp("adjcap-cache")
     world = os.environ.get("ADJCAP_TEST_WORLD")
@@ -36,7 +36,7 @@ def demo_cfg(tmp_path_factory):
 def one_local_ray(demo_cfg):
     """One embedded local Ray (no dashboard) for a module's in-process jobs: each job joins the Ray it finds
     running, as in a notebook that connected first, instead of starting and stopping its own."""
-    from jobs.ray_session import ray_session
+    from adjcap.jobs.ray_session import ray_session
 
     cfg = demo_cfg.model_copy(update={"ray": demo_cfg.ray.model_copy(update={"include_dashboard": False})})
     with ray_session(cfg.resolved()):

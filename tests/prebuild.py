@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def build_shared_world(world: Path) -> None:
     """The demo world and tiny models in ``world``, built once (later calls only check them)."""
     from adjcap.config import load_config
-    from jobs.demo import prepare
+    from adjcap.jobs.demo import prepare
 
     world.mkdir(parents=True, exist_ok=True)
     with open(world / ".build.lock", "w") as lock:

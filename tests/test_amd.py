@@ -52,7 +52,7 @@ def test_ray_refuses_rocr_only_and_accepts_the_added_hip_variable(monkeypatch):
 
 
 def test_pools_take_gpu_shares_on_an_amd_cluster(monkeypatch):
-    import jobs.ray_session as rs
+    import adjcap.jobs.ray_session as rs
 
     resources = {"CPU": 64.0, "GPU": 8.0, "accelerator_type:AMD-Instinct-MI355X-OAM": 1.0, "memory": 1e12}
     monkeypatch.setattr(rs.ray, "cluster_resources", lambda: dict(resources))

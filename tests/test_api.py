@@ -37,7 +37,7 @@ def test_evaluate_files_gives_the_command_lines_numbers(tmp_path):
     m = adjcap.evaluate(PREDS, REFS)
     assert isinstance(m, adjcap.Metrics) and m.n_images == 100
     out = tmp_path / "m.json"
-    from cli import app
+    from adjcap.cli import app
 
     res = CliRunner().invoke(app, ["evaluate", "--predictions", str(PREDS), "--references", str(REFS),
                                    "--no-spice", "--out", str(out)])

@@ -8,7 +8,7 @@ import pytest
 
 from adjcap.config import load_config
 from adjcap.models import budget
-from jobs.ray_session import ACTOR_BASE_BYTES, ResourceError, actor_memory, pool_plan
+from adjcap.jobs.ray_session import ACTOR_BASE_BYTES, ResourceError, actor_memory, pool_plan
 
 GiB = 2**30
 
@@ -123,7 +123,7 @@ def test_the_corpus_encoder_asks_for_its_corpus_and_one_shard():
 def test_decoding_tasks_are_bounded_by_the_workers():
     """At most ray.decode_tasks image-decoding tasks at once, by default 2 x workers (unbounded, Ray
     Data starts one per free decode_cpus of the cluster: tests/test_multinode.py counts them)."""
-    from jobs.run_benchmark import decode_tasks
+    from adjcap.jobs.run_benchmark import decode_tasks
 
     assert decode_tasks(load_config("demo", ["ray.workers=4"])) == 8
     assert decode_tasks(load_config("demo", ["ray.workers=4", "ray.decode_tasks=3"])) == 3

@@ -1,10 +1,14 @@
 """`adjcap caption DIR --preset demo`: the Ray job over a folder of real COCO images (tests/fixtures),
-training-free picker, captions.jsonl + HTML gallery, EXIF orientation honoured."""
+training-free picker, captions.jsonl + HTML gallery, EXIF orientation honoured. The command is the
+console script of the wheel built from the repository's tracked files and installed into a new venv
+(tests/wheel_venv.py), run outside the checkout: the installed layout captions through Ray."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,6 +16,7 @@ from PIL import Image
 
 from adjcap.config import load_config
 from adjcap.rundir import RunDir
+from wheel_venv import build_wheel, new_venv, tracked_copy
 
 pytestmark = pytest.mark.slow
 
@@ -21,10 +26,8 @@ EXIF_ORIENTATION = 0x0112
 
 @pytest.fixture(scope="module")
 def captioned(demo_cfg, tmp_path_factory):
-    from typer.testing import CliRunner
-
-    from cli import app
-
+    whl, _ = build_wheel(tracked_copy(tmp_path_factory.mktemp("src")), tmp_path_factory.mktemp("wheel"))
+    bin_dir = new_venv(tmp_path_factory.mktemp("venv") / "v", whl)
     folder = tmp_path_factory.mktemp("photos")
     for p in sorted(FIXTURES.glob("*.jpg")):
         shutil.copy(p, folder / p.name)
@@ -38,13 +41,26 @@ def captioned(demo_cfg, tmp_path_factory):
         im.rotate(90, expand=True).save(folder / "phone" / "sideways.png", exif=exif)
     run_dir = tmp_path_factory.mktemp("run") / "cap"
     out = tmp_path_factory.mktemp("out") / "mine.jsonl"
-    res = CliRunner().invoke(app, [
-        "caption", str(folder), "--preset", "demo", "--out", str(out), "--run-dir", str(run_dir),
-        "--set", f"paths.cache_dir={demo_cfg.paths.cache_dir}", "--set", "ray.include_dashboard=false",
-    ])
-    assert res.exit_code == 0, res.output
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    res = subprocess.run([
+        str(bin_dir / "adjcap"), "caption", str(folder), "--preset", "demo", "--out", str(out), "--run-dir",
+        str(run_dir), "--set", f"paths.cache_dir={demo_cfg.paths.cache_dir}", "--set", "ray.include_dashboard=false",
+    ], cwd=out.parent, env=env, capture_output=True, text=True, timeout=900)
+    output = res.stdout + res.stderr
+    assert res.returncode == 0, output[-4000:]
     lines = [json.loads(x) for x in out.read_text().splitlines()]
-    return {"folder": folder, "run_dir": run_dir, "out": out, "lines": lines, "output": res.output}
+    return {"folder": folder, "run_dir": run_dir, "out": out, "lines": lines, "output": output, "bin": bin_dir}
+
+
+def test_the_installed_wheel_ran_it(captioned):
+    """The job's code came from the new venv's site-packages, where no generic name is installed."""
+    py = captioned["bin"] / "python"
+    code = ("import importlib.util as u, adjcap.jobs.caption as c; print(c.__file__); "
+            "print([n for n in ('jobs', 'actors', 'cli') if u.find_spec(n)])")
+    res = subprocess.run([str(py), "-c", code], cwd=captioned["out"].parent, capture_output=True, text=True)
+    where, generic = res.stdout.split("\n")[:2]
+    assert where.startswith(str(captioned["bin"].parent)) and "site-packages" in where, res.stdout + res.stderr
+    assert generic == "[]"
 
 
 def test_one_line_per_image_with_candidates_and_their_scores(captioned):

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
+from adjcap.cli import app
 
 FIX = Path(__file__).parent / "fixtures" / "metrics"
 runner = CliRunner()

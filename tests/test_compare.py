@@ -125,7 +125,7 @@ def test_different_image_sets_are_refused_unless_intersection(two_runs, tmp_path
 
 
 def test_cli_prints_differences_and_refuses_with_one_line(two_runs, tmp_path):
-    from cli import app
+    from adjcap.cli import app
 
     a, b = two_runs
     res = CliRunner().invoke(app, ["compare", str(a), str(b), "--out", str(tmp_path)])

@@ -9,7 +9,7 @@ from collections import defaultdict
 
 import pytest
 
-from actors import metrics
+from adjcap.actors import metrics
 from adjcap.index import benchmark_corpus
 from adjcap.rundir import RunDir
 
@@ -44,8 +44,8 @@ def by_stage(series: dict[tuple, float]) -> dict[str, float]:
 
 
 def test_prometheus_counts_equal_the_rows_written(demo_cfg, tmp_path, monkeypatch):
-    from jobs import run
-    from jobs.ray_session import ray_session
+    from adjcap.jobs import run
+    from adjcap.jobs.ray_session import ray_session
 
     monkeypatch.setenv("RAY_metrics_report_interval_ms", "1000")  # workers report every second
     port = _free_port()

@@ -45,7 +45,7 @@ def _photos(tmp_path: Path) -> Path:
 
 
 def _cli(*args: str):
-    from cli import app
+    from adjcap.cli import app
 
     return CliRunner().invoke(app, list(args))
 
@@ -86,7 +86,7 @@ def test_run_job_refuses_the_same_way(bare_machine):
 def test_caption_refuses_a_memory_plan_that_cannot_fit(demo_cfg, tmp_path, monkeypatch):
     """Weights present (the demo's tiny models) on a machine whose local Ray would leave 1 GB for
     actors: four pools of one actor each cannot be placed, refused before Ray starts."""
-    from jobs import preflight
+    from adjcap.jobs import preflight
 
     monkeypatch.setattr(preflight, "local_cluster", lambda: {"CPU": 2.0, "GPU": 0.0, "memory": 1e9})
     folder = _photos(tmp_path)
@@ -204,7 +204,7 @@ def test_reproduce_list_says_per_table_what_is_missing_and_the_prepare_command(b
 
 
 def test_demo_preset_warns_on_images_that_are_not_the_demo_world(demo_cfg, tmp_path):
-    from jobs.caption import demo_world_mismatch
+    from adjcap.jobs.caption import demo_world_mismatch
 
     world = Path(demo_cfg.resolved().benchmark_cfg("demo").images)
     own = tmp_path / "own"

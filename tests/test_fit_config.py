@@ -11,8 +11,8 @@ from adjcap.config import ConfigError, load_config
 from adjcap.features import rows_to_table
 from adjcap.pipeline import run_pipeline
 from adjcap.rundir import RunDir
-from cli import app
-from jobs import run_benchmark
+from adjcap.cli import app
+from adjcap.jobs import run_benchmark
 
 
 def test_a_learned_picker_with_the_training_free_protocol_is_refused_at_load():

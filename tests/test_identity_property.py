@@ -23,7 +23,7 @@ from adjcap.index.lifecycle import index_location, search_corpus
 from adjcap.models import roles
 from adjcap.stage_cache import OUTPUTS
 from adjcap.image_state import STAGES
-from jobs.run_benchmark import read_records
+from adjcap.jobs.run_benchmark import read_records
 
 BASE = ["captioner.beam_width=4", "captioner.max_len=12"]
 

@@ -1,39 +1,58 @@
-"""DESIGN.md import rules, each a test: adjcap -> libraries only; actors -> adjcap; jobs -> actors,
-adjcap, ray; cli -> jobs, adjcap; nothing imports cli; no import cycles between modules; only
-adjcap/demo, tests and benchmarks import adjcap.demo; no module imports another module's private name.
+"""The import rules (docs/architecture.md, "Layers"), each a test: the library (adjcap.*) -> libraries
+only; adjcap.actors -> the library; adjcap.jobs -> adjcap.actors, the library, ray; adjcap.cli -> jobs,
+the library; nothing imports adjcap.cli; no import cycles between modules; only adjcap/demo, tests and
+benchmarks import adjcap.demo; no module imports another module's private name.
 
-The distribution's two entry points live in the adjcap folder but sit at the top of the chain, beside
-cli.py: adjcap/__main__.py (the console script) runs cli, and adjcap/api.py (the Python API) runs jobs.
-They may import exactly that, only inside functions (``import adjcap`` loads neither), under the
-installed name first (adjcap._cli, adjcap._jobs: setup.py installs cli.py and jobs/ there) and the
-checkout's name second. Nothing imports them but adjcap/__init__ (api, lazily)."""
+The application layer lives in the repository's jobs/, actors/ and cli.py, reached as adjcap.jobs,
+adjcap.actors and adjcap.cli through the links in adjcap/ (one layout). The library's one import of it
+is adjcap/__init__ exposing the Python API lazily (adjcap.jobs.api, inside a function); the entry
+point adjcap/__main__ runs adjcap.cli."""
 
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("adjcap", "actors", "jobs")
-FORBIDDEN = {
-    "adjcap": {"ray", "actors", "jobs", "cli"},
-    "actors": {"jobs", "cli"},
-    "jobs": {"cli"},
+APP = {"adjcap.jobs": ROOT / "jobs", "adjcap.actors": ROOT / "actors"}  # the application layer's folders
+CLI = "adjcap.cli"
+FORBIDDEN = {  # layer -> what it never imports
+    "library": {"ray", "adjcap.actors", "adjcap.jobs", CLI},
+    "adjcap.actors": {"adjcap.jobs", CLI},
+    "adjcap.jobs": {CLI},
 }
-# entry module -> what it may import inside its functions: the checkout's name, and the installed one
-ENTRIES = {"adjcap/__main__.py": ({"cli"}, {"adjcap._cli"}), "adjcap/api.py": ({"jobs"}, {"adjcap._jobs"})}
-INSTALLED = {"adjcap._cli", "adjcap._jobs", "adjcap._actors"}
+# the library's modules that may import the application layer, and what (inside a function only)
+ENTRIES = {"adjcap": {"adjcap.jobs.api"}, "adjcap.__main__": {CLI}}
+
+
+def _layer(module: str) -> str:
+    return next((a for a in APP if module == a or module.startswith(a + ".")), "library" if module != CLI else CLI)
 
 
 def _module_name(path: Path) -> str:
-    rel = path.relative_to(ROOT).with_suffix("")
-    parts = list(rel.parts)
+    for name, folder in APP.items():
+        if path.is_relative_to(folder):
+            parts = [*name.split("."), *path.relative_to(folder).with_suffix("").parts]
+            break
+    else:
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts = parts[:-1]
     return ".".join(parts)
 
 
 def _sources() -> dict[str, Path]:
-    files = [p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")] + [ROOT / "cli.py"]
-    return {_module_name(p): p for p in files}
+    """module name -> file, for the library (adjcap/ without its links), the application layer's
+    folders and cli.py (pathlib's rglob does not follow the links adjcap/jobs and adjcap/actors)."""
+    files = [*(ROOT / "adjcap").rglob("*.py"), *(p for f in APP.values() for p in f.rglob("*.py"))]
+    files = [f for f in files if not f.is_symlink()]
+    out = {_module_name(p): p for p in files}
+    out[CLI] = ROOT / "cli.py"
+    return out
+
+
+def _hits(mod: str, names: list[str], prefixes: set[str]) -> set[str]:
+    """What an import statement brings in (``from a import b``: a.b) that is or lies under a prefix."""
+    targets = [f"{mod}.{n}" for n in names] or [mod]
+    return {t for t in targets for p in prefixes if t == p or t.startswith(p + ".") or p == mod}
 
 
 def _import_nodes(path: Path):
@@ -81,39 +100,39 @@ def _module_level_imports(path: Path) -> set[str]:
 
 def test_import_rules():
     bad = []
-    for pkg, forbidden in FORBIDDEN.items():
-        for f in (ROOT / pkg).rglob("*.py"):
-            rel = f.relative_to(ROOT).as_posix()
-            allowed = ENTRIES.get(rel, (set(), set()))[0]
-            hit = _imports(f) & (forbidden - allowed)
+    for m, path in _sources().items():
+        forbidden = FORBIDDEN.get(_layer(m), set())
+        allowed = ENTRIES.get(m, set())
+        for mod, names in _import_nodes(path):
+            hit = {h for h in _hits(mod, names, forbidden) if not _hits(h, [], allowed)}
+            if "ray" in forbidden and mod.split(".")[0] == "ray":
+                hit.add(mod)
             if hit:
-                bad.append(f"{rel} imports {sorted(hit)}")
-            if rel in ENTRIES and _module_level_imports(f) & forbidden:
-                bad.append(f"{rel} imports {sorted(_module_level_imports(f) & forbidden)} at module level")
-    for f in [*ROOT.glob("adjcap/**/*.py"), *ROOT.glob("actors/**/*.py"), *ROOT.glob("jobs/**/*.py")]:
-        if "cli" in _imports(f) and f.relative_to(ROOT).as_posix() not in ENTRIES:
-            bad.append(f"{f.relative_to(ROOT)} imports cli")
+                bad.append(f"{path.relative_to(ROOT)} ({m}) imports {sorted(hit)}")
+        if allowed and {x for x in _module_level_imports(path)} & {"ray"}:
+            bad.append(f"{path.relative_to(ROOT)} imports ray at module level")
     assert not bad, "\n".join(bad)
 
 
 def test_entry_points_import_only_their_layer_and_nothing_imports_them():
-    """adjcap/__main__.py -> cli, adjcap/api.py -> jobs (inside functions, installed name first);
-    no project module imports adjcap.__main__, and only adjcap/__init__ imports adjcap.api."""
+    """adjcap/__init__ -> adjcap.jobs.api, adjcap/__main__ -> adjcap.cli, each inside a function or
+    as the entry point's whole body; no module imports adjcap.__main__ or adjcap.cli, and only
+    adjcap/__init__ imports the facade adjcap.jobs.api."""
     bad = []
-    for rel, (names, installed) in ENTRIES.items():
-        mods = {m for m, _ in _import_nodes(ROOT / rel)}
-        app = {m for m in mods if m.split(".")[0] in {"jobs", "actors", "cli"} or ".".join(m.split(".")[:2]) in INSTALLED}
-        wrong = {m for m in app if m.split(".")[0] not in names and ".".join(m.split(".")[:2]) not in installed}
-        if wrong:
-            bad.append(f"{rel} imports {sorted(wrong)}")
-        if not any(".".join(m.split(".")[:2]) in installed for m in mods):
-            bad.append(f"{rel} does not try the installed name {sorted(installed)}")
+    init = _sources()["adjcap"]
+    tree = ast.parse(init.read_text())
+    top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    if any(isinstance(n, ast.ImportFrom) and (n.module or "").startswith("adjcap.") for n in top):
+        bad.append("adjcap/__init__.py imports the project at module level")
     for m, path in _sources().items():
         for mod, names in _import_nodes(path):
-            if mod == "adjcap.__main__" or (mod == "adjcap" and "__main__" in names):
+            full = {mod, *(f"{mod}.{n}" for n in names)}
+            if "adjcap.__main__" in full:
                 bad.append(f"{path.relative_to(ROOT)} imports adjcap.__main__")
-            if (mod == "adjcap.api" or (mod == "adjcap" and "api" in names)) and m != "adjcap":
-                bad.append(f"{path.relative_to(ROOT)} imports adjcap.api")
+            if CLI in full and m != "adjcap.__main__":
+                bad.append(f"{path.relative_to(ROOT)} imports adjcap.cli")
+            if "adjcap.jobs.api" in full and m != "adjcap":
+                bad.append(f"{path.relative_to(ROOT)} imports adjcap.jobs.api")
     assert not bad, "\n".join(bad)
 
 
@@ -149,7 +168,7 @@ def test_only_the_demo_wing_imports_the_demo():
     """adjcap.demo is imported only by itself, the demo job (jobs/demo.py), tests and benchmarks."""
     bad = []
     for m, path in _sources().items():
-        if m.startswith("adjcap.demo") or m == "jobs.demo":
+        if m.startswith("adjcap.demo") or m == "adjcap.jobs.demo":
             continue
         for mod, names in _import_nodes(path):
             if mod.startswith("adjcap.demo") or (mod == "adjcap" and "demo" in names):
@@ -168,11 +187,9 @@ def test_no_module_imports_a_private_name():
     bad = []
     for path in files:
         for mod, names in _import_nodes(path):
-            if not mod.split(".")[0] in {"adjcap", "actors", "jobs", "cli", "benchmarks", "tests"}:
+            if not mod.split(".")[0] in {"adjcap", "benchmarks", "tests"}:
                 continue
             private = [n for n in names if n.startswith("_") and not n.startswith("__")]
-            if ".".join(mod.split(".")[:2]) in INSTALLED and path.relative_to(ROOT).as_posix() in ENTRIES:
-                continue  # an entry point trying the installed layout (see the module docstring)
             if private or any(part.startswith("_") and not part.startswith("__") for part in mod.split(".")):
                 bad.append(f"{path.relative_to(ROOT)}: from {mod} import {', '.join(private) or '...'}")
     assert not bad, "\n".join(bad)
@@ -180,5 +197,5 @@ def test_no_module_imports_a_private_name():
 
 def test_actors_import_no_model_math_from_elsewhere():
     # actors may import adjcap (and ray for object refs, torch for device checks) but not jobs
-    for f in (ROOT / "actors").rglob("*.py"):
-        assert "jobs" not in _imports(f)
+    for f in APP["adjcap.actors"].rglob("*.py"):
+        assert not any(_hits(m, n, {"adjcap.jobs"}) for m, n in _import_nodes(f)), f

@@ -135,9 +135,9 @@ def test_ray_actors_of_both_backends_agree(tiny, tmp_path):
 
     import ray
 
-    from actors.lavis import LavisScorerActor, LavisVerifierActor
-    from actors.transport import pack
-    from actors.verifier import VerifierActor
+    from adjcap.actors.lavis import LavisScorerActor, LavisVerifierActor
+    from adjcap.actors.transport import pack
+    from adjcap.actors.verifier import VerifierActor
     from adjcap.config import load_config
     from adjcap.image_state import ImageState
 

@@ -31,7 +31,7 @@ def _cache() -> Path:
 def _run_job(cache: Path, run_dir: Path, *sets: str) -> str:
     from typer.testing import CliRunner
 
-    from cli import app
+    from adjcap.cli import app
 
     args = ["run-job", "demo", "--run-dir", str(run_dir), "--limit", str(LIMIT), "--set", f"paths.cache_dir={cache}",
             "--set", "ray.include_dashboard=false", "--set", "ray.rows_per_part=2",

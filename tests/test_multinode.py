@@ -20,7 +20,7 @@ from sim_cluster import simulated_cluster
 
 from adjcap.pipeline import load_models, run_pipeline
 from adjcap.rundir import RunDir
-from jobs.run_benchmark import read_records
+from adjcap.jobs.run_benchmark import read_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
@@ -39,7 +39,7 @@ def cluster():
 def _run_job(cluster, demo_cfg, run_dir, workers: int) -> str:
     from typer.testing import CliRunner
 
-    from cli import app
+    from adjcap.cli import app
 
     res = CliRunner().invoke(app, [
         "run-job", "demo", "--workers", str(workers), "--address", cluster.address, "--run-dir", str(run_dir),

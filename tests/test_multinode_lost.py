@@ -15,7 +15,7 @@ import pytest
 from sim_cluster import simulated_cluster
 
 from adjcap.rundir import RunDir
-from jobs.run_benchmark import read_records
+from adjcap.jobs.run_benchmark import read_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
@@ -63,7 +63,7 @@ class LoseANode(threading.Thread):
 def test_a_node_lost_half_way_costs_only_its_unfinished_images(cluster, demo_cfg, tmp_path):
     from typer.testing import CliRunner
 
-    from cli import app
+    from adjcap.cli import app
 
     c, nodes = cluster
     run_dir = tmp_path / "demo"

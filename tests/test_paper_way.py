@@ -10,7 +10,7 @@ import pytest
 from adjcap import image_state
 from adjcap.pipeline import load_models
 from benchmarks.paper_way import STAGES, Padded77, PairwiseITM, side_by_side
-from jobs.run_benchmark import read_records
+from adjcap.jobs.run_benchmark import read_records
 
 N = 2
 

@@ -605,7 +605,7 @@ def test_a_missing_model_offline_is_a_one_line_error(tmp_path, sources, monkeypa
 def test_cli_prepare_errors_are_one_line(tmp_path, server, sources):
     from typer.testing import CliRunner
 
-    from cli import app
+    from adjcap.cli import app
 
     r = CliRunner().invoke(app, ["prepare", "bogus", "--data", str(tmp_path)])
     assert r.exit_code == 1 and "unknown thing to prepare 'bogus'" in r.output and "Traceback" not in r.output

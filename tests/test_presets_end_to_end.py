@@ -21,9 +21,9 @@ from adjcap.identity import feature_identity
 from adjcap.features import rows_to_table
 from adjcap.pipeline import load_models, run_pipeline
 from adjcap.rundir import RunDir
-from jobs import fit, run_benchmark
-from jobs.demo import on_demo_world
-from jobs.run import finish
+from adjcap.jobs import fit, run_benchmark
+from adjcap.jobs.demo import on_demo_world
+from adjcap.jobs.run import finish
 
 LIMIT = 6  # images per split
 PRESETS = sorted(list_presets())
@@ -151,7 +151,7 @@ def finished(name: str, demo_cfg: Config, store: FeatureStore, tmp_path_factory)
 
 def test_heads_fitted_on_one_run_apply_to_another(demo_cfg, store, tmp_path_factory):
     """`adjcap fit --run B --heads A/heads`: fit on one benchmark, apply to another."""
-    from cli import app
+    from adjcap.cli import app
     from adjcap.rerank import load_features, load_heads, pick
 
     a, b = finished("demo", demo_cfg, store, tmp_path_factory), finished("xdomain-nocaps", demo_cfg, store, tmp_path_factory)

@@ -10,8 +10,8 @@ from rows_agree import assert_rows_agree
 
 from adjcap.pipeline import run_pipeline
 from adjcap.rundir import RunDir
-from jobs import run
-from jobs.run_benchmark import read_records
+from adjcap.jobs import run
+from adjcap.jobs.run_benchmark import read_records
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +25,7 @@ def job(demo_cfg, tmp_path_factory):
     from typer.testing import CliRunner
 
     from adjcap.config import load_config
-    from cli import app
+    from adjcap.cli import app
 
     run_dir = tmp_path_factory.mktemp("run") / "demo"
     mlruns = run_dir.parent / "mlruns"
@@ -85,7 +85,7 @@ def test_one_row_per_image_no_duplicates(job):
 
 
 def test_rerun_does_no_work_and_deleting_a_part_restores_exactly_it(job):
-    from jobs.ray_session import ray_session
+    from adjcap.jobs.ray_session import ray_session
 
     cfg, run_dir, _ = job
     rd = RunDir(run_dir)
@@ -208,7 +208,7 @@ def test_fit_command_rewrites_the_samples_table(job):
     import pandas as pd
     from typer.testing import CliRunner
 
-    from cli import app
+    from adjcap.cli import app
 
     cfg, run_dir, _ = job
     res = CliRunner().invoke(app, ["fit", "--run", str(run_dir)])

@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from adjcap.config import ConfigError, load_config
 from adjcap.registry import Registry, close_matches, lookup, unknown
-from cli import app
+from adjcap.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()

@@ -230,7 +230,7 @@ def test_main_table_has_a_bootstrap_interval_on_every_metric(report):
 def test_report_on_a_directory_that_is_not_a_run_is_one_line_and_non_zero(tmp_path):
     from typer.testing import CliRunner
 
-    from cli import app
+    from adjcap.cli import app
 
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "x.txt").write_text("not a run")

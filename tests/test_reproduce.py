@@ -12,7 +12,7 @@ from adjcap.index import benchmark_corpus
 from adjcap.reproduce import RowResult, build_table, get_table, load_tables, parse_tables, plan_table
 from adjcap.stage_cache import stage_identities
 from adjcap.image_state import STAGES
-from cli import app
+from adjcap.cli import app
 
 PAPER_TABLES = ("reproduction", "scoreboard", "protocols", "ablation", "verifier-substrate", "xdomain", "chair",
                 "clipscore")

@@ -61,7 +61,7 @@ def test_provenance_file_is_written_atomically_and_read_back(tmp_path):
 def test_version_option():
     from typer.testing import CliRunner
 
-    from cli import app
+    from adjcap.cli import app
 
     res = CliRunner().invoke(app, ["--version"])
     assert res.exit_code == 0

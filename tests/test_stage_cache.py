@@ -13,7 +13,7 @@ from adjcap.index import benchmark_corpus
 from adjcap.pipeline import load_models, run_pipeline
 from adjcap.stage_cache import StageCache, stage_identities
 from adjcap.image_state import STAGES
-from jobs.run_benchmark import read_records
+from adjcap.jobs.run_benchmark import read_records
 
 
 def _cfg(demo_cfg, cache_dir, *sets):

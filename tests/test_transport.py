@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from actors.transport import pack, unpack
+from adjcap.actors.transport import pack, unpack
 from adjcap import image_state, stages
 from adjcap.data.images import decode_image
 from adjcap.models.roles import ScorerEncoder
 from adjcap.pipeline import load_models
-from jobs.run_benchmark import read_records
+from adjcap.jobs.run_benchmark import read_records
 
 
 def _same(a, b):

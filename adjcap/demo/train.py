@@ -83,9 +83,7 @@ def fresh_interpreter(module: str, job: Path, env: dict[str, str] | None = None)
     """``python -m MODULE JOB`` in a fresh interpreter that imports this adjcap (``env``: default this
     process's environment). A fresh interpreter, not multiprocessing, so nothing depends on the caller's
     ``__main__`` and the child gets the environment from its start (:mod:`adjcap.numerics`)."""
-    import adjcap
-
-    root = str(Path(adjcap.__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])  # the folder holding this adjcap package (adjcap/demo/train.py)
     env = dict(os.environ if env is None else env)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     return subprocess.Popen([sys.executable, "-m", module, str(job)], env=env)

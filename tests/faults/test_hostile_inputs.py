@@ -20,7 +20,7 @@ from adjcap.data.benchmarks import read_benchmark
 from adjcap.data.image_paths import ESCAPES_ROOT
 from adjcap.data.records import DataError
 from adjcap.pipeline import load_models, run_pipeline
-from cli import app
+from adjcap.cli import app
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -5,7 +5,7 @@ import pytest
 
 from adjcap.config import load_config
 from adjcap.models.budget import POOLS
-from jobs.ray_session import ResourceError, pool_plan
+from adjcap.jobs.ray_session import ResourceError, pool_plan
 
 GiB = 2**30
 

@@ -21,7 +21,7 @@ import json, os, sys
 import ray
 from adjcap.config import Config
 from pathlib import Path
-from jobs.ray_session import ray_session
+from adjcap.jobs.ray_session import ray_session
 from tests.faults.listening import comm, descendants, listening
 
 with ray_session(Config()):

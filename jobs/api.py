@@ -13,10 +13,10 @@
     m = adjcap.evaluate("preds.json", "dataset_coco.json", split="test")     # -> Metrics
     run = adjcap.load_run("runs/demo")                            # a finished run directory -> Run
 
-An entry point of the distribution beside cli.py (DESIGN.md, import rules): it calls the jobs, and
-imports them only inside the functions that run one (``caption``, ``run``), so ``import adjcap``
-loads neither Ray nor torch. Nothing in the method imports this module except ``adjcap/__init__``,
-which exposes these names lazily. Errors are the jobs' own one-line exceptions (ConfigError,
+The application layer's facade, beside cli.py (docs/architecture.md, "Layers"): it calls the jobs,
+and imports them only inside the functions that run one (``caption``, ``run``), so ``import adjcap``
+and ``adjcap.caption`` load neither Ray nor torch. Nothing in the library imports this module except
+``adjcap/__init__``, which exposes these names lazily (PEP 562). Errors are the jobs' own one-line exceptions (ConfigError,
 DataError, ...); nothing is printed that the command line would not print.
 """
 
@@ -253,12 +253,7 @@ def caption(images: str | os.PathLike | Sequence[Any], preset: str = "headline",
     (searched recursively) or a list of image files / PIL images. ``heads``: a run's ``heads/`` fitted
     earlier (default: the training-free picker). ``overrides``: ``["key=value", ...]`` or
     ``{"key": value}`` as ``--set``. Starts (and stops) a local Ray unless ``address`` names a cluster."""
-    try:  # the jobs: adjcap._jobs in an installed wheel, the repository's jobs/ in a checkout (setup.py)
-        from adjcap._jobs import caption as job
-    except ModuleNotFoundError as e:
-        if e.name != "adjcap._jobs":
-            raise
-        from jobs import caption as job
+    from adjcap.jobs import caption as job  # here, not at the top: accessing adjcap.caption loads no Ray
 
     cfg = _config(preset, overrides, config_file, {"ray.workers": workers, "ray.address": address})
     if isinstance(images, (str, os.PathLike)):
@@ -287,12 +282,7 @@ def run(benchmark: str, preset: str | None = None, overrides: Sequence[str] | Ma
     """Run a benchmark end to end (``adjcap run-job``): features on the Ray pools, fit, predict,
     evaluate, report. ``preset``: default ``headline`` (``demo`` for the demo benchmark).
     Returns the finished run directory read back (:func:`load_run`)."""
-    try:  # the jobs: adjcap._jobs in an installed wheel, the repository's jobs/ in a checkout (setup.py)
-        from adjcap._jobs import demo, run as run_job
-    except ModuleNotFoundError as e:
-        if e.name != "adjcap._jobs":
-            raise
-        from jobs import demo, run as run_job
+    from adjcap.jobs import demo, run as run_job  # here, not at the top: accessing adjcap.run loads no Ray
 
     cfg = _config(preset or ("demo" if benchmark == "demo" else "headline"), overrides, config_file,
                   {"benchmark": benchmark, "ray.workers": workers, "limit": limit, "ray.address": address})
