@@ -29,6 +29,15 @@ DESCRIPTIONS = {
     CORPUS_ENCODED: "corpus captions encoded into the retrieval index",
 }
 NAMES = tuple(DESCRIPTIONS)
+KINDS = {PROCESSED: "counter", FAILED: "counter", BATCH_SECONDS: "histogram", REMAINING: "gauge", ETA: "gauge",
+         CORPUS_ENCODED: "counter"}
+_SUFFIXES = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count")}
+
+
+def prometheus_names() -> set[str]:
+    """The series names these metrics have on Ray's Prometheus endpoint (what dashboards query): Ray
+    prefixes ``ray_``, counters get ``_total``, histograms ``_bucket``, ``_sum`` and ``_count``."""
+    return {f"ray_{name}{suffix}" for name, kind in KINDS.items() for suffix in _SUFFIXES[kind]}
 
 
 @functools.cache

@@ -80,3 +80,7 @@ def test_prometheus_counts_equal_the_rows_written(demo_cfg, tmp_path, monkeypatc
     batches = by_stage({k: v for k, v in got[f"ray_{metrics.BATCH_SECONDS}_count"].items()})
     assert set(batches) == set(stages) | {"encode"} and all(n >= 1 for n in batches.values())
     assert remaining == 0  # the driver's gauge at the end of the phase
+    # the names dashboards query (actors.metrics.prometheus_names, deploy/grafana/adjcap.json) are the real ones
+    assert set(got) <= metrics.prometheus_names(), set(got) - metrics.prometheus_names()
+    assert {f"ray_{metrics.PROCESSED}_total", f"ray_{metrics.BATCH_SECONDS}_bucket",
+            f"ray_{metrics.CORPUS_ENCODED}_total", f"ray_{metrics.REMAINING}"} <= set(got)
