@@ -21,6 +21,7 @@ from adjcap import numerics
 from adjcap.accelerators import rocm_visible_env
 from adjcap.config import Config
 from adjcap.models.budget import POOLS as FEATURE_POOLS, human_bytes, pool_budget
+from adjcap.jobs.ray_guards import ClusterWatch, reap_with_driver
 
 # the directory the workers import this code from: the one holding the ``adjcap`` package (a checkout
 # or site-packages), i.e. adjcap/jobs/ray_session.py's grandparent. Not resolved: in a checkout
@@ -151,7 +152,8 @@ def ray_session(cfg: Config) -> Iterator[None]:
     if address:
         _init(address=address, runtime_env=runtime_env, **init_options(cfg))
         try:
-            yield
+            with ClusterWatch(address, ray.get_runtime_context().gcs_address):  # a lost cluster: one line
+                yield
         finally:
             ray.shutdown()
         return
@@ -175,10 +177,13 @@ def ray_session(cfg: Config) -> Iterator[None]:
         url = getattr(ctx, "dashboard_url", None)
         if url:
             print(f"Ray dashboard: http://{url}")
+        # the embedded Ray never outlives this driver, however it ends (docs/architecture.md, "Pools")
+        lifeline = reap_with_driver(ctx.address_info["session_dir"], ROOT)
         try:
             yield
         finally:
             ray.shutdown()
+            lifeline.close()
 
 
 def has_gpus() -> bool:

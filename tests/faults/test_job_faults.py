@@ -4,7 +4,8 @@ sequence (three Ray launches in all, to keep the suite short):
 1. driver A starts; a second job on the same run directory is refused at once, naming A's pid and
    host; after its first feature part a Ray actor of A is SIGKILLed (Ray restarts it) and, while the
    new actor starts, A gets SIGINT: exit 130, one line, completed parts kept;
-2. driver C resumes and is SIGKILLed (no chance to clean up) after writing more parts;
+2. driver C resumes and is SIGKILLed (no chance to clean up) after writing more parts: every process
+   of its embedded Ray is gone within 10 s;
 3. a part is corrupted and a half-written temp part is left behind; driver D resumes to the end:
    the corrupt part is moved aside and its images recomputed, only missing images are computed, and
    the run ends with every image exactly once; a truncated image is a counted failure in the metrics.
@@ -44,6 +45,14 @@ def _cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
     except OSError:
         return ""
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie that nobody reaped yet is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def _default_sigint() -> None:
@@ -198,9 +207,13 @@ def killed(interrupted):
     c = Driver(interrupted["args"], interrupted["logs"], "C")
     try:
         _wait_for(lambda: _n_parts(run) >= before + 2, 400, "C's new parts", c)
-        c.track()
+        tree = c.track() - {c.pid}  # its embedded Ray: servers, agents, workers (and the reaper)
         os.kill(c.pid, signal.SIGKILL)
         ev["c_rc"] = c.wait(60)
+        end = time.time() + 10
+        while (alive := {p for p in tree if _alive(p)}) and time.time() < end:
+            time.sleep(0.2)
+        ev["c_tree"], ev["c_left"] = len(tree), {p: _cmdline(p) for p in alive}
     finally:
         c.reap()
     ev["after_c"] = _part_ids(run)
@@ -251,6 +264,13 @@ def test_sigkill_keeps_complete_parts_only(killed):
     for split, ids in ev["after_c"].items():
         assert len(ids) == len(set(ids)), split
         assert set(ev["after_a"][split]) <= set(ids)  # C only added
+
+
+def test_the_embedded_ray_does_not_outlive_a_killed_driver(killed):
+    """Every process of C's embedded Ray is gone within 10 s of C's SIGKILL (jobs/ray_guards.py)."""
+    ev = killed["events"]
+    assert ev["c_tree"] >= 5  # gcs, raylet, agents, pool workers, the reaper: there was a Ray to end
+    assert not ev["c_left"], ev["c_left"]
 
 
 def test_resume_after_everything_has_every_image_exactly_once(finished):
