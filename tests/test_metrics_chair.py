@@ -1,8 +1,12 @@
-"""CHAIR proxy: the matcher rules and a hand-checked example."""
+"""CHAIR: the matcher rules and hand-checked examples, the paper's reference proxy and the original
+instance-annotation CHAIR (a small hand-made COCO instances file, tests/fixtures/metrics)."""
+
+import json
 
 import pytest
 
-from adjcap.metrics.chair import ChairMatcher, chair_proxy, load_vocabulary, parse_synonyms, plural_forms
+from adjcap.metrics.chair import (ChairMatcher, chair, chair_proxy, load_instance_objects, load_vocabulary,
+                                  parse_synonyms, plural_forms)
 from adjcap.metrics.coco import MissingReferences
 
 # (prediction, references) - hand-checked below
@@ -93,7 +97,10 @@ def test_vocabulary_is_the_80_coco_classes():
         ("A man in a bow tie at home plate", ["person", "tie"]),
         ("passenger jets at the gate", ["airplane"]),
         ("An empty room.", []),
-        ("hot-dog stand", ["hot dog"]),
+        # a hyphenated word is one token, as in the original CHAIR (NLTK's word_tokenize keeps it whole):
+        # it names no object, even where its parts would
+        ("hot-dog stand", []),
+        ("a dog-like object on a yellow-orange table", ["dining table"]),
     ],
 )
 def test_matcher_rules(caption, expected):
@@ -114,3 +121,72 @@ def test_missing_references_and_bad_synonyms():
     assert r.n_captions == 1 and r.chair_s == 0.0
     with pytest.raises(ValueError, match="appears twice"):
         parse_synonyms("dog, puppy\ndog, hound")
+
+
+# A hand-made COCO instances file (written by the fixture below: tests/fixtures holds real data only) for
+# three of the examples above, by COCO id: 101 <- "1", 102 <- "5", 103 <- "6". Its annotations, by hand:
+# 101: person, motorcycle, dog        (the dog the references do not mention is in the image)
+# 102: cat, laptop                     (no keyboard annotated)
+# 103: none (a landscape), and image 104 of the file is not in the run
+# Instance CHAIR of those three captions (ground truth = instances + references):
+# "1": man->person, motor bike->motorcycle, dogs->dog | truth {person, motorcycle, dog} | none   (3, 0)
+# "5": cat, laptop, keyboard | truth {cat, laptop} + refs {cat, laptop} | keyboard               (3, 1)
+# "6": nothing                                                                                   (0, 0)
+# -> CHAIR_s = 1/3 = 33.333 %, CHAIR_i = 1/6 = 16.667 %; the proxy on the same three: "1" hallucinates
+#    dog, "5" keyboard -> CHAIR_s = 2/3, CHAIR_i = 2/6
+COCO_IDS = {"1": 101, "5": 102, "6": 103}
+INSTANCES = {  # the COCO instances format; ids and boxes invented, category ids and names COCO's
+    "images": [{"id": i, "file_name": f"COCO_val2014_{i:012d}.jpg", "width": 640, "height": 480}
+               for i in (101, 102, 103, 104)],
+    "categories": [
+        {"id": 1, "name": "person", "supercategory": "person"},
+        {"id": 4, "name": "motorcycle", "supercategory": "vehicle"},
+        {"id": 18, "name": "dog", "supercategory": "animal"},
+        {"id": 17, "name": "cat", "supercategory": "animal"},
+        {"id": 73, "name": "laptop", "supercategory": "electronic"},
+        {"id": 76, "name": "keyboard", "supercategory": "electronic"},
+    ],
+    "annotations": [
+        {"id": 1, "image_id": 101, "category_id": 1, "bbox": [10, 10, 50, 100], "area": 5000, "iscrowd": 0},
+        {"id": 2, "image_id": 101, "category_id": 4, "bbox": [60, 80, 200, 120], "area": 24000, "iscrowd": 0},
+        {"id": 3, "image_id": 101, "category_id": 18, "bbox": [300, 300, 60, 40], "area": 2400, "iscrowd": 0},
+        {"id": 4, "image_id": 101, "category_id": 18, "bbox": [380, 300, 60, 40], "area": 2400, "iscrowd": 0},
+        {"id": 5, "image_id": 102, "category_id": 17, "bbox": [100, 100, 200, 150], "area": 30000, "iscrowd": 0},
+        {"id": 6, "image_id": 102, "category_id": 73, "bbox": [50, 200, 300, 200], "area": 60000, "iscrowd": 0},
+        {"id": 7, "image_id": 104, "category_id": 76, "bbox": [0, 0, 10, 10], "area": 100, "iscrowd": 0},
+    ],
+}
+
+
+@pytest.fixture
+def instances_file(tmp_path):
+    p = tmp_path / "chair_instances.json"
+    p.write_text(json.dumps(INSTANCES))
+    return p
+
+
+def test_instance_chair_hand_checked(instances_file):
+    preds = {k: EXAMPLE[k][0] for k in COCO_IDS}
+    refs = {k: EXAMPLE[k][1] for k in COCO_IDS}
+    objects = load_instance_objects([instances_file], COCO_IDS)
+    assert objects == {"1": {"person", "motorcycle", "dog"}, "5": {"cat", "laptop"}, "6": set()}
+    r = chair(preds, refs, objects=objects)
+    assert (r.n_captions, r.n_captions_hallucinated, r.n_mentioned, r.n_hallucinated) == (3, 1, 6, 1)
+    assert r.chair_s == pytest.approx(100 / 3) and r.chair_i == pytest.approx(100 / 6)
+    assert r.per_image["1"]["hallucinated"] == [] and r.per_image["5"]["hallucinated"] == ["keyboard"]
+    assert r.to_dict()["ground_truth"] == "instances"
+    p = chair_proxy(preds, refs)
+    assert (p.n_captions_hallucinated, p.n_hallucinated, p.to_dict()["ground_truth"]) == (2, 2, "proxy")
+
+
+def test_instance_files_refuse_what_they_cannot_answer(instances_file, tmp_path):
+    with pytest.raises(ValueError, match="not in .*chair_instances.json.*COCO id 999"):
+        load_instance_objects([instances_file], {"x": 999})
+    with pytest.raises(FileNotFoundError, match="adjcap prepare coco-instances"):
+        load_instance_objects([tmp_path / "instances_val2014.json"])
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"images": []}))
+    with pytest.raises(ValueError, match="bad.json: not a COCO instances file"):
+        load_instance_objects([bad])
+    with pytest.raises(ValueError, match="no instance annotations"):
+        chair({"1": "a dog"}, {"1": ["a dog"]}, objects={})

@@ -1,5 +1,5 @@
-"""The paper's reference-proxy CHAIR (after Rohrbach et al. 2018, "Object Hallucination in Image
-Captioning").
+"""CHAIR (Rohrbach et al. 2018, "Object Hallucination in Image Captioning"): the paper's reference
+proxy and the original instance-annotation CHAIR, with one matcher.
 
 Vocabulary: COCO's 80 object classes with the standard CHAIR synonym lists
 (``resources/coco_synonyms.txt``; provenance in ``resources/NOTICE.md``). A caption is lower-cased
@@ -13,9 +13,19 @@ cases of the CHAIR method apply:
 * "toilet seat" is the toilet, and "seat" in a caption that mentions a toilet is not a chair;
 * "bow tie" is a tie; "train track" and "home plate" are not objects (no train, no plate).
 
-Proxy ground truth (the paper's definition): an object class mentioned in a predicted caption is
-hallucinated when none of that image's reference captions mentions it (same matcher over the
-references). Every mention counts (a caption that says "dog" twice has two mentions), as in the
+A hyphenated word is one token ("dog-like", "yellow-orange"), as the original CHAIR's tokenizer
+(NLTK's ``word_tokenize``) keeps it, so neither names a dog or an orange.
+
+Ground truth, the one rule in which the two CHAIRs differ:
+
+* ``proxy`` (the paper's definition, :func:`chair_proxy`): an object class mentioned in a predicted
+  caption is hallucinated when none of that image's reference captions mentions it (same matcher
+  over the references);
+* ``instances`` (the original CHAIR, :func:`chair` with ``objects``): the image's objects are the
+  classes of its COCO instance annotations (``instances_{train,val}2014.json``,
+  :func:`load_instance_objects`) together with the classes its references mention.
+
+Every mention counts (a caption that says "dog" twice has two mentions), as in the
 original CHAIR: CHAIR_i = hallucinated mentions / mentions, CHAIR_s = captions with at least one
 hallucinated mention / captions, both in percent.
 """
@@ -69,7 +79,7 @@ _IRREGULAR_PLURALS = {
 }
 
 _VOWELS = set("aeiou")
-_TOKEN_RE = re.compile(r"[a-z0-9]+")
+_TOKEN_RE = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")  # a hyphenated word stays one token (see the module doc)
 
 
 def plural_forms(word: str) -> set[str]:
@@ -238,6 +248,7 @@ class ChairResult:
     n_hallucinated: int
     per_class: dict[str, dict[str, int]] = field(default_factory=dict)  # class -> mentioned, hallucinated
     per_image: dict[Hashable, dict[str, list[str]]] = field(default_factory=dict)
+    ground_truth: str = "proxy"  # a key of GROUND_TRUTHS
 
     def to_dict(self, per_image: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -248,29 +259,46 @@ class ChairResult:
             "n_mentioned": self.n_mentioned,
             "n_hallucinated": self.n_hallucinated,
             "per_class": self.per_class,
+            "ground_truth": self.ground_truth,
         }
         if per_image:
             out["per_image"] = {str(k): v for k, v in self.per_image.items()}
         return out
 
 
-def chair_proxy(
+GROUND_TRUTHS = {"proxy": "the image's reference captions (the paper's proxy)",
+                 "instances": "COCO instance annotations + the reference captions (Rohrbach et al. 2018)"}
+
+
+def chair(
     predictions: Mapping[Hashable, str],
     references: Mapping[Hashable, Sequence[str]],
     *,
+    objects: Mapping[Hashable, set[str]] | None = None,
     matcher: ChairMatcher | None = None,
     on_missing: str = "error",
 ) -> ChairResult:
-    """Reference-proxy CHAIR of {id: caption} against {id: [references]} (see module doc)."""
+    """CHAIR of {id: caption} against {id: [references]}; ``objects`` ({id: COCO class names}, e.g. from
+    :func:`load_instance_objects`) adds the annotated objects to each image's ground truth (the
+    original CHAIR); without it the ground truth is the references alone (the paper's proxy). An
+    image missing from ``objects`` is refused: its instance ground truth is unknown."""
     from adjcap.metrics.coco import align
 
     preds, refs, _ = align(predictions, references, on_missing)  # type: ignore[arg-type]
     m = matcher or ChairMatcher()
+    if objects is not None:
+        missing = [i for i in preds if i not in objects]
+        if missing:
+            raise ValueError(f"{len(missing)} image(s) have no instance annotations (e.g. {missing[0]!r}): "
+                             "instance CHAIR needs every image's COCO instances")
+        unknown = set().union(*objects.values()) - set(m.vocab.classes) if objects else set()
+        if unknown:
+            raise ValueError(f"instance classes not in the CHAIR vocabulary: {sorted(unknown)[:5]}")
     per_class: dict[str, dict[str, int]] = {}
     per_image: dict[Hashable, dict[str, list[str]]] = {}
     n_ment = n_hall = n_caps_hall = 0
     for i, cap in preds.items():
-        truth: set[str] = set()
+        truth: set[str] = set(objects[i]) if objects is not None else set()
         for r in refs[i]:
             truth |= m.classes(r)
         mentions = m.mentions(cap)
@@ -296,4 +324,49 @@ def chair_proxy(
         n_hallucinated=n_hall,
         per_class=per_class,
         per_image=per_image,
+        ground_truth="proxy" if objects is None else "instances",
     )
+
+
+def chair_proxy(
+    predictions: Mapping[Hashable, str],
+    references: Mapping[Hashable, Sequence[str]],
+    *,
+    matcher: ChairMatcher | None = None,
+    on_missing: str = "error",
+) -> ChairResult:
+    """The paper's reference-proxy CHAIR: :func:`chair` with the references as the only ground truth."""
+    return chair(predictions, references, matcher=matcher, on_missing=on_missing)
+
+
+def load_instance_objects(paths: Sequence[str | Path], image_ids: Mapping[Hashable, int] | None = None,
+                          ) -> dict[Hashable, set[str]]:
+    """COCO instance annotation files (``instances_val2014.json``, ...) -> {image: its object classes}.
+    ``image_ids`` maps the caller's image ids to COCO image ids (the benchmark's ``coco_id``); without
+    it the keys are the COCO ids. Every image of the files is present, an image without annotations
+    with an empty set; ``image_ids`` naming an image none of the files has is refused in one line."""
+    import json
+
+    classes: dict[int, set[str]] = {}
+    for path in paths:
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            names = {int(c["id"]): str(c["name"]) for c in data["categories"]}
+            for im in data["images"]:
+                classes.setdefault(int(im["id"]), set())
+            for a in data["annotations"]:
+                classes.setdefault(int(a["image_id"]), set()).add(names[int(a["category_id"])])
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{path}: no such COCO instances file; `adjcap prepare coco-instances` "
+                                    "fetches instances_{train,val}2014.json") from None
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{path}: not a COCO instances file ({type(e).__name__}: {e}); expected "
+                             "'images', 'annotations' (image_id, category_id) and 'categories' (id, name)") from None
+    if image_ids is None:
+        return dict(classes)
+    absent = [i for i, c in image_ids.items() if int(c) not in classes]
+    if absent:
+        raise ValueError(f"{len(absent)} image(s) are not in {', '.join(str(p) for p in paths)} "
+                         f"(e.g. {absent[0]!r}, COCO id {image_ids[absent[0]]})")
+    return {i: classes[int(c)] for i, c in image_ids.items()}
