@@ -155,6 +155,17 @@ def test_site_builds_strict(tmp_path):
         assert want in built, f"{_rel(page)} was not built"
 
 
+def test_nested_blocks_are_indented_four_spaces():
+    """A code block inside a list item needs four spaces (Python-Markdown, what MkDocs uses; GitHub agrees):
+    with fewer it falls out of the list and the rest of the list renders as plain text."""
+    problems = []
+    for page in DOCS:
+        for n, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            if re.match(r"^ {1,3}`{3}", line):
+                problems.append(f"{_rel(page)}:{n}")
+    assert not problems, "fenced blocks indented by 1-3 spaces (use 4 inside a list item): " + ", ".join(problems)
+
+
 # ---- the README --------------------------------------------------------------------------------------
 
 
