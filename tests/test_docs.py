@@ -9,7 +9,8 @@ under docs/ are checked against the code they describe.
 * every ``adjcap`` command in a ``bash`` block of README.md or docs/ names a real command and real
   options (``make`` targets and ``python script.py`` files too), and every ``adjcap`` name a ``python``
   block imports exists;
-* the blocks marked ``<!-- test: run -->`` run, command by command, offline on the demo world, and exit 0.
+* the blocks marked ``<!-- test: run -->`` run, command by command, offline on the demo world, and exit 0
+  (``<!-- test: run, exit N -->``: exit N, for the pages' examples of refusals).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ DOCS = sorted((ROOT / "docs").rglob("*.md"))
 GENERATED = {ROOT / "docs" / "reference" / "config.md", ROOT / "docs" / "reference" / "cli.md"}
 PAGES = [README, *DOCS]
 RUN_MARK = "<!-- test: run -->"
+RUN_MARK_RE = re.compile(r"^<!-- test: run(?:, exit (\d+))? -->$")
 README_MAX_LINES = 250
 
 
@@ -43,7 +45,8 @@ def _rel(path: Path) -> str:
 
 
 def fenced_blocks(path: Path):
-    """(language, first line number, body lines, marked runnable) of each fenced code block."""
+    """(language, first line number, body lines, expected exit status) of each fenced code block; the
+    status is None unless the block is marked runnable."""
     lines = path.read_text(encoding="utf-8").splitlines()
     i = 0
     while i < len(lines):
@@ -59,7 +62,8 @@ def fenced_blocks(path: Path):
             body.append(lines[i][len(indent):] if lines[i].startswith(indent) else lines[i])
             i += 1
         i += 1
-        yield lang, start, body, prev == RUN_MARK
+        mark = RUN_MARK_RE.match(prev)
+        yield lang, start, body, (int(mark.group(1) or 0) if mark else None)
 
 
 def prose(path: Path) -> str:
@@ -81,9 +85,9 @@ def github_anchors(path: Path) -> set[str]:
 
 
 def shell_commands(path: Path):
-    """(line number, tokens, runnable) of each simple command in the page's bash/console blocks;
+    """(line number, tokens, expected exit status or None) of each simple command in the page's bash blocks;
     continuation lines are joined, comments dropped, pipelines and lists split."""
-    for lang, start, body, runnable in fenced_blocks(path):
+    for lang, start, body, status in fenced_blocks(path):
         if lang not in ("bash", "sh", "shell", "console"):
             continue
         joined: list[tuple[int, str]] = []
@@ -103,7 +107,7 @@ def shell_commands(path: Path):
             for tok in tokens + [";"]:
                 if tok and set(tok) <= set("|&;<>()"):
                     if current:
-                        yield n, current, runnable
+                        yield n, current, status
                     current = []
                 else:
                     current.append(tok)
@@ -303,15 +307,16 @@ def test_python_examples_name_real_code(page):
     assert not problems, "\n".join(problems)
 
 
-RUNNABLE = [(page, line, tokens) for page in PAGES for line, tokens, runnable in shell_commands(page) if runnable]
+RUNNABLE = [(page, line, tokens, status) for page in PAGES for line, tokens, status in shell_commands(page)
+            if status is not None]
 
 
 def test_pages_mark_runnable_commands():
     assert len(RUNNABLE) >= 4, f"only {len(RUNNABLE)} commands are marked {RUN_MARK}"
 
 
-@pytest.mark.parametrize("page,line,tokens", RUNNABLE, ids=[f"{_rel(p)}:{n}" for p, n, _ in RUNNABLE])
-def test_runnable_commands_run(page, line, tokens, demo_cfg, monkeypatch, tmp_path):
+@pytest.mark.parametrize("page,line,tokens,status", RUNNABLE, ids=[f"{_rel(p)}:{n}" for p, n, _, _ in RUNNABLE])
+def test_runnable_commands_run(page, line, tokens, status, demo_cfg, monkeypatch, tmp_path):
     """A marked command runs in this process (the adjcap program's own parsing and command) with the demo
     world in the cache and an empty data folder: what a fresh checkout prints offline."""
     from typer.testing import CliRunner
@@ -324,6 +329,7 @@ def test_runnable_commands_run(page, line, tokens, demo_cfg, monkeypatch, tmp_pa
     monkeypatch.setenv("ADJCAP_DATA", str(tmp_path / "data"))
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, args)
-    assert result.exit_code == 0, (f"{_rel(page)}:{line}: {' '.join(tokens)} exited {result.exit_code}:\n"
+    assert result.exit_code == status, (f"{_rel(page)}:{line}: {' '.join(tokens)} exited {result.exit_code}, "
+                                        f"the page says {status}:\n"
                                    f"{result.output[-3000:]}{result.exception!r}")
     assert result.output.strip(), f"{_rel(page)}:{line}: {' '.join(tokens)} printed nothing"
