@@ -196,7 +196,7 @@ class RerankCfg(_Strict):
 
 class BenchmarkCfg(_Strict):
     format: str = Field(description="an annotation layout registered in adjcap/data/layouts, or auto")
-    annotations: str = Field(description="reference file (see README: formats)")
+    annotations: str = Field(description="reference file, in the layout `format` names")
     images: str = Field(description="image root directory")
     corpus: str | None = Field(None, description="training-caption corpus for retrieval")
     corpus_format: Literal["ifcap", "karpathy", "lines"] = "ifcap"
