@@ -131,14 +131,18 @@ def test_generated_references_are_current():
         assert "do not edit by hand" in page.read_text(encoding="utf-8").splitlines()[0]
 
 
-def test_config_reference_names_every_key():
-    """Every key the configuration accepts (the list "did you mean" searches) has its row."""
+def test_config_reference_describes_every_key():
+    """Every key the configuration accepts (the list "did you mean" searches) has its row, with a
+    description: a new key gets ``Field(..., description=...)`` in adjcap/config.py."""
     from adjcap.config import config_keys
 
     text = (ROOT / "docs" / "reference" / "config.md").read_text(encoding="utf-8")
-    rows = set(re.findall(r"^\| `([^`]+)` \|", text, flags=re.M)) | set(re.findall(r"^## `([^`]+)`", text, flags=re.M))
-    missing = [k for k in config_keys() if k not in rows and k != "benchmarks"]
+    rows = dict(re.findall(r"^\| `([^`]+)` \|.*\|(.*)\|$", text, flags=re.M))
+    sections = set(re.findall(r"^## `([^`]+)`", text, flags=re.M))
+    missing = [k for k in config_keys() if k not in rows and k not in sections and k != "benchmarks"]
     assert not missing, f"keys without a row in docs/reference/config.md: {missing}"
+    undescribed = [k for k, desc in rows.items() if not desc.strip()]
+    assert not undescribed, f"keys without a description (Field(description=...) in adjcap/config.py): {undescribed}"
 
 
 # ---- the site ---------------------------------------------------------------------------------------
