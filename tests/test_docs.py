@@ -5,7 +5,7 @@ under docs/ are checked against the code they describe.
   from the config models and the Typer app (docs/gen_reference.py);
 * ``mkdocs build --strict`` builds the site: no broken link or anchor, no page left out of the navigation;
 * every relative link of README.md points at a file (and heading) that exists, and the README stays
-  a page or two;
+  a page or two; every repository path a page names exists;
 * every ``adjcap`` command in a ``bash`` block of README.md or docs/ names a real command and real
   options (``make`` targets and ``python script.py`` files too), and every ``adjcap`` name a ``python``
   block imports exists;
@@ -197,6 +197,19 @@ def test_readme_links_resolve():
         elif anchor and file.suffix == ".md" and anchor not in github_anchors(file):
             problems.append(f"{target}: {path or 'README.md'} has no heading #{anchor}")
     assert not problems, "README.md links that do not resolve: " + "; ".join(problems)
+
+
+REPO_PATH = re.compile(r"(?<![\w/.{}~$-])((?:adjcap|tests|benchmarks|deploy|docs|jobs|actors)/[\w./-]*\w)")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_rel)
+def test_files_the_pages_name_exist(page):
+    """Every repository path a page names (``adjcap/identity.py``, ``deploy/Dockerfile``, ...) exists;
+    a path with a placeholder part in capitals (``adjcap/presets/NAME.toml``) is a pattern, not a file."""
+    text = page.read_text(encoding="utf-8")
+    missing = sorted({p for p in REPO_PATH.findall(text)
+                      if not any(part.isupper() for part in re.split(r"[/.]", p)) and not (ROOT / p).exists()})
+    assert not missing, f"{_rel(page)} names files that do not exist: {missing}"
 
 
 # ---- commands in the pages ----------------------------------------------------------------------------
