@@ -5,7 +5,7 @@ under docs/ are checked against the code they describe.
   from the config models and the Typer app (docs/gen_reference.py);
 * ``mkdocs build --strict`` builds the site: no broken link or anchor, no page left out of the navigation;
 * every relative link of README.md points at a file (and heading) that exists, and the README stays
-  a page or two; every repository path a page names exists;
+  a page or two; every repository path and every ``adjcap.module.Name`` a page names exists;
 * every ``adjcap`` command in a ``bash`` block of README.md or docs/ names a real command and real
   options (``make`` targets and ``python script.py`` files too), and every ``adjcap`` name a ``python``
   block imports exists;
@@ -210,6 +210,35 @@ def test_files_the_pages_name_exist(page):
     missing = sorted({p for p in REPO_PATH.findall(text)
                       if not any(part.isupper() for part in re.split(r"[/.]", p)) and not (ROOT / p).exists()})
     assert not missing, f"{_rel(page)} names files that do not exist: {missing}"
+
+
+def _resolves(dotted: str) -> bool:
+    """``adjcap.a.b.C`` names a module, or an attribute of the longest importable module prefix."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attr in parts[i:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+# docs/architecture.md also names the alternatives the design rejected (``adjcap._jobs``)
+DOTTED_PAGES = [p for p in PAGES if p != ROOT / "docs" / "architecture.md"]
+
+
+@pytest.mark.parametrize("page", DOTTED_PAGES, ids=_rel)
+def test_code_the_pages_name_exists(page):
+    """Every ``adjcap.module.Name`` in a page's code spans is importable (a renamed module or class fails)."""
+    spans = re.findall(r"`([^`\n]+)`", page.read_text(encoding="utf-8"))
+    names = sorted({n for span in spans for n in re.findall(r"(?<![\w/.-])(adjcap(?:\.\w+)+)", span)})
+    missing = [n for n in names if not _resolves(n)]
+    assert not missing, f"{_rel(page)} names code that does not exist: {missing}"
 
 
 # ---- commands in the pages ----------------------------------------------------------------------------
