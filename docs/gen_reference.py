@@ -1,6 +1,6 @@
 """The documentation's generated references, written from the code that defines what they describe.
 
-    python docs/gen_reference.py           # rewrite docs/reference/config.md and docs/reference/cli.md
+    python docs/gen_reference.py           # rewrite docs/reference/*.md and the pages' generated blocks
     python docs/gen_reference.py --check   # exit 1, naming the stale pages, when they differ from the code
 
 * ``docs/reference/config.md``: every configuration key of the pydantic models in ``adjcap/config.py``
@@ -8,7 +8,9 @@
   built-in benchmarks (``adjcap/benchmarks.toml``) and the presets (``adjcap config --list`` and what
   each one sets, from ``adjcap/presets/*.toml``);
 * ``docs/reference/cli.md``: every command and option of the Typer app ``adjcap.cli.app``, rendered by
-  Typer's own Markdown writer (what ``typer adjcap.cli utils docs`` prints).
+  Typer's own Markdown writer (what ``typer adjcap.cli utils docs`` prints);
+* the marked blocks of hand-written pages (``BLOCKS``): the run directory's layout in
+  ``docs/guide/run-directory.md``, from ``adjcap.rundir``'s docstring.
 
 Docs tooling only: nothing in the library imports this file. ``tests/test_docs.py`` checks that the
 committed pages equal a fresh generation.
@@ -23,6 +25,7 @@ import json
 import os
 import re
 import sys
+import textwrap
 import tomllib
 import typing
 from pathlib import Path
@@ -328,13 +331,50 @@ def cli_reference() -> str:
     return _banner("the Typer app adjcap.cli.app") + "\n" + head + "\n\n" + intro + "\n" + rest.rstrip() + "\n"
 
 
+# ---- generated blocks inside hand-written pages ----------------------------------------------------------
+
+
+def run_directory_layout() -> str:
+    """The layout block of ``adjcap.rundir``'s docstring (the module that owns every path of a run)."""
+    import adjcap.rundir
+
+    doc = inspect.cleandoc(adjcap.rundir.__doc__)
+    literal = doc.split("::", 1)[1].split("\n\n", 2)[1]  # the indented block after "::"
+    return "```\n" + textwrap.dedent(literal).strip("\n") + "\n```"
+
+
+# page -> {block name: its generator}; the page holds the block between these markers
+BLOCKS = {"docs/guide/run-directory.md": {"run-directory-layout": run_directory_layout}}
+
+
+def _markers(name: str) -> tuple[str, str]:
+    return f"<!-- generated: {name} ({REGENERATE}) -->", f"<!-- /generated: {name} -->"
+
+
+def with_blocks(page: str, text: str) -> str:
+    """``text`` (the page) with each of its generated blocks written afresh."""
+    for name, make in BLOCKS[page].items():
+        start, end = _markers(name)
+        pattern = re.compile(re.escape(start) + r"\n.*?\n" + re.escape(end), re.S)
+        if not pattern.search(text):
+            raise SystemExit(f"{page} has no block {start} ... {end}")
+        text = pattern.sub(lambda _: f"{start}\n{make()}\n{end}", text, count=1)
+    return text
+
+
 PAGES = {"config.md": config_reference, "cli.md": cli_reference}
 
 
 def stale() -> list[str]:
-    """The reference pages whose committed text differs from a fresh generation."""
-    return [f"docs/reference/{name}" for name, make in PAGES.items()
-            if not (REFERENCE / name).exists() or (REFERENCE / name).read_text(encoding="utf-8") != make()]
+    """The reference pages and pages with generated blocks whose committed text differs from a fresh
+    generation."""
+    out = [f"docs/reference/{name}" for name, make in PAGES.items()
+           if not (REFERENCE / name).exists() or (REFERENCE / name).read_text(encoding="utf-8") != make()]
+    for page in BLOCKS:
+        text = (ROOT / page).read_text(encoding="utf-8")
+        if with_blocks(page, text) != text:
+            out.append(page)
+    return out
 
 
 def main() -> int:
@@ -350,6 +390,10 @@ def main() -> int:
     for name, make in PAGES.items():
         (REFERENCE / name).write_text(make(), encoding="utf-8")
         print(f"wrote docs/reference/{name}")
+    for page in BLOCKS:
+        path = ROOT / page
+        path.write_text(with_blocks(page, path.read_text(encoding="utf-8")), encoding="utf-8")
+        print(f"wrote the generated blocks of {page}")
     return 0
 
 

@@ -5,7 +5,8 @@ under docs/ are checked against the code they describe.
   from the config models and the Typer app (docs/gen_reference.py);
 * ``mkdocs build --strict`` builds the site: no broken link or anchor, no page left out of the navigation;
 * every relative link of README.md points at a file (and heading) that exists, and the README stays
-  a page or two; every repository path and every ``adjcap.module.Name`` a page names exists;
+  a page or two; every repository path and every ``adjcap.module.Name`` a page names exists, and the
+  watching page's metrics table lists exactly the exported metrics;
 * every ``adjcap`` command in a ``bash`` block of README.md or docs/ names a real command and real
   options (``make`` targets and ``python script.py`` files too), and every ``adjcap`` name a ``python``
   block imports exists;
@@ -143,6 +144,17 @@ def test_config_reference_describes_every_key():
     assert not missing, f"keys without a row in docs/reference/config.md: {missing}"
     undescribed = [k for k, desc in rows.items() if not desc.strip()]
     assert not undescribed, f"keys without a description (Field(description=...) in adjcap/config.py): {undescribed}"
+
+
+def test_metrics_table_is_the_exported_metrics():
+    """The metrics table of the watching page lists exactly the metrics the job exports, each with its kind
+    (adjcap.actors.metrics owns the names)."""
+    from adjcap.actors import metrics
+
+    text = (ROOT / "docs" / "guide" / "watching.md").read_text(encoding="utf-8")
+    rows = dict(re.findall(r"^\| `(adjcap_\w+)` \| (\w+)", text, flags=re.M))
+    assert rows == metrics.KINDS, (f"docs/guide/watching.md's metrics table {rows} is not "
+                                   f"adjcap.actors.metrics.KINDS {metrics.KINDS}")
 
 
 # ---- the site ---------------------------------------------------------------------------------------
