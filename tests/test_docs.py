@@ -7,9 +7,9 @@ under docs/ are checked against the code they describe.
 * every relative link of README.md points at a file (and heading) that exists, and the README stays
   a page or two; every repository path and every ``adjcap.module.Name`` a page names exists, and the
   watching page's metrics table lists exactly the exported metrics;
-* every ``adjcap`` command in a ``bash`` block of README.md or docs/ names a real command and real
-  options (``make`` targets and ``python script.py`` files too), and every ``adjcap`` name a ``python``
-  block imports exists;
+* every ``adjcap`` command in a ``bash`` block of README.md or docs/ names a real command, real options
+  and known names (presets, reproduce tables, benchmarks, ``--set`` keys; ``make`` targets and
+  ``python script.py`` files too), and every ``adjcap`` name a ``python`` block imports exists;
 * the blocks marked ``<!-- test: run -->`` run, command by command, offline on the demo world, and exit 0
   (``<!-- test: run, exit N -->``: exit N, for the pages' examples of refusals).
 """
@@ -276,14 +276,14 @@ def _option_names(command) -> set[str]:
     return names
 
 
-def _check_command(tokens: list[str], group, make_targets: set[str]) -> str | None:
+def _check_command(tokens: list[str], group, make_targets: set[str], values: bool = True) -> str | None:
     """None when the command line matches the code, else what does not."""
     while tokens and re.match(r"^[A-Z_][A-Z0-9_]*=", tokens[0]):  # VAR=value before the command
         tokens = tokens[1:]
     if not tokens:
         return None
     if tokens[0] == "ray" and "--" in tokens:  # ray job submit ... -- COMMAND
-        return _check_command(tokens[tokens.index("--") + 1:], group, make_targets)
+        return _check_command(tokens[tokens.index("--") + 1:], group, make_targets, values)
     if tokens[0] == "make":
         unknown = [t for t in tokens[1:] if not t.startswith("-") and "=" not in t and t not in make_targets]
         return f"make has no target {unknown}" if unknown else None
@@ -304,9 +304,58 @@ def _check_command(tokens: list[str], group, make_targets: set[str]) -> str | No
     name, rest = args[0], args[1:]
     if name not in group.commands:
         return f"adjcap has no command {name!r} (known: {', '.join(sorted(group.commands))})"
-    known = _option_names(group.commands[name])
+    command = group.commands[name]
+    known = _option_names(command)
     bad = [a for a in rest if a.startswith("-") and a != "-" and a.split("=")[0] not in known]
-    return f"adjcap {name} has no option {', '.join(bad)}" if bad else None
+    if bad:
+        return f"adjcap {name} has no option {', '.join(bad)}"
+    return _check_values(name, command, rest) if values else None
+
+
+def _placeholder(value: str) -> bool:
+    """DIR, P, N, HEAD:6379, RUN/heads, ...: a name the reader fills in."""
+    return bool(re.match(r"^[A-Z][A-Z0-9_]*\b", value)) or value in ("...", "k=v")
+
+
+def _check_values(name: str, command, args: list[str]) -> str | None:
+    """The names a command line gives (a preset, a reproduce table, a benchmark, a prepare step, a --set
+    key) are names the code knows."""
+    from adjcap.config import config_keys, default_benchmarks, list_presets
+    from adjcap.reproduce.tables import load_tables
+
+    takes_value = {o for p in command.params if getattr(p, "opts", None) and not getattr(p, "is_flag", True)
+                   for o in p.opts}
+    given: list[tuple[str, str]] = []  # (option or "" for a positional argument, value)
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a.startswith("-") and "=" in a:
+            given.append(tuple(a.split("=", 1)))
+        elif a in takes_value and i + 1 < len(args):
+            given.append((a, args[i + 1]))
+            i += 1
+        elif not a.startswith("-"):
+            given.append(("", a))
+        i += 1
+    presets, tables = set(list_presets()), set(load_tables())
+    first = next((v for o, v in given if not o), None)
+    problems = []
+    for option, value in given:
+        if _placeholder(value):
+            continue
+        if option in ("--preset", "-p") and value not in presets:
+            problems.append(f"no preset {value!r}")
+        elif option == "--for" and value not in presets | tables:
+            problems.append(f"--for {value!r} is neither a preset nor a reproduce table")
+        elif option in ("--set", "-s"):
+            key = value.split("=", 1)[0]
+            if key not in config_keys(key):
+                problems.append(f"no config key {key!r}")
+        elif not option and value is first and name == "reproduce" and value not in tables:
+            problems.append(f"no reproduce table {value!r}")
+        elif not option and value is first and name == "run-job" and value not in default_benchmarks():
+            problems.append(f"no built-in benchmark {value!r}")
+    return f"adjcap {name}: {'; '.join(problems)}" if problems else None
 
 
 def _click_group():
@@ -326,8 +375,9 @@ def _make_targets() -> set[str]:
 def test_shell_commands_match_the_code(page):
     group, targets = _click_group(), _make_targets()
     problems = []
-    for line, tokens, _ in shell_commands(page):
-        problem = _check_command(tokens, group, targets)
+    for line, tokens, status in shell_commands(page):
+        # an example of a refusal (marked to exit non-zero) names unknown things on purpose
+        problem = _check_command(tokens, group, targets, values=status in (None, 0))
         if problem:
             problems.append(f"{_rel(page)}:{line}: {' '.join(tokens)}: {problem}")
     assert not problems, "\n".join(problems)
