@@ -6,7 +6,7 @@ under docs/ are checked against the code they describe.
 * ``mkdocs build --strict`` builds the site: no broken link or anchor, no page left out of the navigation;
 * every relative link of README.md points at a file (and heading) that exists, and the README stays
   a page or two; every repository path and every ``adjcap.module.Name`` a page names exists, and the
-  watching page's metrics table lists exactly the exported metrics;
+  watching page's metrics table lists exactly the exported metrics, the presets page every preset;
 * every ``adjcap`` command in a ``bash`` block of README.md or docs/ names a real command, real options
   and known names (presets, reproduce tables, benchmarks, ``--set`` keys; ``make`` targets and
   ``python script.py`` files too), and every ``adjcap`` name a ``python`` block imports exists;
@@ -155,6 +155,24 @@ def test_metrics_table_is_the_exported_metrics():
     rows = dict(re.findall(r"^\| `(adjcap_\w+)` \| (\w+)", text, flags=re.M))
     assert rows == metrics.KINDS, (f"docs/guide/watching.md's metrics table {rows} is not "
                                    f"adjcap.actors.metrics.KINDS {metrics.KINDS}")
+
+
+def test_presets_page_places_every_preset():
+    """The presets guide's table says which row of the paper each preset is: every preset has its row, and
+    every name in the table is a preset (``a-1`` ... ``a-8`` names the range)."""
+    from adjcap.config import list_presets
+
+    text = (ROOT / "docs" / "guide" / "presets.md").read_text(encoding="utf-8")
+    named: set[str] = set()
+    for cell in re.findall(r"^\| ([^|]*`[^|]*) \|", text, flags=re.M):
+        names = re.findall(r"`([\w.-]+)`", cell)
+        named.update(names)
+        span = re.fullmatch(r"`([\w-]+?)(\d+)` \.\.\. `\1(\d+)`", cell.strip())
+        if span:
+            named.update(f"{span.group(1)}{i}" for i in range(int(span.group(2)), int(span.group(3)) + 1))
+    presets = set(list_presets())
+    assert named - presets == set(), f"docs/guide/presets.md names presets that do not exist: {sorted(named - presets)}"
+    assert presets - named == set(), f"presets missing from docs/guide/presets.md's table: {sorted(presets - named)}"
 
 
 # ---- the site ---------------------------------------------------------------------------------------
