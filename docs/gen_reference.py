@@ -27,6 +27,7 @@ import re
 import sys
 import textwrap
 import tomllib
+import types
 import typing
 from pathlib import Path
 from typing import Any, Iterator
@@ -89,7 +90,7 @@ def _type_name(annotation: Any) -> str:
     args = typing.get_args(annotation)
     if origin is typing.Literal:
         return "one of " + ", ".join(f"`{a}`" for a in args)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+    if origin in (typing.Union, types.UnionType):
         return " or ".join(_type_name(a) for a in args)
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return "section"
@@ -139,15 +140,16 @@ def _env_note(field: Any) -> str:
     return f" (`${names[0]}` when set)" if len(names) == 1 else ""
 
 
-def _walk_fields(key: str) -> tuple[Any, Any]:
-    """The pydantic field of a dotted key of :func:`adjcap.config.config_keys`, and the model holding it."""
+def _field(key: str) -> Any:
+    """The pydantic field of a dotted key of :func:`adjcap.config.config_keys` (the schema walk of
+    adjcap.config's own ``_model_of`` / ``_dict_value_model``, as ``set_key`` does it)."""
     from adjcap.config import Config, _dict_value_model, _model_of
 
     parts = key.split(".")
     model: Any = Config
-    holder, field, i = Config, None, 0
+    field, i = None, 0
     while i < len(parts):
-        holder, field = model, model.model_fields[parts[i]]
+        field = model.model_fields[parts[i]]
         sub = _model_of(field.annotation)
         if sub == "dict":
             model = _dict_value_model(parts[i])
@@ -155,7 +157,7 @@ def _walk_fields(key: str) -> tuple[Any, Any]:
         else:
             model = sub
             i += 1
-    return holder, field
+    return field
 
 
 _MISSING = object()
@@ -181,19 +183,23 @@ def _default(defaults: dict[str, Any], key: str, field: Any) -> Any:
 
 
 def config_reference() -> str:
+    with _without_adjcap_env():
+        return _config_reference()
+
+
+def _config_reference() -> str:
     import adjcap.config as config
     from adjcap.config import Config, config_keys, default_benchmarks, list_presets
 
-    with _without_adjcap_env():
-        defaults = Config().model_dump(mode="python")
-        keys = config_keys()
-        builtin = default_benchmarks()
-        presets = list_presets()
+    defaults = Config().model_dump(mode="python")
+    keys = config_keys()
+    builtin = default_benchmarks()
+    presets = list_presets()
     sections: dict[str, list[str]] = {"": []}
     for key in keys:
-        _, field = _walk_fields(key)
+        field = _field(key)
         sub = config._model_of(field.annotation)
-        if sub is not None and sub != "dict" or key == "benchmarks":
+        if (sub is not None and sub != "dict") or key == "benchmarks":
             sections[key if key != "benchmarks" else "benchmarks.<name>"] = []
         else:
             sections[key.rpartition(".")[0]].append(key)
@@ -209,7 +215,7 @@ def config_reference() -> str:
         title = "Top level" if section == "" else f"`{section}`"
         out += [f"## {title}", ""]
         if section:
-            _, field = _walk_fields(section.replace(".<name>", ""))
+            field = _field(section.replace(".<name>", ""))
             model = config._model_of(field.annotation)
             if model == "dict":
                 model = config._dict_value_model(section.split(".")[0])
@@ -230,7 +236,7 @@ def config_reference() -> str:
             continue
         out += ["| key | type | default | description |", "|---|---|---|---|"]
         for key in members:
-            _, field = _walk_fields(key)
+            field = _field(key)
             typ = _type_name(field.annotation)
             cons = _constraints(field)
             default = _default(defaults, key, field)
@@ -290,7 +296,7 @@ def _is_leaf_table(key: str) -> bool:
     from adjcap.config import config_keys
 
     return key in config_keys() and key != "benchmarks" \
-        and typing.get_origin(_walk_fields(key)[1].annotation) is dict
+        and typing.get_origin(_field(key).annotation) is dict
 
 
 # ---- command-line reference ----------------------------------------------------------------------------
