@@ -47,19 +47,21 @@ class PathsCfg(_Strict):
         default_factory=lambda: os.environ.get("ADJCAP_DATA", "~/adjcap-data"),
         description="root of the real benchmarks, annotations and checkpoints",
     )
-    runs_dir: str = "runs"
+    runs_dir: str = Field("runs", description="where run directories go: <runs_dir>/<preset>-<benchmark> by default")
 
 
 class EncoderCfg(_Strict):
     """An open_clip dual encoder: architecture name + pretrained tag or local checkpoint file."""
 
-    model: str = "ViT-bigG-14"
-    pretrained: str | None = "laion2b_s39b_b160k"
+    model: str = Field("ViT-bigG-14", description="open_clip architecture name (ViT-bigG-14, ViT-B-32, RN50x64, ...)")
+    pretrained: str | None = Field(
+        "laion2b_s39b_b160k", description="open_clip pretrained tag, hf-hub:REPO, or a local checkpoint file"
+    )
     precision: Precision = Field(
         "fp32", description="fp32 as the paper (auto = bf16/fp16 on a GPU, fp32 on CPU); root `precision` overrides"
     )
-    image_batch_size: int = Field(32, gt=0)
-    text_batch_size: int = Field(512, gt=0)
+    image_batch_size: int = Field(32, gt=0, description="images per forward pass of the image tower")
+    text_batch_size: int = Field(512, gt=0, description="captions per forward pass of the text tower (corpus encoding)")
 
     def same_model(self, other: "EncoderCfg") -> bool:
         """Loads the same model at the same precision as ``other`` (batch sizes aside)."""
@@ -72,13 +74,15 @@ class RetrievalCfg(_Strict):
     index_dir: str | None = Field(
         None, description="explicit index directory; default: {cache}/index/<encoder>-<corpus fingerprint>"
     )
-    index_precision: Literal["fp16", "fp32"] = "fp16"
+    index_precision: Literal["fp16", "fp32"] = Field("fp16", description="dtype of the stored caption index vectors")
     shard_size: int = Field(65536, gt=0, description="corpus captions per index shard")
 
 
 class VerifierCfg(_Strict):
-    enabled: bool = True
-    model: str = "Salesforce/blip-itm-large-coco"
+    enabled: bool = Field(True, description="run stage 2; false keeps the first k retrieved, in retrieval order")
+    model: str = Field(
+        "Salesforce/blip-itm-large-coco", description="BLIP ITM: hub id, local directory or a LAVIS .pth file"
+    )
     keep: int = Field(5, gt=0, description="k: verified captions kept out of the L retrieved")
     max_text_tokens: int = Field(35, gt=0, description="LAVIS truncates ITM text at 35 tokens")
     precision: Precision = Field("fp32", description="fp32 as the paper; root `precision` overrides")
@@ -101,7 +105,10 @@ class VerifierCfg(_Strict):
 
 
 class EntityCfg(_Strict):
-    mode: Literal["frequency", "clip_classifier", "none"] = "frequency"
+    mode: Literal["frequency", "clip_classifier", "none"] = Field(
+        "frequency", description="how the hard prompt's entities are chosen: nouns counted over the pool "
+        "(frequency), a CLIP classifier over `vocabulary` (NoCaps), or none"
+    )
     threshold: int = Field(3, ge=0, description="K: admit a noun counted at least K times")
     pool: Literal["verified", "retrieved"] = Field(
         "verified", description="count nouns over the k verified captions or all L retrieved"
@@ -111,24 +118,28 @@ class EntityCfg(_Strict):
         description="'nltk' (word_tokenize + pos_tag + WordNet, as IFCap) or a JSON lexicon {word: [tag, lemma]}",
     )
     vocabulary: str | None = Field(None, description="CLIP-classifier vocabulary (JSON list or class2ind)")
-    classifier_top_k: int = 3
-    classifier_threshold: float = 0.2
-    classifier_temperature: float = 0.01
+    classifier_top_k: int = Field(3, description="clip_classifier: at most this many entities")
+    classifier_threshold: float = Field(0.2, description="clip_classifier: an entity's least probability")
+    classifier_temperature: float = Field(0.01, description="clip_classifier: softmax temperature over the vocabulary")
 
 
 class CaptionerCfg(_Strict):
-    checkpoint: str = "{data}/ifcap/checkpoints/train_coco/coco-indomain-004.pt"
+    checkpoint: str = Field("{data}/ifcap/checkpoints/train_coco/coco-indomain-004.pt",
+                            description="the released IFCap checkpoint (.pt), loaded strictly")
     clip: EncoderCfg = Field(default_factory=lambda: EncoderCfg(model="ViT-B-32", pretrained="openai"))
     tokenizer: str = Field("gpt2", description="HF id or directory of the GPT-2 BPE tokenizer")
     lm_config: str = Field("gpt2", description="'gpt2' (built in) or a directory holding config.json")
-    mapping_heads: int = 8
+    mapping_heads: int = Field(8, description="attention heads of IFCap's mapping network (8 in the release)")
     fusion_captions: int = Field(5, gt=0, description="retrieved captions fed to the mapping network")
-    decoder: Literal["beam", "greedy"] = "beam"
-    beam_width: int = Field(20, gt=0)
-    max_len: int = Field(64, gt=0)
-    search: Literal["fast", "reference"] = "fast"
+    decoder: Literal["beam", "greedy"] = Field("beam", description="beam search, or greedy (IFCap's Flickr30k setting)")
+    beam_width: int = Field(20, gt=0, description="beams kept: the candidates each image gets")
+    max_len: int = Field(64, gt=0, description="most tokens a caption is decoded to")
+    search: Literal["fast", "reference"] = Field(
+        "fast", description="fast: KV-cached, batched beam; reference: GPT-2's full forward per step, bitwise the "
+        "official search"
+    )
     batch_size: int = Field(32, gt=0, description="images decoded together by the fast beam search")
-    precision: Precision = "fp32"
+    precision: Precision = Field("fp32", description="the GPT-2 language model's (root `precision` leaves it)")
     entities: EntityCfg = Field(default_factory=EntityCfg)
     contrastive_lambda: float = Field(
         0.0, ge=0.0, description="negative result: l_cd=(1+lambda) l_pos - lambda l_neg; 0 disables"
@@ -143,36 +154,41 @@ class ScorerCfg(_Strict):
         None, description="output scorer: the CLIP of the stage-4 cosine s_R; None = the retrieval encoder "
         "(stage 1's image embedding is then reused)"
     )
-    batch_size: int = Field(16, gt=0)
+    batch_size: int = Field(16, gt=0, description="images per scorer call")
 
 
 class TriFuseCfg(_Strict):
-    hidden: int = 8
-    lr: float = 1e-2
-    epochs: int = 100
+    hidden: int = Field(8, description="hidden units of TriFuse's MLP")
+    lr: float = Field(1e-2, description="Adam learning rate")
+    epochs: int = Field(100, description="passes over the fit split")
 
 
 class MemAttendCfg(_Strict):
-    d_model: int = 32
-    layers: int = 2
-    heads: int = 4
-    ffn: int = 64
-    memory_tokens: int = 5
-    lr: float = 3e-3
-    epochs: int = 200
+    d_model: int = Field(32, description="width of MemAttend's transformer")
+    layers: int = Field(2, description="transformer layers")
+    heads: int = Field(4, description="attention heads")
+    ffn: int = Field(64, description="feed-forward width")
+    memory_tokens: int = Field(5, description="verified captions read as memory tokens")
+    lr: float = Field(3e-3, description="Adam learning rate")
+    epochs: int = Field(200, description="passes over the fit split")
 
 
 class RerankCfg(_Strict):
     picker: str = Field("ensemble", description="a registered picker (adjcap.rerank.PICKERS)")
-    protocol: Literal["inductive", "transductive", "training-free"] = "inductive"
-    fit_split: str = "val"
-    apply_split: str = "test"
-    alpha: float = Field(0.48, ge=0.0, le=1.0)
-    beta: float = Field(0.75, ge=0.0, le=1.0)
+    protocol: Literal["inductive", "transductive", "training-free"] = Field(
+        "inductive", description="inductive: fit the heads on fit_split, pick on apply_split; transductive: fit on "
+        "the apply split's own beams; training-free: fit nothing"
+    )
+    fit_split: str = Field("val", description="the split the heads are fitted on (inductive)")
+    apply_split: str = Field("test", description="the split whose captions are picked and scored")
+    alpha: float = Field(0.48, ge=0.0, le=1.0, description="fixed picker: alpha * z(LM) + (1 - alpha) * z(cosine)")
+    beta: float = Field(0.75, ge=0.0, le=1.0,
+                        description="ensemble picker: beta * z(TriFuse) + (1 - beta) * z(MemAttend)")
     trifuse: TriFuseCfg = Field(default_factory=TriFuseCfg)
     memattend: MemAttendCfg = Field(default_factory=MemAttendCfg)
     select: bool = Field(False, description="choose alpha/beta by Borda pseudo-label loss on held-out")
-    holdout_fraction: float = Field(0.2, gt=0.0, lt=1.0)
+    holdout_fraction: float = Field(0.2, gt=0.0, lt=1.0,
+                                    description="with select: the share of fit images held out to choose them")
     threads: int | None = Field(
         None, ge=1, description="CPU threads for fitting the heads; None = every available CPU (results do not depend on it)"
     )
@@ -196,10 +212,13 @@ class RerankCfg(_Strict):
 
 class BenchmarkCfg(_Strict):
     format: str = Field(description="an annotation layout registered in adjcap/data/layouts, or auto")
-    annotations: str = Field(description="reference file (see README: formats)")
+    annotations: str = Field(description="reference file, in the layout `format` names")
     images: str = Field(description="image root directory")
     corpus: str | None = Field(None, description="training-caption corpus for retrieval")
-    corpus_format: Literal["ifcap", "karpathy", "lines"] = "ifcap"
+    corpus_format: Literal["ifcap", "karpathy", "lines"] = Field(
+        "ifcap", description="the corpus file's layout: IFCap's caption list, a Karpathy dataset_*.json, or one "
+        "caption a line"
+    )
     annotations_by_split: dict[str, str] = Field(
         default_factory=dict, description="per-split annotation files (IFCap layout: test/val files)"
     )
@@ -223,10 +242,13 @@ class BenchmarkCfg(_Strict):
 class RayCfg(_Strict):
     workers: int = Field(1, gt=0, description="actors per pool")
     address: str | None = Field(None, description="existing cluster; None starts an embedded local Ray")
-    dashboard_host: str = "127.0.0.1"
-    include_dashboard: bool | None = None
+    dashboard_host: str = Field("127.0.0.1",
+                                description="where the embedded Ray's dashboard listens (0.0.0.0 exposes it)")
+    include_dashboard: bool | None = Field(None, description="start the embedded Ray's dashboard; None = Ray's default")
     gpu_share: dict[str, float] = Field(
-        default_factory=lambda: {"retriever": 0.25, "verifier": 0.25, "captioner": 0.25, "scorer": 0.25}
+        default_factory=lambda: {"retriever": 0.25, "verifier": 0.25, "captioner": 0.25, "scorer": 0.25},
+        description="fraction of a GPU each actor of a pool asks for (0.25 each: one GPU hosts one actor of "
+        "every pool)",
     )
     cpu_share: float = Field(0.25, gt=0.0, description="CPUs per actor when no GPU is present")
     decode_cpus: float = Field(0.25, gt=0.0, description="CPUs per image-decoding task")
@@ -243,14 +265,16 @@ class RayCfg(_Strict):
 
 
 class EvalCfg(_Strict):
-    spice: bool = True
+    spice: bool = Field(True, description="score SPICE (Java and the CoreNLP 3.6.0 jars)")
     spice_jars: str | None = Field(
         "{data}/spice/lib", description="directory with Stanford CoreNLP 3.6.0 jars (`adjcap prepare spice` puts them here)"
     )
-    spice_download: bool = False
-    java: str = "java"
-    java_mem: str = "8G"
-    clipscore_w: float = 2.5
+    spice_download: bool = Field(
+        False, description="fetch the CoreNLP zip when the jars are missing (checked against its sha1)"
+    )
+    java: str = Field("java", description="the Java executable (PTB tokenizer, METEOR, SPICE)")
+    java_mem: str = Field("8G", description="SPICE's Java heap (-Xmx)")
+    clipscore_w: float = Field(2.5, description="CLIPScore = w * max(cos, 0) (Hessel et al.)")
     clipscore: EncoderCfg = Field(
         default_factory=EncoderCfg,
         description="the fixed CLIPScore encoder (the paper's ViT-bigG-14 laion2b_s39b_b160k), the same for every run; "
@@ -266,12 +290,14 @@ class CacheCfg(_Strict):
 
 
 class Config(_Strict):
-    name: str = "headline"
-    description: str = ""
-    seed: int = 42
-    device: str = "auto"
-    benchmark: str = "coco"
-    splits: list[str] = Field(default_factory=lambda: ["val", "test"])
+    name: str = Field("headline", description="the preset's name (run directories and messages use it)")
+    description: str = Field("", description="one line on what this configuration is (adjcap config --list)")
+    seed: int = Field(42, description="seeds the heads' fit, the held-out split of rerank.select and the demo world")
+    device: str = Field(
+        "auto", description="where the frozen models run: auto (a GPU when there is one), cpu, cuda, cuda:N"
+    )
+    benchmark: str = Field("coco", description="the benchmark to run: a name in `benchmarks`")
+    splits: list[str] = Field(default_factory=lambda: ["val", "test"], description="the benchmark's splits to compute")
     limit: int | None = Field(None, gt=0, description="only the first N images of each split")
     precision: Precision | None = Field(
         None, description="one switch for every frozen encoder (retrieval, output scorer, CLIPScore, the "

@@ -5,7 +5,7 @@
   without the pin those switches change the model (so the emulation has teeth);
 * the demo's tiny models, as this session built them, are the committed ones (adjcap/demo/expected.json);
 * with per-image compute an image's features do not depend on the batch it came in;
-* README.md's and BENCHMARKS.md's demo figures are the committed ones (benchmarks/demo_figures.py).
+* docs/guide/demo.md's and BENCHMARKS.md's demo figures are the committed ones (benchmarks/demo_figures.py).
 
 The demo's predictions themselves are checked against expected.json by tests/test_demo_effect.py, on the
 real ``adjcap demo``.
