@@ -27,7 +27,9 @@
       wandb/                                        W&B's local run files (--log wandb, unless WANDB_DIR is set)
       captions.jsonl, captions.html                 `adjcap caption DIR`: per image the chosen caption and its candidates
 
-A :class:`RunDir` only names and reads/writes files; it never decides what goes into them.
+A :class:`RunDir` only names and reads/writes files; it never decides what goes into them. It is
+also the one reader of a run: the Python API (``adjcap.load_run``), the report, ``evaluate`` and the
+samples table read a run's config, settings and metrics through it.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from typing import Any, Iterator, Mapping
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from adjcap.config import Config, load_config
 from adjcap.io import atomic_write_json, atomic_write_parquet, atomic_write_text, is_temp_name
 
 PART_GLOB = "part-*.parquet"
@@ -127,6 +130,22 @@ class RunDir:
 
     def write_config(self, toml_text: str) -> Path:
         return atomic_write_text(self.config_path, toml_text)
+
+    def config(self) -> Config:
+        """The config that produced the run, read back from config.toml (FileNotFoundError naming it
+        when the directory has none; ConfigError when it cannot be read)."""
+        if not self.config_path.exists():
+            raise FileNotFoundError(f"{self.config_path} not found: is {self.path} a run directory?")
+        return load_config(None, [], self.config_path)
+
+    def settings(self) -> tuple[str | None, str]:
+        """(benchmark, the split pickers are applied to) from config.toml; (None, 'test') when it is
+        absent or cannot be read (a damaged config only loses these defaults)."""
+        try:
+            cfg = self.config()
+        except Exception:  # noqa: BLE001 - a missing or damaged config only loses the defaults
+            return None, "test"
+        return cfg.benchmark, cfg.rerank.apply_split
 
     # ---- provenance --------------------------------------------------------------------------
     @property
@@ -347,6 +366,19 @@ class RunDir:
     def metrics_files(self) -> list[Path]:
         d = self.metrics_dir
         return sorted(p for p in d.glob("*.json") if not p.name.startswith(".")) if d.is_dir() else []
+
+    def metrics_docs(self) -> dict[str, dict[str, Any]]:
+        """protocol -> its metrics document (every picker's metrics, per-image scores), for each
+        metrics/*.json that holds pickers; ValueError naming a file that is not JSON."""
+        out: dict[str, dict[str, Any]] = {}
+        for f in self.metrics_files():
+            try:
+                doc = json.loads(f.read_text(encoding="utf-8"))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{f}: not valid JSON ({e}); re-run `adjcap evaluate --run {self.path}`") from None
+            if isinstance(doc, dict) and "pickers" in doc:
+                out[doc.get("protocol", f.stem)] = doc
+        return out
 
     @property
     def report_md(self) -> Path:
