@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from adjcap.picker_needs import PICKER_NEEDS, picker_names
 from adjcap.registry import close_matches, did_you_mean, similar, suggestion, unknown
 
 Precision = Literal["auto", "fp32", "fp16", "bf16"]
@@ -163,7 +164,7 @@ class MemAttendCfg(_Strict):
 
 
 class RerankCfg(_Strict):
-    picker: str = Field("ensemble", description="a registered picker (adjcap.rerank.PICKERS)")
+    picker: str = Field("ensemble", description="a declared picker (adjcap/picker_needs.py)")
     protocol: Literal["inductive", "transductive", "training-free"] = "inductive"
     fit_split: str = "val"
     apply_split: str = "test"
@@ -187,10 +188,8 @@ class RerankCfg(_Strict):
     @field_validator("picker")
     @classmethod
     def _known_picker(cls, v: str) -> str:
-        from adjcap.rerank.pickers import PICKERS  # the registry; adjcap.rerank imports this module
-
-        if v not in PICKERS:
-            raise ValueError(PICKERS.unknown(v))
+        if v not in PICKER_NEEDS:
+            raise ValueError(PICKER_NEEDS.unknown(v))
         return v
 
 
@@ -562,10 +561,8 @@ def validate_config(data: dict[str, Any]) -> Config:
 
 
 def _picker_vs_protocol(cfg: Config) -> str | None:
-    from adjcap.rerank.pickers import get_picker, picker_names  # the registry; adjcap.rerank imports this module
-
     r = cfg.rerank
-    if r.protocol == "training-free" and get_picker(r.picker).learned:
+    if r.protocol == "training-free" and PICKER_NEEDS.get(r.picker).learned:
         return (f"rerank.picker={r.picker} needs fitted heads but rerank.protocol=training-free fits nothing; "
                 f"also set rerank.picker to one of {', '.join(picker_names(learned=False))}, "
                 "or use rerank.protocol=inductive/transductive")
