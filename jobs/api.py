@@ -306,7 +306,7 @@ def evaluate(predictions: str | Path | Sequence[Mapping[str, Any]] | Mapping[str
         return Metrics.from_result(evaluate_predictions(predictions, references, fmt=format, split=split,
                                                         spice_cfg=spice_cfg, on_missing=on_missing))
     from adjcap.data.references import References
-    from adjcap.metrics.java import MetricError
+    from adjcap.java.runtime import MetricError
     from adjcap.metrics.spice import SpiceConfig
 
     refs = References(captions={str(k): list(v) for k, v in references.items()})

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from adjcap.metrics.java import find_javac, java_major_version
-from adjcap.metrics.trust import MANIFEST_NAME
+from adjcap.java.runtime import find_javac, java_major_version
+from adjcap.java.trust import MANIFEST_NAME
 from adjcap.metrics.spice import (
     CORENLP_JARS,
     CORENLP_ZIP_DIR,
@@ -59,14 +59,14 @@ def _fake_corenlp_zip(path):
 
 def _pin(monkeypatch, **digests):
     """Pin extra digests ({file name: {algo: [hex]}}) as if they were in the packaged digests file."""
-    import adjcap.metrics.spice as spice_mod
-    import adjcap.metrics.trust as trust
+    import adjcap.java.trust as trust
+    import adjcap.prepare.corenlp as unpacker  # `adjcap prepare` unpacks the jars (it owns every download)
 
     table = {k: dict(v) for k, v in trust.expected_digests().items()}
     for name, algos in digests.items():
         table[name] = {a: frozenset(d) for a, d in algos.items()}
     monkeypatch.setattr(trust, "expected_digests", lambda: table)
-    monkeypatch.setattr(spice_mod, "expected_digests", lambda: table)
+    monkeypatch.setattr(unpacker, "expected_digests", lambda: table)
 
 
 def _sha(path, algo="sha256"):
@@ -115,7 +115,7 @@ def test_user_jars_are_verified_and_a_zip_in_spice_jars_is_used(tmp_path, monkey
 
 def test_jars_extracted_by_adjcap_into_a_private_dir_are_accepted_there(tmp_path, monkeypatch):
     """What `adjcap prepare spice` can do: extract_corenlp into {data}/spice/lib leaves a manifest."""
-    from adjcap.metrics.spice import extract_corenlp
+    from adjcap.prepare.corenlp import extract_corenlp
 
     zpath = _fake_corenlp_zip(tmp_path / "corenlp.zip")
     _pin(monkeypatch, **{f"{CORENLP_ZIP_DIR}.zip": {"sha1": [_sha(zpath, "sha1")]}})

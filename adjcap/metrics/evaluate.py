@@ -31,7 +31,7 @@ from adjcap.metrics.coco import (
     align,
     score_tokenized,
 )
-from adjcap.metrics.java import MetricError
+from adjcap.java.runtime import MetricError
 from adjcap.metrics.meteor import MeteorScorer, try_shared_meteor
 from adjcap.metrics.ranks import pick_disagreement, retrieval_verifier_spearman, top1_agreement
 from adjcap.metrics.spice import SpiceConfig

@@ -7,7 +7,7 @@ import os
 import shutil
 from pathlib import Path
 
-from adjcap.metrics.trust import file_digest, private_dir, write_manifest
+from adjcap.java.trust import file_digest, private_dir, write_manifest
 from adjcap.prepare.errors import PrepareError
 from adjcap.prepare.extract import extract
 from adjcap.prepare.steps.archives import archive_plan, install_archive

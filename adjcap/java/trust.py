@@ -6,7 +6,7 @@ SPICE runs Java code from files on disk. Only these reach its classpath:
   each run (never a class found on disk);
 * pycocoevalcap's own ``spice-1.0.jar`` and ``spice/lib`` jars, by name, from a location no other
   user can write;
-* the two CoreNLP 3.6.0 jars, only when their digest matches ``resources/corenlp-3.6.0.digests.json``
+* the two CoreNLP 3.6.0 jars, only when their digest matches ``adjcap/metrics/resources/corenlp-3.6.0.digests.json``
   or the manifest adjcap wrote when it extracted them from a zip whose digest matched.
 
 Directories adjcap writes SPICE state into (parse cache, downloaded jars, scratch files) are
@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 
-from adjcap.metrics.java import MetricError
+from adjcap.java.runtime import MetricError
 
 DIGESTS_RESOURCE = "corenlp-3.6.0.digests.json"
 MANIFEST_NAME = "corenlp-3.6.0.verified.json"
@@ -94,7 +94,7 @@ def check_not_writable_by_others(path: str | Path) -> None:
 @functools.lru_cache(maxsize=1)
 def expected_digests() -> dict[str, dict[str, frozenset[str]]]:
     """{file name: {algorithm: {hex digest, ...}}} from the packaged digests file."""
-    doc = json.loads((resources.files("adjcap.metrics") / "resources" / DIGESTS_RESOURCE).read_text())
+    doc = json.loads((resources.files("adjcap") / "metrics" / "resources" / DIGESTS_RESOURCE).read_text())
     return {
         name: {algo: frozenset(d.lower() for d in digests) for algo, digests in algos.items() if algo in ALGORITHMS}
         for name, algos in doc["files"].items()
