@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from adjcap.nested import deep_update
 from adjcap.picker_needs import PICKER_NEEDS, picker_names
 from adjcap.registry import close_matches, did_you_mean, similar, suggestion, unknown
 
@@ -388,18 +389,10 @@ def _load_preset_dict(name: str, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
     own_name = data.get("name")
     if base:
         merged = _load_preset_dict(base, _seen + (name,))
-        _deep_update(merged, data)
+        deep_update(merged, data)
         data = merged
     data["name"] = own_name or path.stem
     return data
-
-
-def _deep_update(dst: dict[str, Any], src: dict[str, Any]) -> None:
-    for k, v in src.items():
-        if isinstance(v, dict) and isinstance(dst.get(k), dict):
-            _deep_update(dst[k], v)
-        else:
-            dst[k] = v
 
 
 def parse_value(text: str) -> Any:
@@ -533,12 +526,12 @@ def config_data(
         base = data.pop("base", None)
         if base:
             merged = _load_preset_dict(base)
-            _deep_update(merged, data)
+            deep_update(merged, data)
             data = merged
     else:
         data = _load_preset_dict(preset or "headline")
     full = Config().model_dump(mode="json")
-    _deep_update(full, data)
+    deep_update(full, data)
     data = full
     for ov in overrides:
         apply_override(data, ov)

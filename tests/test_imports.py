@@ -211,10 +211,11 @@ def test_actors_import_no_model_math_from_elsewhere():
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # helpers that know nothing of a run: files written atomically, "did you mean", numerics, the
     # accelerators, the LAVIS environment, beam search, the entity filter, the feature row's schema,
-    # the pickers' names and needs (what the config checks without torch), the one file lock and the
+    # the pickers' names and needs (what the config checks without torch), the one deep merge and
+    # flattener of nested settings, the one file lock and the
     # one Parquet part writer (a run's feature parts and the stage cache)
     ("foundations", ("adjcap.io", "adjcap.registry", "adjcap.numerics", "adjcap.accelerators", "adjcap.lavis_env",
-                     "adjcap.decoding", "adjcap.entities", "adjcap.features", "adjcap.picker_needs", "adjcap.file_lock",
+                     "adjcap.decoding", "adjcap.entities", "adjcap.features", "adjcap.picker_needs", "adjcap.file_lock", "adjcap.nested",
                      "adjcap.parts")),
     # reading benchmarks and corpora: files in, records out (knows no configuration)
     ("data", ("adjcap.data",)),
