@@ -30,7 +30,7 @@ from typing import IO, Callable, Sequence, TextIO
 
 from adjcap.prepare.errors import ChecksumError, DiskFullError, NetworkError, PrepareError
 from adjcap.prepare.limits import Deadlines
-from adjcap.prepare.progress import Progress
+from adjcap.prepare.download_progress import Progress
 from adjcap.prepare.sources import host_of
 from adjcap.io import file_checksum
 
