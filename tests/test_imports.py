@@ -209,14 +209,13 @@ def test_actors_import_no_model_math_from_elsewhere():
 # layers below it, never one above, counting imports inside functions. A module's layer is the
 # entry with the longest prefix of its name; every module has one (a new module is added here).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    # helpers that know nothing of a run: files written atomically, "did you mean", numerics, the
-    # accelerators, the LAVIS environment, beam search, the entity filter, the feature row's schema,
-    # the pickers' names and needs (what the config checks without torch), the one deep merge and
-    # flattener of nested settings, the one file lock and the
-    # one Parquet part writer (a run's feature parts and the stage cache)
+    # helpers that know nothing of a run: files written atomically and their digests, "did you mean",
+    # numerics, the accelerators, the LAVIS environment, beam search, the entity filter, the feature
+    # row's schema, the pickers' names and needs (what the config checks without torch), the one deep
+    # merge and flattener of nested settings, the one file lock and the one Parquet part writer
     ("foundations", ("adjcap.io", "adjcap.registry", "adjcap.numerics", "adjcap.accelerators", "adjcap.lavis_env",
-                     "adjcap.decoding", "adjcap.entities", "adjcap.features", "adjcap.picker_needs", "adjcap.file_lock", "adjcap.nested",
-                     "adjcap.parts")),
+                     "adjcap.decoding", "adjcap.entities", "adjcap.features", "adjcap.picker_needs", "adjcap.nested",
+                     "adjcap.file_lock", "adjcap.parts")),
     # reading benchmarks and corpora: files in, records out (knows no configuration)
     ("data", ("adjcap.data",)),
     # the configuration: presets, validation (checks names against the data layouts and picker needs)
