@@ -41,6 +41,21 @@ def test_missing_jars_raise_a_clear_message(tmp_path):
     assert spice_status(SimpleNamespace(spice=False)).startswith("disabled")
 
 
+def test_prepare_owns_the_corenlp_download():
+    """One owner of every download: the metric's default URL is `adjcap prepare`'s [spice] source
+    (sources.toml), and no Python module of the library writes the URL again."""
+    from pathlib import Path
+
+    import adjcap
+    from adjcap.prepare.corenlp import corenlp_url
+    from adjcap.prepare.sources import load_sources
+
+    assert SpiceConfig(work_dir=None).download_url is None
+    assert corenlp_url() == load_sources(None)["spice"]["url"]
+    root = Path(adjcap.__file__).parent
+    assert not [p for p in root.rglob("*.py") if not p.is_symlink() and "nlp.stanford.edu" in p.read_text()]
+
+
 def test_download_failure_is_clean(tmp_path):
     # a closed port on the loopback: fails at once, no traffic leaves the machine
     cfg = SpiceConfig(work_dir=tmp_path, corenlp_dir=None, download=True,
