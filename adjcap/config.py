@@ -20,6 +20,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from adjcap.nested import deep_update
+from adjcap.picker_needs import PICKER_NEEDS, picker_names
 from adjcap.registry import close_matches, did_you_mean, similar, suggestion, unknown
 
 Precision = Literal["auto", "fp32", "fp16", "bf16"]
@@ -174,7 +176,7 @@ class MemAttendCfg(_Strict):
 
 
 class RerankCfg(_Strict):
-    picker: str = Field("ensemble", description="a registered picker (adjcap.rerank.PICKERS)")
+    picker: str = Field("ensemble", description="a declared picker (adjcap/picker_needs.py)")
     protocol: Literal["inductive", "transductive", "training-free"] = Field(
         "inductive", description="inductive: fit the heads on fit_split, pick on apply_split; transductive: fit on "
         "the apply split's own beams; training-free: fit nothing"
@@ -203,10 +205,8 @@ class RerankCfg(_Strict):
     @field_validator("picker")
     @classmethod
     def _known_picker(cls, v: str) -> str:
-        from adjcap.rerank.pickers import PICKERS  # the registry; adjcap.rerank imports this module
-
-        if v not in PICKERS:
-            raise ValueError(PICKERS.unknown(v))
+        if v not in PICKER_NEEDS:
+            raise ValueError(PICKER_NEEDS.unknown(v))
         return v
 
 
@@ -415,18 +415,10 @@ def _load_preset_dict(name: str, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
     own_name = data.get("name")
     if base:
         merged = _load_preset_dict(base, _seen + (name,))
-        _deep_update(merged, data)
+        deep_update(merged, data)
         data = merged
     data["name"] = own_name or path.stem
     return data
-
-
-def _deep_update(dst: dict[str, Any], src: dict[str, Any]) -> None:
-    for k, v in src.items():
-        if isinstance(v, dict) and isinstance(dst.get(k), dict):
-            _deep_update(dst[k], v)
-        else:
-            dst[k] = v
 
 
 def parse_value(text: str) -> Any:
@@ -560,12 +552,12 @@ def config_data(
         base = data.pop("base", None)
         if base:
             merged = _load_preset_dict(base)
-            _deep_update(merged, data)
+            deep_update(merged, data)
             data = merged
     else:
         data = _load_preset_dict(preset or "headline")
     full = Config().model_dump(mode="json")
-    _deep_update(full, data)
+    deep_update(full, data)
     data = full
     for ov in overrides:
         apply_override(data, ov)
@@ -588,10 +580,8 @@ def validate_config(data: dict[str, Any]) -> Config:
 
 
 def _picker_vs_protocol(cfg: Config) -> str | None:
-    from adjcap.rerank.pickers import get_picker, picker_names  # the registry; adjcap.rerank imports this module
-
     r = cfg.rerank
-    if r.protocol == "training-free" and get_picker(r.picker).learned:
+    if r.protocol == "training-free" and PICKER_NEEDS.get(r.picker).learned:
         return (f"rerank.picker={r.picker} needs fitted heads but rerank.protocol=training-free fits nothing; "
                 f"also set rerank.picker to one of {', '.join(picker_names(learned=False))}, "
                 "or use rerank.protocol=inductive/transductive")

@@ -173,7 +173,7 @@ def beam_search_reference(
     """IFCap's ``search.beam_search`` for one prompt [T, D] (no KV cache). Returns W beams sorted
     by mean log-prob descending.
 
-    Contrastive option (not in IFCap; DESIGN 4, negative result): with ``neg_prompt`` and
+    Contrastive option (not in IFCap; a negative result kept as an option): with ``neg_prompt`` and
     ``contrastive_lambda`` > 0 the per-token score is (1+lambda) logp(.|prompt) - lambda logp(.|neg_prompt)
     for the same generated prefix, and the beam's sums/means are of that score."""
     _check(gpt, [prompt] if neg_prompt is None else [prompt, neg_prompt], beam_width, max_len)

@@ -75,7 +75,7 @@ def report(cfg: Config, needed: list[Need] | None = None) -> str:
         lines.append(f"{pkg:11s} {_version(pkg)}")
     lines.append(f"java        {_java()}")
     try:
-        from adjcap.metrics.spice import spice_status
+        from adjcap.java.corenlp import spice_status
 
         lines.append(f"spice       {spice_status(cfg.resolved().eval)}")
     except Exception as e:  # noqa: BLE001

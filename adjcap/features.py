@@ -1,7 +1,8 @@
 """Arrow schemas of the feature table (one row per image) and of predictions.
 
 The feature row is the contract between the frozen stages (``adjcap.stages``), the Ray job that
-writes Parquet parts, the rerankers (``adjcap.rerank``) and the evaluation. See DESIGN.md section 2.
+writes Parquet parts, the rerankers (``adjcap.rerank``) and the evaluation. See docs/architecture.md,
+"Data flow of one image".
 """
 
 from __future__ import annotations
@@ -80,16 +81,6 @@ def empty_row(image_id: str, benchmark: str, split: str, domain: str | None, err
 def rows_to_table(rows: list[dict[str, Any]]) -> pa.Table:
     """Feature rows (dicts) -> an Arrow table with exactly FEATURE_SCHEMA."""
     return pa.Table.from_pylist(rows, schema=FEATURE_SCHEMA)
-
-
-def check_schema(table: pa.Table, source: str = "table") -> None:
-    """Raise a clear error when a table is not a feature table."""
-    missing = [n for n in FEATURE_COLUMNS if n not in table.schema.names]
-    if missing:
-        raise ValueError(
-            f"{source}: not an adjcap feature table; missing columns {missing}. "
-            "Feature tables are written by `adjcap run-job` under runs/<name>/features/."
-        )
 
 
 PREDICTION_SCHEMA = pa.schema(

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from adjcap.config import Config
-from adjcap.io import file_digest
+from adjcap.io import file_content_id
+from adjcap.nested import flatten
 from adjcap.image_state import STAGES
 
 
@@ -65,20 +66,11 @@ STAGE_READS: dict[str, Reads] = {
 assert tuple(STAGE_READS) == STAGES
 
 
-def _flatten(prefix: str, v: Any, out: dict[str, Any]) -> dict[str, Any]:
-    if isinstance(v, dict) and v:
-        for k, x in v.items():
-            _flatten(f"{prefix}.{k}" if prefix else k, x, out)
-    else:
-        out[prefix] = v
-    return out
-
-
 def config_view(cfg: Config) -> dict[str, Any]:
     """Every setting flat, with ``scorer.encoder`` resolved (None means the retrieval encoder)."""
     data = cfg.model_dump(mode="json")
     data["scorer"]["encoder"] = cfg.scorer_encoder().model_dump(mode="json")
-    return _flatten("", data, {})
+    return flatten(data)
 
 
 def _covers(pattern: str, key: str) -> bool:
@@ -125,12 +117,12 @@ def content_id(value: Any) -> Any:
     p = Path(value)
     try:
         if p.is_file():  # and the configs beside it, which loaders read too (open_clip_config.json)
-            side = [f"{x.name}:{file_digest(x)}" for x in (p.parent / n for n in SIDE_CONFIGS) if x != p and x.is_file()]
-            return f"file:{file_digest(p)}" + (f"+{'+'.join(side)}" if side else "")
+            side = [f"{x.name}:{file_content_id(x)}" for x in (p.parent / n for n in SIDE_CONFIGS) if x != p and x.is_file()]
+            return f"file:{file_content_id(p)}" + (f"+{'+'.join(side)}" if side else "")
         if p.is_dir():
             h = hashlib.sha256()
             for f in sorted(x for x in p.rglob("*") if x.is_file() and not x.name.startswith(".")):
-                h.update(f"{f.relative_to(p)}\0{file_digest(f)}\0".encode())
+                h.update(f"{f.relative_to(p)}\0{file_content_id(f)}\0".encode())
             return f"dir:{h.hexdigest()[:16]}"
     except OSError:
         return value

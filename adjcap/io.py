@@ -96,15 +96,15 @@ def is_temp_name(name: str) -> bool:
     return name.startswith(".") and name.endswith(".tmp")
 
 
-def file_digest(p: Path) -> str:
-    """A file's content id: size + sha256 of the whole file (up to 64 MiB) or of its first, middle and
-    last MiB; cached per path, size and mtime."""
+def file_content_id(p: Path) -> str:
+    """A file's content id, for identities and provenance (not a checksum): size + sha256 of the whole
+    file (up to 64 MiB) or of its first, middle and last MiB; cached per path, size and mtime."""
     st = Path(p).stat()
-    return _file_digest_cached(str(p), st.st_size, st.st_mtime_ns)
+    return _content_id_cached(str(p), st.st_size, st.st_mtime_ns)
 
 
 @functools.lru_cache(maxsize=256)
-def _file_digest_cached(path: str, size: int, mtime_ns: int) -> str:
+def _content_id_cached(path: str, size: int, mtime_ns: int) -> str:
     h = hashlib.sha256()
     mib = 1 << 20
     with open(path, "rb") as f:
@@ -116,3 +116,20 @@ def _file_digest_cached(path: str, size: int, mtime_ns: int) -> str:
                 f.seek(offset)
                 h.update(f.read(mib))
     return f"{size}-{h.hexdigest()[:16]}"
+
+
+_CHECKSUMS: dict[tuple[str, int, int, int, str], str] = {}
+
+
+def file_checksum(path: str | Path, algo: str = "sha256") -> str:
+    """The hex digest (``algo``: sha256, sha1, ...) of the whole file, to compare with a published or
+    recorded checksum; cached within the process per path, size, mtime and inode."""
+    st = os.stat(path)
+    key = (str(path), st.st_size, st.st_mtime_ns, st.st_ino, algo)
+    if key not in _CHECKSUMS:
+        h = hashlib.new(algo)
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        _CHECKSUMS[key] = h.hexdigest()
+    return _CHECKSUMS[key]

@@ -34,7 +34,6 @@ Builds take a file lock.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -44,6 +43,8 @@ import sys
 import time
 from importlib import metadata
 from pathlib import Path
+
+from adjcap.file_lock import holding
 
 LAVIS_VERSION = "1.0.2"
 BRIDGE = ("ray", "torch", "torchvision", "numpy", "pyarrow", "pillow", "pydantic")
@@ -121,8 +122,7 @@ def build(cache_dir: str | os.PathLike, *, force: bool = False, echo=print) -> P
     """Build (or reuse) the LAVIS environment; returns its directory."""
     d = env_dir(cache_dir)
     d.parent.mkdir(parents=True, exist_ok=True)
-    with open(d.parent / f"{d.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with holding(d.parent / f"{d.name}.lock", wait=True):
         if (d / MARKER).is_file() and not force:
             return d
         if d.exists():

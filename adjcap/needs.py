@@ -120,7 +120,7 @@ def _nltk_where(paths: tuple[str, ...]) -> str:
 @functools.lru_cache(maxsize=4)
 def java_found(java: str = "java") -> str | None:
     """``java`` on PATH and its major version, or None."""
-    from adjcap.metrics.java import java_major_version
+    from adjcap.java.runtime import java_major_version
 
     path = shutil.which(java)
     if not path:
@@ -143,7 +143,7 @@ def spice(cfg: Any) -> list[Need]:
     """The Stanford CoreNLP 3.6.0 jars, only when the config evaluates SPICE."""
     if not cfg.eval.spice:
         return []
-    from adjcap.metrics.spice import spice_status
+    from adjcap.java.corenlp import spice_status
 
     status = spice_status(cfg.eval)
     return [Need("spice", "SPICE CoreNLP 3.6.0 jars", status if status.startswith("ready") else None, "spice",

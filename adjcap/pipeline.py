@@ -1,5 +1,5 @@
 """The in-process driver: records -> feature rows with the four stages in one Python process (tests,
-notebooks, debugging). The Ray job (``jobs/extract.py``) runs the same stage functions on actor pools
+notebooks, debugging). The Ray job (``adjcap run-job``) runs the same stage functions on actor pools
 whose models are loaded by the same :mod:`adjcap.models.roles` functions."""
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def process_states(states: list[image_state.ImageState], models: Models, cfg: Co
 def run_pipeline(records: Sequence[Record], cfg: Config, models: Models | None = None,
                  benchmark: str | None = None, batch_size: int | None = None,
                  stage_cache: StageCache | None = None, counts: dict[str, int] | None = None) -> list[dict[str, Any]]:
-    """Records -> feature rows (DESIGN.md section 2), one per record, in record order. With a
+    """Records -> feature rows (docs/architecture.md, "Data flow of one image"), one per record, in record order. With a
     ``stage_cache`` stored stage outputs are reused and new ones stored; ``counts`` (when given)
     accumulates the images each stage processed."""
     cfg = cfg.resolved()

@@ -21,6 +21,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from adjcap.nested import flatten
+
 if TYPE_CHECKING:
     from adjcap.config import Config
 
@@ -202,15 +204,6 @@ def config_digest(cfg: Config) -> str:
 MODEL_KEYS = ("model", "pretrained", "checkpoint", "tokenizer", "lm_config", "vocabulary", "tagger")
 
 
-def _leaves(prefix: str, v: Any) -> dict[str, Any]:
-    if isinstance(v, dict):
-        out: dict[str, Any] = {}
-        for k, x in v.items():
-            out.update(_leaves(f"{prefix}.{k}" if prefix else k, x))
-        return out
-    return {prefix: v}
-
-
 def model_identities(cfg: Config) -> dict[str, Any]:
     """Every model setting of the (resolved) config: a tag or hub id as is, a local file or folder by
     its content digest."""
@@ -222,7 +215,7 @@ def model_identities(cfg: Config) -> dict[str, Any]:
                 "scorer": cfg.scorer.model_dump(mode="json"),
                 "eval": {"clipscore": cfg.eval.clipscore.model_dump(mode="json")}}
     out = {}
-    for key, value in _leaves("", sections).items():
+    for key, value in flatten(sections).items():
         if value is None or key.rsplit(".", 1)[-1] not in MODEL_KEYS:
             continue
         if key.startswith("verifier.") and not cfg.verifier.enabled:
@@ -232,8 +225,8 @@ def model_identities(cfg: Config) -> dict[str, Any]:
 
 
 def data_digests(cfg: Config) -> dict[str, Any]:
-    """The benchmark's annotation files and corpus by content (:func:`adjcap.io.file_digest`)."""
-    from adjcap.io import file_digest
+    """The benchmark's annotation files and corpus by content (:func:`adjcap.io.file_content_id`)."""
+    from adjcap.io import file_content_id
 
     out: dict[str, Any] = {}
     try:
@@ -247,7 +240,7 @@ def data_digests(cfg: Config) -> dict[str, Any]:
             continue
         p = Path(path)
         try:
-            out[name] = {"path": str(p), "digest": file_digest(p) if p.is_file() else None}
+            out[name] = {"path": str(p), "digest": file_content_id(p) if p.is_file() else None}
         except OSError as e:
             out[name] = {"path": str(p), "digest": None, "error": e.strerror or str(e)}
     out["images"] = {"root": b.images}
@@ -260,7 +253,7 @@ def feature_identities(cfg: Config) -> dict[str, Any]:
     from adjcap.identity import searched_index
     from adjcap.index.lifecycle import encoder_identity, index_location, search_corpus
     from adjcap.index.store import MANIFEST
-    from adjcap.io import file_digest
+    from adjcap.io import file_content_id
     from adjcap.stage_cache import stage_identities
 
     try:
@@ -273,7 +266,7 @@ def feature_identities(cfg: Config) -> dict[str, Any]:
     return {
         "corpus_fingerprint": corpus.fingerprint,
         "corpus_captions": len(corpus),
-        "index": {"path": str(index), "digest": f"manifest:{file_digest(manifest)}" if manifest.is_file() else None,
+        "index": {"path": str(index), "digest": f"manifest:{file_content_id(manifest)}" if manifest.is_file() else None,
                   "identity": searched_index(cfg, corpus.fingerprint)},
         "stages": stage_identities(cfg, corpus.fingerprint),
     }

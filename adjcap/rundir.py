@@ -27,28 +27,25 @@
       wandb/                                        W&B's local run files (--log wandb, unless WANDB_DIR is set)
       captions.jsonl, captions.html                 `adjcap caption DIR`: per image the chosen caption and its candidates
 
-A :class:`RunDir` only names and reads/writes files; it never decides what goes into them.
+A :class:`RunDir` only names and reads/writes files; it never decides what goes into them. It is
+also the one reader of a run: the Python API (``adjcap.load_run``), the report, ``evaluate`` and the
+samples table read a run's config, settings and metrics through it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
-import os
-import socket
-import sys
-import time
-import uuid
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from adjcap.io import atomic_write_json, atomic_write_parquet, atomic_write_text, is_temp_name
-
-PART_GLOB = "part-*.parquet"
+from adjcap.config import Config, load_config
+from adjcap.file_lock import holding
+from adjcap.io import atomic_write_json, atomic_write_text, is_temp_name
+from adjcap.parts import PART_GLOB, new_part_name, part_paths, read_part, write_part
 
 
 class RunDirError(RuntimeError):
@@ -93,21 +90,13 @@ class RunDir:
         naming the holder's pid and host (the OS releases the lock when the holder dies)."""
         self.check_usable()
         self.path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "another process"
-                raise RunDirError(f"{self.path} is in use by {holder}; wait for that job to finish or use "
-                                  "another --run-dir") from None
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"pid {os.getpid()} on host {socket.gethostname()} since "
-                          f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
+
+        def busy(_: Path, holder: str) -> Exception:
+            return RunDirError(f"{self.path} is in use by {holder}; wait for that job to finish or use another --run-dir")
+
+        with holding(self.lock_path, busy=busy):
             self.remove_leftovers()
             yield
-        finally:
-            os.close(fd)
 
     def remove_leftovers(self) -> list[Path]:
         """Delete the temp files of atomic writes (:func:`adjcap.io.is_temp_name`) that a killed writer
@@ -127,6 +116,22 @@ class RunDir:
 
     def write_config(self, toml_text: str) -> Path:
         return atomic_write_text(self.config_path, toml_text)
+
+    def config(self) -> Config:
+        """The config that produced the run, read back from config.toml (FileNotFoundError naming it
+        when the directory has none; ConfigError when it cannot be read)."""
+        if not self.config_path.exists():
+            raise FileNotFoundError(f"{self.config_path} not found: is {self.path} a run directory?")
+        return load_config(None, [], self.config_path)
+
+    def settings(self) -> tuple[str | None, str]:
+        """(benchmark, the split pickers are applied to) from config.toml; (None, 'test') when it is
+        absent or cannot be read (a damaged config only loses these defaults)."""
+        try:
+            cfg = self.config()
+        except Exception:  # noqa: BLE001 - a missing or damaged config only loses the defaults
+            return None, "test"
+        return cfg.benchmark, cfg.rerank.apply_split
 
     # ---- provenance --------------------------------------------------------------------------
     @property
@@ -186,8 +191,7 @@ class RunDir:
 
     def parts(self, benchmark: str, split: str) -> list[Path]:
         """Complete feature parts, in the order they were written."""
-        d = self.features_dir(benchmark, split)
-        return sorted(p for p in d.glob(PART_GLOB) if not is_temp_name(p.name))
+        return part_paths(self.features_dir(benchmark, split))
 
     def has_features(self, benchmark: str, split: str) -> bool:
         return bool(self.parts(benchmark, split))
@@ -204,26 +208,15 @@ class RunDir:
     def quarantine_corrupt(self, benchmark: str, split: str) -> list[Path]:
         """Rename every part that cannot be read to ``<name>.corrupt`` (kept for inspection, never
         read again) and say so on stderr."""
-        moved = []
-        for p in self.parts(benchmark, split):
-            try:
-                pq.read_table(p, columns=["image_id"])
-            except Exception as e:  # noqa: BLE001 - any unreadable file is set aside the same way
-                dest = p.with_name(p.name + ".corrupt")
-                os.replace(p, dest)
-                moved.append(dest)
-                print(f"warning: {p} is unreadable ({type(e).__name__}); moved to {dest.name}, "
-                      "its images will be recomputed", file=sys.stderr)
-        return moved
+        return [p.with_name(p.name + ".corrupt") for p in self.parts(benchmark, split)
+                if read_part(p, columns=["image_id"]) is None]
 
     def new_part_path(self, benchmark: str, split: str) -> Path:
-        """A part name no other writer can take: time-ordered, then host, pid and a random suffix."""
-        host = "".join(c if c.isalnum() else "_" for c in socket.gethostname())[:24]
-        name = f"part-{time.time_ns():020d}-{host}-{os.getpid()}-{uuid.uuid4().hex[:8]}.parquet"
-        return self.features_dir(benchmark, split) / name
+        """A part name no other writer can take (:func:`adjcap.parts.new_part_name`)."""
+        return self.features_dir(benchmark, split) / new_part_name()
 
     def write_part(self, benchmark: str, split: str, table: pa.Table) -> Path:
-        return atomic_write_parquet(self.new_part_path(benchmark, split), table)
+        return write_part(self.features_dir(benchmark, split), table)
 
     def clear_features(self, benchmark: str, split: str) -> None:
         for p in self.features_dir(benchmark, split).glob(PART_GLOB):
@@ -347,6 +340,19 @@ class RunDir:
     def metrics_files(self) -> list[Path]:
         d = self.metrics_dir
         return sorted(p for p in d.glob("*.json") if not p.name.startswith(".")) if d.is_dir() else []
+
+    def metrics_docs(self) -> dict[str, dict[str, Any]]:
+        """protocol -> its metrics document (every picker's metrics, per-image scores), for each
+        metrics/*.json that holds pickers; ValueError naming a file that is not JSON."""
+        out: dict[str, dict[str, Any]] = {}
+        for f in self.metrics_files():
+            try:
+                doc = json.loads(f.read_text(encoding="utf-8"))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{f}: not valid JSON ({e}); re-run `adjcap evaluate --run {self.path}`") from None
+            if isinstance(doc, dict) and "pickers" in doc:
+                out[doc.get("protocol", f.stem)] = doc
+        return out
 
     @property
     def report_md(self) -> Path:

@@ -96,25 +96,12 @@ def _chair_objects(picks: Mapping[tuple[str, str], str], references: Mapping[str
     return chair_proxy(preds, refs, matcher=ChairMatcher()).per_image
 
 
-def _run_settings(run: RunDir) -> tuple[str | None, str]:
-    """(benchmark, the split pickers are applied to) from the run's config.toml."""
-    if run.config_path.exists():
-        try:
-            from adjcap.config import load_config
-
-            cfg = load_config(config_file=run.config_path)
-            return cfg.benchmark, cfg.rerank.apply_split
-        except Exception:  # noqa: BLE001 - a damaged config only loses the defaults
-            pass
-    return None, "test"
-
-
 def build_samples(run: RunDir, image_paths: Mapping[tuple[str, str], str | None] | None = None,
                   image_root: str | Path | None = None) -> pa.Table:
     """The run's samples table (see the module docstring). ``image_paths``: (split, image id) ->
     the image file (absolute, or relative to ``image_root``), as the benchmark reader gave it; images
     not in it keep the path an earlier samples.parquet recorded."""
-    bench_cfg, apply_split = _run_settings(run)
+    bench_cfg, apply_split = run.settings()
     splits = [(b, s) for b, s in run.reference_splits() if bench_cfg is None or b == bench_cfg]
     old_paths = _old_paths(run)
     root = Path(image_root).resolve() if image_root else None

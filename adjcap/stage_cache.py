@@ -24,11 +24,6 @@ only after extraction (picker, protocol, alpha/beta) have identical identities a
 from __future__ import annotations
 
 import math
-import os
-import socket
-import sys
-import time
-import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,15 +31,13 @@ from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from adjcap.config import Config
 from adjcap.identity import content_id, stage_identities, stage_settings  # noqa: F401 - identities live there
 from adjcap.features import CANDIDATE, RETRIEVED, VERIFIED
-from adjcap.io import atomic_write_json, atomic_write_parquet, is_temp_name
+from adjcap.io import atomic_write_json
 from adjcap.image_state import STAGES, ImageState
-
-PART_GLOB = "part-*.parquet"
+from adjcap.parts import part_paths, read_part, write_part
 
 
 # --------------------------------------------------------------------------------------------
@@ -168,19 +161,13 @@ class StageCache:
         return self.root / stage / self.identities[stage]
 
     def parts(self, stage: str) -> list[Path]:
-        d = self.stage_dir(stage)
-        return sorted(p for p in d.glob(PART_GLOB) if not is_temp_name(p.name)) if d.is_dir() else []
+        return part_paths(self.stage_dir(stage))
 
     def _read(self, stage: str, wanted: set[str]) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
         for p in self.parts(stage):
-            try:
-                table = pq.read_table(p)
-            except Exception as e:  # noqa: BLE001 - any unreadable part is set aside the same way
-                dest = p.with_name(p.name + ".corrupt")
-                os.replace(p, dest)
-                print(f"warning: {p} is unreadable ({type(e).__name__}); moved to {dest.name}, "
-                      "its images will be recomputed", file=sys.stderr)
+            table = read_part(p)
+            if table is None:
                 continue
             ids = table.column("image_id").to_pylist()
             keep = [i for i, iid in enumerate(ids) if iid in wanted]
@@ -240,6 +227,4 @@ class StageCache:
         if self.settings is not None and not (d / "identity.json").exists():
             upto = STAGES[: STAGES.index(stage) + 1]
             atomic_write_json(d / "identity.json", {s: dict(self.settings[s]) for s in upto})
-        host = "".join(c if c.isalnum() else "_" for c in socket.gethostname())[:24]
-        name = f"part-{time.time_ns():020d}-{host}-{os.getpid()}-{uuid.uuid4().hex[:8]}.parquet"
-        atomic_write_parquet(d / name, pa.Table.from_pylist(rows, schema=OUTPUTS[stage].schema))
+        write_part(d, pa.Table.from_pylist(rows, schema=OUTPUTS[stage].schema))

@@ -306,7 +306,7 @@ def evaluate(predictions: str | Path | Sequence[Mapping[str, Any]] | Mapping[str
         return Metrics.from_result(evaluate_predictions(predictions, references, fmt=format, split=split,
                                                         spice_cfg=spice_cfg, on_missing=on_missing))
     from adjcap.data.references import References
-    from adjcap.metrics.java import MetricError
+    from adjcap.java.runtime import MetricError
     from adjcap.metrics.spice import SpiceConfig
 
     refs = References(captions={str(k): list(v) for k, v in references.items()})
@@ -321,15 +321,13 @@ def evaluate(predictions: str | Path | Sequence[Mapping[str, Any]] | Mapping[str
 def load_run(run_dir: str | Path) -> Run:
     """A finished (or partly finished) run directory read back: config, metrics, predictions, samples."""
     rd = RunDir(Path(run_dir).expanduser())
-    if not rd.config_path.exists():
-        raise FileNotFoundError(f"{rd.config_path} not found: is {rd.path} a run directory?")
-    cfg = load_config(None, [], rd.config_path)
+    cfg = rd.config()
+    docs = rd.metrics_docs()
     metrics: dict[tuple[str, str], Metrics] = {}
     for proto in rd.prediction_protocols():
-        p = rd.metrics_path(proto)
-        if not p.exists():
+        doc = docs.get(proto)
+        if doc is None:
             continue
-        doc = json.loads(p.read_text(encoding="utf-8"))
         per_image = doc.get("per_image") or {}
         for picker, res in (doc.get("pickers") or {}).items():
             metrics[(proto, picker)] = Metrics.from_result(res, per_image.get(picker, {}))

@@ -18,7 +18,7 @@ from adjcap.data.corpus import Corpus
 from adjcap.index import IndexPlan, benchmark_corpus, ensure_index
 from adjcap.models.budget import corpus_encode_bytes
 from adjcap.models.sources import clip_source
-from adjcap.jobs.progress import tracked
+from adjcap.jobs.progress_display import tracked
 from adjcap.jobs.ray_session import pool_resources, ray_session
 
 

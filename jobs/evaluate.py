@@ -10,7 +10,7 @@ from adjcap.metrics.evaluate import evaluate_predictions, evaluate_run, format_t
 from adjcap.report import write_report
 from adjcap.report.compare import compare as compare_runs, to_text
 from adjcap.rundir import RunDir
-from adjcap.jobs.provenance import note_step
+from adjcap.jobs.provenance_record import note_step
 
 
 def evaluate_run_dir(eval_cfg: EvalCfg, cache_dir: str | Path, run: RunDir, intersection: bool = False) -> dict:

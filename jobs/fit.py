@@ -30,7 +30,7 @@ from adjcap.rerank import Heads, applicability, fit_device, load_features, load_
 from adjcap.rundir import RunDir
 from adjcap.tracking import log_run, parse_log_specs
 from adjcap.jobs.evaluate import write_samples
-from adjcap.jobs.provenance import note_step
+from adjcap.jobs.provenance_record import note_step
 from adjcap.jobs.ray_session import has_gpus
 
 

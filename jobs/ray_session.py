@@ -92,7 +92,7 @@ def quiet_console(verbose: bool) -> None:
     """Ray's share of the console: with ``verbose`` as Ray has it (Ray Data's operator progress,
     INFO lines); else off: Ray Data prints no progress bars, execution plans or issue-detector
     reports, and Ray's loggers say only warnings and errors. adjcap's own progress
-    (:mod:`jobs.progress`) is shown either way."""
+    (:mod:`adjcap.jobs.progress_display`) is shown either way."""
     from ray.data import DataContext
 
     ctx = DataContext.get_current()

@@ -16,7 +16,8 @@ from typing import Any
 from adjcap.io import atomic_write_json, atomic_write_text
 from adjcap.report.collect import load_run
 from adjcap.report.page import table_page
-from adjcap.reproduce import RowResult, build_table, distinct_runs, get_table, plan_table
+from adjcap.report.reproduced import RowResult, build_table
+from adjcap.reproduce import distinct_runs, get_table, plan_table
 from adjcap.reproduce.plan import DEMO, RowPlan
 from adjcap.rundir import RunDir
 from adjcap.image_state import STAGES

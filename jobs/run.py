@@ -12,7 +12,7 @@ from adjcap.identity import run_identity
 from adjcap.rundir import RunDir
 from adjcap.tracking import log_run, parse_log_specs
 from adjcap.jobs import evaluate, fit, preflight, run_benchmark
-from adjcap.jobs.provenance import recorded
+from adjcap.jobs.provenance_record import recorded
 from adjcap.jobs.ray_session import ray_session
 
 

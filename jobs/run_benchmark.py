@@ -30,7 +30,7 @@ from adjcap.rundir import RunDir
 from adjcap.stage_cache import StageCache, apply_outputs
 from adjcap.image_state import STAGES, ImageState, decode_state
 from adjcap.jobs.encode_corpus import index_for
-from adjcap.jobs.progress import tracked
+from adjcap.jobs.progress_display import tracked
 from adjcap.jobs.ray_session import check_pools, pool_resources
 
 

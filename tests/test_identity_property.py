@@ -1,4 +1,4 @@
-"""The identity property (DESIGN.md, "Identity: nothing stale, ever"): for every config setting,
+"""The identity property (docs/architecture.md, "Identity"): for every config setting,
 changing it either changes the identity of each stage whose output it changes, or leaves the outputs
 equal. Each setting is changed once; the stages before the first stage whose identity changed are run
 on two demo images with the changed config (tiny models, in process) and their outputs compared with

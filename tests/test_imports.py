@@ -1,7 +1,10 @@
 """The import rules (docs/architecture.md, "Layers"), each a test: the library (adjcap.*) -> libraries
 only; adjcap.actors -> the library; adjcap.jobs -> adjcap.actors, the library, ray; adjcap.cli -> jobs,
 the library; nothing imports adjcap.cli; no import cycles between modules; only adjcap/demo, tests and
-benchmarks import adjcap.demo; no module imports another module's private name.
+benchmarks import adjcap.demo; no module imports another module's private name. Within the
+library every import runs down the layers of :data:`LAYERS` (one table, lowest first), and no
+module reaches itself through imports; both count imports inside functions and name the file and
+line of the offending import.
 
 The application layer lives in the repository's jobs/, actors/ and cli.py, reached as adjcap.jobs,
 adjcap.actors and adjcap.cli through the links in adjcap/ (one layout). The library's one import of it
@@ -9,6 +12,7 @@ is adjcap/__init__ exposing the Python API lazily (adjcap.jobs.api, inside a fun
 point adjcap/__main__ runs adjcap.cli."""
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -199,3 +203,152 @@ def test_actors_import_no_model_math_from_elsewhere():
     # actors may import adjcap (and ray for object refs, torch for device checks) but not jobs
     for f in APP["adjcap.actors"].rglob("*.py"):
         assert not any(_hits(m, n, {"adjcap.jobs"}) for m, n in _import_nodes(f)), f
+
+
+# The layers, lowest first (docs/architecture.md, "Layers"): a module imports its own layer and the
+# layers below it, never one above, counting imports inside functions. A module's layer is the
+# entry with the longest prefix of its name; every module has one (a new module is added here).
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    # helpers that know nothing of a run: files written atomically and their digests, "did you mean",
+    # numerics, the accelerators, the LAVIS environment, beam search, the entity filter, the feature
+    # row's schema, the pickers' names and needs (what the config checks without torch), the one deep
+    # merge and flattener of nested settings, the one file lock and the one Parquet part writer
+    ("foundations", ("adjcap.io", "adjcap.registry", "adjcap.numerics", "adjcap.accelerators", "adjcap.lavis_env",
+                     "adjcap.decoding", "adjcap.entities", "adjcap.features", "adjcap.picker_needs", "adjcap.nested",
+                     "adjcap.file_lock", "adjcap.parts")),
+    # reading benchmarks and corpora: files in, records out (knows no configuration)
+    ("data", ("adjcap.data",)),
+    # the configuration: presets, validation (checks names against the data layouts and picker needs)
+    ("settings", ("adjcap.config",)),
+    # a run directory's layout: the one writer and reader of a run (reads its config back)
+    ("run directory", ("adjcap.rundir",)),
+    # the frozen models and the caption corpus index they search
+    ("models", ("adjcap.models",)),
+    ("index", ("adjcap.index",)),
+    # one image through the stages: its state, the stage functions, identities, the stage cache, the
+    # in-process pipeline and what made a run (provenance)
+    ("stages", ("adjcap.image_state", "adjcap.stages", "adjcap.identity", "adjcap.stage_cache", "adjcap.pipeline",
+                "adjcap.provenance")),
+    # the learned rerankers over the feature table
+    ("rerank", ("adjcap.rerank",)),
+    # Java and the jars it runs: found and trusted, shared by needs, prepare and the metrics
+    ("java", ("adjcap.java",)),
+    # what a config needs on this machine (looked up, never fetched)
+    ("needs", ("adjcap.needs",)),
+    # the paper's tables as data and the runs they need
+    ("reproduce plans", ("adjcap.reproduce",)),
+    # fetching and laying out everything (the one owner of downloads)
+    ("prepare", ("adjcap.prepare",)),
+    # the caption metrics (they ask prepare for SPICE's jars)
+    ("metrics", ("adjcap.metrics",)),
+    # the per-image samples table (metrics per image, CHAIR objects)
+    ("samples", ("adjcap.samples",)),
+    # what a user reads of runs: reports, reproduced tables, the doctor, tracking
+    ("views", ("adjcap.report", "adjcap.doctor", "adjcap.tracking")),
+    # the demo world and its tiny models (reads everything below to build and check itself)
+    ("demo", ("adjcap.demo",)),
+    # the application layer: thin actors, the Ray jobs and the Python API facade, the console script
+    ("actors", ("adjcap.actors",)),
+    ("jobs", ("adjcap.jobs",)),
+    ("cli", ("adjcap.cli",)),
+]
+# the package's entry points sit above everything: adjcap/__init__ (the Python API, lazily) and __main__
+ENTRY_MODULES = ("adjcap", "adjcap.__main__")
+
+
+def _rank(module: str) -> tuple[int, str] | None:
+    """(layer index, layer name) of a module, or None when no entry of LAYERS names it."""
+    if module in ENTRY_MODULES:
+        return len(LAYERS), "entry"
+    best = None
+    for i, (name, prefixes) in enumerate(LAYERS):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and (best is None or len(p) > best[0]):
+                best = (len(p), i, name)
+    return None if best is None else (best[1], best[2])
+
+
+def _located_edges(mods: dict[str, Path]):
+    """(importer, imported project module, file, line) for every import anywhere in every file."""
+    for m, path in mods.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                pairs = [(a.name, []) for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                pairs = [(node.module, [a.name for a in node.names])]
+            else:
+                continue
+            for mod, names in pairs:
+                targets = [f"{mod}.{n}" for n in names if f"{mod}.{n}" in mods] or ([mod] if mod in mods else [])
+                for t in targets:
+                    if t != m and not t.startswith(m + "."):  # a package importing its own submodules
+                        yield m, t, path, node.lineno
+
+
+def test_every_module_has_a_layer():
+    missing = sorted(m for m in _sources() if _rank(m) is None)
+    assert not missing, "modules without a layer (add them to LAYERS in tests/test_imports.py): " + ", ".join(missing)
+
+
+def test_imports_run_down_the_layers():
+    """No import from a lower layer to a higher one, also inside a function; each named by file and line."""
+    mods = _sources()
+    bad = []
+    for m, t, path, line in _located_edges(mods):
+        a, b = _rank(m), _rank(t)
+        if a is not None and b is not None and b[0] > a[0]:
+            bad.append(f"{path.relative_to(ROOT)}:{line}: {m} ({a[1]}) imports {t} ({b[1]}), a higher layer")
+    assert not bad, "upward imports:\n" + "\n".join(bad)
+
+
+def test_no_import_cycle_counting_imports_inside_functions():
+    """No module reaches itself through imports (a package importing its own submodules is not a
+    cycle); the cycle is named with the file and line of each of its imports."""
+    mods = _sources()
+    where: dict[tuple[str, str], str] = {}
+    edges: dict[str, set[str]] = {m: set() for m in mods}
+    for m, t, path, line in _located_edges(mods):
+        edges[m].add(t)
+        where.setdefault((m, t), f"{path.relative_to(ROOT)}:{line}")
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for t in sorted(edges[m]):
+            if state.get(t) == 1:
+                ring = stack[stack.index(t):] + [t]
+                cycles.append(" -> ".join(f"{a} ({where[(a, b)]})" for a, b in zip(ring, ring[1:])) + f" -> {t}")
+            elif t not in state:
+                visit(t)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(mods):
+        if m not in state:
+            visit(m)
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def import_depth() -> tuple[int, list[str]]:
+    """The longest chain of module imports (modules in it, the chain), counting imports inside
+    functions: how many layers a change at the bottom can travel up."""
+    mods = _sources()
+    edges: dict[str, set[str]] = {m: set() for m in mods}
+    for m, t, _, _ in _located_edges(mods):
+        edges[m].add(t)
+
+    @functools.lru_cache(maxsize=None)
+    def chain(m: str) -> tuple[str, ...]:
+        return (m, *max((chain(t) for t in sorted(edges[m])), key=len, default=()))
+
+    longest = max((chain(m) for m in sorted(mods)), key=len)
+    return len(longest), list(longest)
+
+
+if __name__ == "__main__":  # `python tests/test_imports.py`: the import graph's depth
+    n, longest = import_depth()
+    print(f"{n} modules deep: " + " -> ".join(longest))

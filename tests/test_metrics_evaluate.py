@@ -12,7 +12,7 @@ from adjcap.config import load_config
 from adjcap.features import rows_to_table
 from adjcap.metrics.coco import coco_metrics
 from adjcap.metrics.evaluate import evaluate_predictions, evaluate_run, format_table, load_predictions
-from adjcap.metrics.java import MetricError
+from adjcap.java.runtime import MetricError
 
 FIX = Path(__file__).parent / "fixtures" / "metrics"
 

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from adjcap.metrics.java import find_javac, java_major_version
-from adjcap.metrics.trust import MANIFEST_NAME
+from adjcap.java.runtime import find_javac, java_major_version
+from adjcap.java.trust import MANIFEST_NAME
 from adjcap.metrics.spice import (
     CORENLP_JARS,
     CORENLP_ZIP_DIR,
@@ -41,6 +41,21 @@ def test_missing_jars_raise_a_clear_message(tmp_path):
     assert spice_status(SimpleNamespace(spice=False)).startswith("disabled")
 
 
+def test_prepare_owns_the_corenlp_download():
+    """One owner of every download: the metric's default URL is `adjcap prepare`'s [spice] source
+    (sources.toml), and no Python module of the library writes the URL again."""
+    from pathlib import Path
+
+    import adjcap
+    from adjcap.prepare.corenlp import corenlp_url
+    from adjcap.prepare.sources import load_sources
+
+    assert SpiceConfig(work_dir=None).download_url is None
+    assert corenlp_url() == load_sources(None)["spice"]["url"]
+    root = Path(adjcap.__file__).parent
+    assert not [p for p in root.rglob("*.py") if not p.is_symlink() and "nlp.stanford.edu" in p.read_text()]
+
+
 def test_download_failure_is_clean(tmp_path):
     # a closed port on the loopback: fails at once, no traffic leaves the machine
     cfg = SpiceConfig(work_dir=tmp_path, corenlp_dir=None, download=True,
@@ -59,14 +74,14 @@ def _fake_corenlp_zip(path):
 
 def _pin(monkeypatch, **digests):
     """Pin extra digests ({file name: {algo: [hex]}}) as if they were in the packaged digests file."""
-    import adjcap.metrics.spice as spice_mod
-    import adjcap.metrics.trust as trust
+    import adjcap.java.trust as trust
+    import adjcap.prepare.corenlp as unpacker  # `adjcap prepare` unpacks the jars (it owns every download)
 
     table = {k: dict(v) for k, v in trust.expected_digests().items()}
     for name, algos in digests.items():
         table[name] = {a: frozenset(d) for a, d in algos.items()}
     monkeypatch.setattr(trust, "expected_digests", lambda: table)
-    monkeypatch.setattr(spice_mod, "expected_digests", lambda: table)
+    monkeypatch.setattr(unpacker, "expected_digests", lambda: table)
 
 
 def _sha(path, algo="sha256"):
@@ -115,7 +130,7 @@ def test_user_jars_are_verified_and_a_zip_in_spice_jars_is_used(tmp_path, monkey
 
 def test_jars_extracted_by_adjcap_into_a_private_dir_are_accepted_there(tmp_path, monkeypatch):
     """What `adjcap prepare spice` can do: extract_corenlp into {data}/spice/lib leaves a manifest."""
-    from adjcap.metrics.spice import extract_corenlp
+    from adjcap.prepare.corenlp import extract_corenlp
 
     zpath = _fake_corenlp_zip(tmp_path / "corenlp.zip")
     _pin(monkeypatch, **{f"{CORENLP_ZIP_DIR}.zip": {"sha1": [_sha(zpath, "sha1")]}})

@@ -158,7 +158,7 @@ def test_without_verifier_keeps_retrieval_order(demo_cfg, models, test_records):
 
 
 def test_contrastive_decoding_option_changes_the_beam_scores(demo_cfg, models, test_records):
-    """The negative-result option (DESIGN 4): l_cd = (1+lambda) l_pos - lambda l_neg with the
+    """The negative-result option: l_cd = (1+lambda) l_pos - lambda l_neg with the
     verifier's bottom-4 retrieved captions as the negative prompt."""
     cfg = demo_cfg.model_copy(deep=True)
     base = run_pipeline(test_records[:2], cfg, models)

@@ -319,7 +319,7 @@ def test_full_prepare_lays_out_everything_where_the_presets_look(tmp_path, serve
     assert sorted(p.name for p in (data / "spice/lib").glob("*.jar")) == [
         "stanford-corenlp-3.6.0-models.jar", "stanford-corenlp-3.6.0.jar"]
     # SPICE will run these jars: extracted from a zip whose sha1 was checked, recorded in a private manifest
-    from adjcap.metrics.trust import read_manifest
+    from adjcap.java.trust import read_manifest
 
     assert sorted(read_manifest(data / "spice/lib")) == ["stanford-corenlp-3.6.0-models.jar",
                                                          "stanford-corenlp-3.6.0.jar"]

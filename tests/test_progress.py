@@ -7,7 +7,7 @@ import time
 
 from adjcap.config import load_config
 from adjcap.rundir import RunDir
-from adjcap.jobs.progress import Tally, Lines, duration
+from adjcap.jobs.progress_display import Tally, Lines, duration
 from adjcap.jobs.ray_session import init_options, quiet_console
 from adjcap.jobs.run import written_since
 from adjcap.jobs.run_benchmark import stream_stages

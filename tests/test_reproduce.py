@@ -9,7 +9,8 @@ from typer.testing import CliRunner
 
 from adjcap.config import list_presets, load_config
 from adjcap.index import benchmark_corpus
-from adjcap.reproduce import RowResult, build_table, get_table, load_tables, parse_tables, plan_table
+from adjcap.report.reproduced import RowResult, build_table
+from adjcap.reproduce import get_table, load_tables, parse_tables, plan_table
 from adjcap.stage_cache import stage_identities
 from adjcap.image_state import STAGES
 from adjcap.cli import app
@@ -28,7 +29,7 @@ def test_every_paper_table_is_registered_and_listed():
         for row in tables[key].rows:
             assert row.label in res.output and row.preset in res.output
     # every row of the published tables finds its published entry (labels and matches are right)
-    from adjcap.reproduce import published_row
+    from adjcap.report.reproduced import published_row
 
     for key in ("scoreboard", "protocols", "ablation", "verifier-substrate", "xdomain", "chair", "reproduction"):
         t = tables[key]

@@ -147,6 +147,21 @@ def test_picker_registry_declares_needs_and_names_unknown_ones():
     assert "new" not in PICKERS
 
 
+def test_every_declared_picker_has_its_scoring_function_and_the_config_checks_without_torch():
+    """adjcap/picker_needs.py declares the pickers (what the config checks); adjcap.rerank.pickers
+    gives each its function: the two lists are one."""
+    import subprocess
+    import sys
+
+    from adjcap.picker_needs import PICKER_NEEDS
+
+    assert PICKER_NEEDS.names() == PICKERS.names()
+    assert all(PICKERS.get(n).scorers == PICKER_NEEDS.get(n).scorers for n in PICKERS)
+    code = ("import sys; from adjcap.config import load_config; load_config('ifcap', ['rerank.picker=lm']); "
+            "assert 'torch' not in sys.modules, 'checking a config imported torch'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_config_picker_is_checked_against_the_registry():
     for name in picker_names():
         assert RerankCfg(picker=name).picker == name

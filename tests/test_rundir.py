@@ -160,3 +160,25 @@ def test_temp_files_of_a_killed_writer_are_removed_by_the_next_run_that_holds_th
                 pass
         assert live.exists()
     assert theirs.exists()  # another run directory's files are its own run's business
+
+
+def test_reading_a_run_back_config_settings_and_metrics(tmp_path):
+    """RunDir is the one reader of a run (the Python API, the report, evaluate and the samples table
+    call it): the config, the (benchmark, apply split) defaults a damaged config only loses, and the
+    metrics documents by protocol, a file that is not JSON named."""
+    run = RunDir(tmp_path / "r")
+    with pytest.raises(FileNotFoundError, match="config.toml not found"):
+        run.config()
+    assert run.settings() == (None, "test")
+    cfg = load_config("demo", ["rerank.apply_split=val"])
+    run.write_config(cfg.to_toml())
+    assert run.config().name == cfg.name
+    assert run.settings() == (cfg.benchmark, "val")
+    run.write_config("not = [valid")
+    assert run.settings() == (None, "test")
+    run.write_metrics("inductive", {"protocol": "inductive", "pickers": {"lm": {"CIDEr": 1.0}}})
+    run.write_metrics("other", {"no": "pickers"})
+    assert run.metrics_docs() == {"inductive": {"protocol": "inductive", "pickers": {"lm": {"CIDEr": 1.0}}}}
+    run.metrics_path("broken").write_text("{")
+    with pytest.raises(ValueError, match=r"broken\.json: not valid JSON"):
+        run.metrics_docs()

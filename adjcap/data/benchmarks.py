@@ -16,8 +16,9 @@ confinement to the image root: :mod:`adjcap.data.image_paths`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from adjcap.data.annotations import read_annotations
 from adjcap.data.image_paths import locate_images
@@ -25,11 +26,15 @@ from adjcap.data.layouts.folder import scan_folder
 from adjcap.data.records import DataError, Record
 from adjcap.data.references import clean_references
 
-if TYPE_CHECKING:
-    from adjcap.config import BenchmarkCfg
+class SplitFiles(Protocol):
+    """What :func:`split_annotations` reads of a benchmark's settings (``adjcap.config.BenchmarkCfg``,
+    which sits a layer above the data readers)."""
+
+    annotations: str
+    annotations_by_split: Mapping[str, str]
 
 
-def split_annotations(bench: BenchmarkCfg, split: str, name: str = "<benchmark>") -> str:
+def split_annotations(bench: SplitFiles, split: str, name: str = "<benchmark>") -> str:
     """The annotation path of ``split``: ``annotations_by_split[split]`` when the benchmark lists its
     splits' files, else ``annotations`` (a file that holds the split itself, e.g. Karpathy's, or a
     single-split file). A split the benchmark does not list is an error naming the known ones; it is

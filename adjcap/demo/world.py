@@ -479,11 +479,6 @@ def iter_training_pairs(seed: int = 42, n: int = 1000, pool: str = "clip-train")
                                          "objects": [o.as_dict() for o in scene["objects"]]})
 
 
-def render_training_pairs(seed: int = 42, n: int = 1000, pool: str = "clip-train") -> list[RenderedPair]:
-    """:func:`iter_training_pairs` as a list."""
-    return list(iter_training_pairs(seed, n, pool))
-
-
 def demo_corpus_texts(root: str | Path) -> list[str]:
     """The demo training corpus, normalised as the retrieval corpus is (builds the world if absent)."""
     from adjcap.data.corpus import load_corpus

@@ -20,7 +20,7 @@ import torch
 
 from adjcap.config import BenchmarkCfg, ConfigError, EncoderCfg, RetrievalCfg
 from adjcap.data.corpus import Corpus, load_corpus
-from adjcap.io import file_digest
+from adjcap.io import file_content_id
 from adjcap.index.store import (
     CaptionIndexError,
     IndexManifest,
@@ -76,10 +76,10 @@ def index_identity(retrieval: RetrievalCfg, cache_dir: str | Path, encoder_id: s
 
 def encoder_identity(enc: EncoderCfg) -> str:
     """A stable id of a (resolved) encoder section without loading it: name + tag, or name + the local
-    checkpoint's content id (:func:`adjcap.io.file_digest`: content, not path)."""
+    checkpoint's content id (:func:`adjcap.io.file_content_id`: content, not path)."""
     pretrained = enc.pretrained
     if pretrained and Path(pretrained).is_file():
-        return f"{enc.model}:file-{file_digest(Path(pretrained))}"
+        return f"{enc.model}:file-{file_content_id(Path(pretrained))}"
     return f"{enc.model}:{pretrained or 'random'}"
 
 

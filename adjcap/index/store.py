@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from adjcap.io import atomic_write_bytes, atomic_write_json
+from adjcap.io import atomic_write_bytes, atomic_write_json, file_checksum
 from adjcap.models.precision import pick_device
 
 FORMAT_VERSION = 1
@@ -128,14 +128,6 @@ def _npy_bytes(arr: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 24), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _as_numpy(x: Any) -> np.ndarray:
     if isinstance(x, torch.Tensor):
         x = x.detach().to("cpu")
@@ -221,7 +213,7 @@ def check_shard(
     for path, digest in ((vec_path, info.sha256), (ids_path, info.ids_sha256)):
         if not path.is_file():
             return None, f"{path} missing"
-        if checksums and _sha256_file(path) != digest:
+        if checksums and file_checksum(path) != digest:
             return None, f"{path}: sha256 differs from its sidecar (file changed or half-written)"
     try:
         vec = np.load(vec_path, mmap_mode="r", allow_pickle=False)

@@ -21,7 +21,7 @@ from typing import Any, Literal
 import numpy as np
 
 from adjcap.data.domains import normalize_domain
-from adjcap.metrics.java import MetricError
+from adjcap.java.runtime import MetricError
 from adjcap.metrics.meteor import MeteorScorer, meteor_scores, try_shared_meteor
 from adjcap.metrics.tokenizer import ptb_tokenize
 

@@ -31,7 +31,7 @@ from adjcap.metrics.coco import (
     align,
     score_tokenized,
 )
-from adjcap.metrics.java import MetricError
+from adjcap.java.runtime import MetricError
 from adjcap.metrics.meteor import MeteorScorer, try_shared_meteor
 from adjcap.metrics.ranks import pick_disagreement, retrieval_verifier_spearman, top1_agreement
 from adjcap.metrics.spice import SpiceConfig
@@ -325,23 +325,10 @@ def evaluate_predictions(
 # ---------------------------------------------------------------------------------------------
 
 
-def _run_defaults(run: RunDir) -> tuple[str | None, str]:
-    """(benchmark, apply split) from the run's config.toml (fallback: None, 'test')."""
-    if run.config_path.exists():
-        try:
-            from adjcap.config import load_config
-
-            cfg = load_config(config_file=run.config_path)
-            return cfg.benchmark, cfg.rerank.apply_split
-        except Exception:  # noqa: BLE001 - a damaged config only loses the defaults
-            pass
-    return None, "test"
-
-
 def load_run_references(run_dir: str | Path | RunDir) -> tuple[dict[str, list[str]], dict[str, str] | None, Any]:
     """The references, domains and apply-split feature table a run directory holds (see RunDir)."""
     run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
-    bench, split = _run_defaults(run)
+    bench, split = run.settings()
     cands = [(b, s) for b, s in run.reference_splits() if s == split and (bench is None or b == bench)]
     if len(cands) != 1 and bench is not None:
         cands = [(b, s) for b, s in run.reference_splits() if s == split]

@@ -22,7 +22,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from adjcap.metrics.java import MetricError, find_java, pycocoevalcap_dir, tail
+from adjcap.java.runtime import MetricError, find_java, pycocoevalcap_dir, tail
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 
-from adjcap.metrics.java import MetricError, find_java, pycocoevalcap_dir, tail
+from adjcap.java.runtime import MetricError, find_java, pycocoevalcap_dir, tail
 
 # the punctuation tokens pycocoevalcap drops after tokenising (its PUNCTUATIONS list)
 PUNCTUATIONS = frozenset(

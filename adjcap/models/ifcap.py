@@ -453,7 +453,7 @@ class IFCapCaptioner:
         ``"fast"`` the batched KV-cached search that returns the same beams.
         ``retrieved_feats`` may be a list of [k_i, C] tensors when k differs between images.
 
-        Contrastive decoding (DESIGN 4's negative result, off by default): with
+        Contrastive decoding (a negative result kept as an option, off by default): with
         ``negative_retrieved_feats`` (e.g. the verifier's bottom-4 captions' raw CLIP embeddings) and
         ``contrastive_lambda`` > 0, a negative prompt [S_neg ; H] is built from the same image and
         entities and the beam ranks (1+lambda) l_pos - lambda l_neg per token; the candidates' scores

@@ -16,7 +16,7 @@ from adjcap.prepare.errors import PrepareError
 from adjcap.prepare.leftovers import sweep
 from adjcap.prepare.limits import limits_of
 from adjcap.prepare.lock import LOCK_NAME, Lock
-from adjcap.prepare.progress import human_bytes
+from adjcap.prepare.download_progress import human_bytes
 from adjcap.prepare.runlock import RUN_LOCK_NAME, holding
 from adjcap.prepare.sources import load_sources
 from adjcap.prepare.steps import ALL, STEPS, Context, Options, Planned

@@ -30,9 +30,9 @@ from typing import IO, Callable, Sequence, TextIO
 
 from adjcap.prepare.errors import ChecksumError, DiskFullError, NetworkError, PrepareError
 from adjcap.prepare.limits import Deadlines
-from adjcap.prepare.progress import Progress
+from adjcap.prepare.download_progress import Progress
 from adjcap.prepare.sources import host_of
-from adjcap.prepare.verify import sha256_file
+from adjcap.io import file_checksum
 
 USER_AGENT = "adjcap-prepare/0.1 (+python urllib)"
 RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
@@ -199,7 +199,7 @@ def check_bytes(path: Path, item: Item, what: str) -> str:
             f"{what}: {size} bytes, expected {item.size}; the file was removed - run again, or check "
             "that the source has not changed (sources.toml)"
         )
-    digest = sha256_file(path)
+    digest = file_checksum(path)
     if item.sha256 and digest != item.sha256.lower():
         if item.pinned_by == "sources.toml":
             fix = "run again, or if the source really changed, update its sha256 in the sources file"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from adjcap.prepare import extract, lock
 from adjcap.prepare.download import META, PARTIAL, discard_partial, resumable
-from adjcap.prepare.progress import human_bytes
+from adjcap.prepare.download_progress import human_bytes
 from adjcap.prepare.runlock import RUN_LOCK_NAME
 
 OLD_TREE = re.compile(r"\.(.+)" + re.escape(extract.OLD_INFIX) + "[0-9]+")

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from adjcap.prepare.errors import PrepareError
-from adjcap.prepare.verify import sha256_file
+from adjcap.io import file_checksum
 
 LOCK_NAME = "prepare.lock.json"
 TMP_PREFIX = ".prepare.lock-"  # save(): written whole, then renamed over the lock
@@ -116,6 +116,6 @@ class Lock:
             size = p.stat().st_size
             if size != rec.get("size"):
                 problems.append(f"{rel}: {size} bytes, locked {rec.get('size')}")
-            elif sha256_file(p) != rec.get("sha256"):
+            elif file_checksum(p) != rec.get("sha256"):
                 problems.append(f"{rel}: sha256 differs from the lock")
         return problems

@@ -9,15 +9,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from adjcap.nested import deep_update
 from adjcap.prepare.errors import PrepareError
-
-
-def _merge(dst: dict[str, Any], src: dict[str, Any]) -> None:
-    for k, v in src.items():
-        if isinstance(v, dict) and isinstance(dst.get(k), dict):
-            _merge(dst[k], v)
-        else:
-            dst[k] = v
 
 
 def load_sources(path: str | Path | None = None) -> dict[str, Any]:
@@ -26,7 +19,7 @@ def load_sources(path: str | Path | None = None) -> dict[str, Any]:
     if path is not None:
         p = Path(path).expanduser()
         try:
-            _merge(data, tomllib.loads(p.read_text()))
+            deep_update(data, tomllib.loads(p.read_text()))
         except FileNotFoundError:
             raise PrepareError(f"{p}: sources file not found (--sources FILE)") from None
         except tomllib.TOMLDecodeError as e:

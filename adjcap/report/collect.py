@@ -87,12 +87,9 @@ def load_run(path: str | Path) -> RunData:
         raise FileNotFoundError(f"{path}: not a run directory")
     rd = RunDir(path)
     run = RunData(path=path, name=path.name)
-    cfg_file = rd.config_path
-    if cfg_file.exists():
+    if rd.config_path.exists():
         try:
-            from adjcap.config import load_config
-
-            cfg = load_config(config_file=cfg_file)
+            cfg = rd.config()
             run.config_name = cfg.name
             run.description = cfg.description
             run.benchmark = cfg.benchmark
@@ -103,13 +100,7 @@ def load_run(path: str | Path) -> RunData:
                 run.image_root = Path(cfg.resolved().benchmarks[cfg.benchmark].images)
         except Exception as e:  # noqa: BLE001 - the report still renders what it can
             run.description = f"(config.toml could not be read: {e})"
-    for f in rd.metrics_files():
-        try:
-            doc = json.loads(f.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{f}: not valid JSON ({e}); re-run `adjcap evaluate --run {path}`") from None
-        if isinstance(doc, dict) and "pickers" in doc:
-            run.metrics[doc.get("protocol", f.stem)] = doc
+    run.metrics.update(rd.metrics_docs())
     for proto in run.metrics:
         na = rd.fit_summary(proto).get("not_applicable") or {}
         if isinstance(na, dict):

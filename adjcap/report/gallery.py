@@ -213,14 +213,6 @@ document.querySelectorAll('table.gallery').forEach(function(t){
 """
 
 
-def item_dicts(items: list[GalleryItem]) -> list[dict[str, Any]]:
-    return [
-        {"image_id": x.image_id, "lm": x.lm_caption, "adjudicated": x.adj_caption, "lm_cider": x.lm_cider,
-         "adjudicated_cider": x.adj_cider, "gain": x.gain, "has_image": x.image_src is not None}
-        for x in items
-    ]
-
-
 # ---------------------------------------------------------------------------------------------
 # the paged gallery of every image
 # ---------------------------------------------------------------------------------------------

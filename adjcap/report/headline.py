@@ -89,11 +89,11 @@ def headline_table(run: RunData, label: str) -> Table | None:
 
 def _single_judge(picker: str) -> str | None:
     """The one frozen scorer a picker follows alone (no heads, one scorer), else None."""
-    from adjcap.rerank.pickers import PICKERS
+    from adjcap.picker_needs import PICKER_NEEDS
 
-    if picker not in PICKERS.names():
+    if picker not in PICKER_NEEDS:
         return None
-    spec = PICKERS.get(picker)
+    spec = PICKER_NEEDS.get(picker)
     return spec.scorers[0] if len(spec.scorers) == 1 and not spec.heads else None
 
 

@@ -9,7 +9,8 @@
 * ``memattend``  argmax MemAttend(memory tokens, beam tokens).
 * ``ensemble``   argmax beta * z(TriFuse) + (1 - beta) * z(MemAttend)  (beta = 0.75).
 
-Each picker is a small function registered with what it needs: the scorers whose values must be
+Each picker is a small function registered with what it needs (declared in
+:mod:`adjcap.picker_needs`, which the configuration reads without PyTorch): the scorers whose values must be
 present in the feature table (``scorers``) and the fitted heads (``heads``). A picker that needs a
 head is *learned*; the others are *training-free*. :func:`applicability` says, for a feature table
 and the heads at hand, which pickers can run and why the others cannot (e.g. ``verifier`` on a run
@@ -28,12 +29,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from adjcap.picker_needs import PICKER_NEEDS, SCORERS, declare_picker
+from adjcap.registry import Registry
 from adjcap.rerank.features import BeamFeatures, zscore
 from adjcap.rerank.heads import HEADS, Heads, head_spec
-from adjcap.registry import Registry
-
-# raw scorer columns of BeamFeatures.raw_scores, by the name pickers declare them with
-SCORERS = {"lm": (0, "LM"), "retrieval": (1, "retrieval cosine"), "verifier": (2, "verifier")}
 
 
 @dataclass(frozen=True)
@@ -62,13 +61,21 @@ PICKERS: Registry[PickerSpec] = Registry("picker")
 
 
 def register_picker(name: str, scorers: tuple[str, ...] = (), heads: tuple[str, ...] = ()):
-    """Decorator registering ``fn(ctx) -> scores [I, N]`` as picker ``name``."""
-    for s in scorers:
-        if s not in SCORERS:
-            raise ValueError(f"picker {name!r}: unknown scorer {s!r} (known: {', '.join(SCORERS)})")
+    """Decorator registering ``fn(ctx) -> scores [I, N]`` as picker ``name``. A picker declared in
+    :mod:`adjcap.picker_needs` (the built-ins) takes its needs from there; a new name is declared there
+    with ``scorers`` and ``heads``, so the configuration accepts it too."""
+    if name in PICKERS:
+        raise ValueError(f"picker {name!r} is already registered")
     for h in heads:
         HEADS.get(h)
-    return PICKERS.register(name, lambda n, fn: PickerSpec(n, fn, tuple(scorers), tuple(heads)))
+    if name in PICKER_NEEDS:
+        needs = PICKER_NEEDS.get(name)
+        if (scorers or heads) and (tuple(scorers), tuple(heads)) != (needs.scorers, needs.heads):
+            raise ValueError(f"picker {name!r} is declared in adjcap/picker_needs.py with scorers "
+                             f"{needs.scorers} and heads {needs.heads}; register it without them")
+    else:
+        needs = declare_picker(name, scorers, heads)
+    return PICKERS.register(name, lambda n, fn: PickerSpec(n, fn, needs.scorers, needs.heads))
 
 
 def get_picker(name: str) -> PickerSpec:
@@ -127,38 +134,38 @@ def head_scores(feats: BeamFeatures, head: torch.nn.Module, chunk_images: int = 
     return torch.cat(outs, dim=0).to(torch.float32)
 
 
-@register_picker("lm", scorers=("lm",))
+@register_picker("lm")
 def _lm(ctx: Ctx) -> torch.Tensor:
     return _col(ctx.feats, "lm")
 
 
-@register_picker("retrieval", scorers=("retrieval",))
+@register_picker("retrieval")
 def _retrieval(ctx: Ctx) -> torch.Tensor:
     return _col(ctx.feats, "retrieval")
 
 
-@register_picker("verifier", scorers=("verifier",))
+@register_picker("verifier")
 def _verifier(ctx: Ctx) -> torch.Tensor:
     return _col(ctx.feats, "verifier")
 
 
-@register_picker("fixed", scorers=("lm", "retrieval"))
+@register_picker("fixed")
 def _fixed(ctx: Ctx) -> torch.Tensor:
     z = ctx.feats.scores.double()
     return ctx.alpha * z[..., 0] + (1.0 - ctx.alpha) * z[..., 1]
 
 
-@register_picker("trifuse", heads=("trifuse",))
+@register_picker("trifuse")
 def _trifuse(ctx: Ctx) -> torch.Tensor:
     return head_scores(ctx.feats, ctx.heads["trifuse"]).double()
 
 
-@register_picker("memattend", heads=("memattend",))
+@register_picker("memattend")
 def _memattend(ctx: Ctx) -> torch.Tensor:
     return head_scores(ctx.feats, ctx.heads["memattend"]).double()
 
 
-@register_picker("ensemble", heads=("trifuse", "memattend"))
+@register_picker("ensemble")
 def _ensemble(ctx: Ctx) -> torch.Tensor:
     f = ctx.feats
     t = zscore(head_scores(f, ctx.heads["trifuse"]), f.mask).double()

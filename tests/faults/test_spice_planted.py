@@ -11,7 +11,7 @@ import pytest
 
 from adjcap.config import EvalCfg
 from adjcap.metrics.evaluate import evaluate_predictions
-from adjcap.metrics.java import find_javac
+from adjcap.java.runtime import find_javac
 from adjcap.metrics.spice import CORENLP_JARS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]

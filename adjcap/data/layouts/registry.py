@@ -112,6 +112,3 @@ def dir_layout(path: Path) -> Layout | None:
             return lay
     return None
 
-
-def formats_of(layout: Layout) -> str:
-    return ", ".join([layout.format, *layout.accepted_by])

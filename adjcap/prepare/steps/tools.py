@@ -7,7 +7,8 @@ import os
 import shutil
 from pathlib import Path
 
-from adjcap.metrics.trust import file_digest, private_dir, write_manifest
+from adjcap.io import file_checksum
+from adjcap.java.trust import private_dir, write_manifest
 from adjcap.prepare.errors import PrepareError
 from adjcap.prepare.extract import extract
 from adjcap.prepare.steps.archives import archive_plan, install_archive
@@ -88,7 +89,7 @@ class SpiceStep:
         with ctx.validating(url, got, self.name):
             bad = zip_problem(archive)
             want_sha1 = src.get("sha1")
-            if not bad and want_sha1 and file_digest(archive, "sha1") != want_sha1:
+            if not bad and want_sha1 and file_checksum(archive, "sha1") != want_sha1:
                 bad = f"sha1 differs from the published {want_sha1}"
             if bad:
                 raise PrepareError(f"{ctx.source_of(item)}: {bad}; the archive was removed - run again")

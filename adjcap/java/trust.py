@@ -6,7 +6,7 @@ SPICE runs Java code from files on disk. Only these reach its classpath:
   each run (never a class found on disk);
 * pycocoevalcap's own ``spice-1.0.jar`` and ``spice/lib`` jars, by name, from a location no other
   user can write;
-* the two CoreNLP 3.6.0 jars, only when their digest matches ``resources/corenlp-3.6.0.digests.json``
+* the two CoreNLP 3.6.0 jars, only when their digest matches ``adjcap/metrics/resources/corenlp-3.6.0.digests.json``
   or the manifest adjcap wrote when it extracted them from a zip whose digest matched.
 
 Directories adjcap writes SPICE state into (parse cache, downloaded jars, scratch files) are
@@ -16,7 +16,6 @@ private: owned by the effective user, mode 0700, not a symlink; anything else is
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
 import stat
@@ -24,7 +23,8 @@ from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 
-from adjcap.metrics.java import MetricError
+from adjcap.io import file_checksum
+from adjcap.java.runtime import MetricError
 
 DIGESTS_RESOURCE = "corenlp-3.6.0.digests.json"
 MANIFEST_NAME = "corenlp-3.6.0.verified.json"
@@ -94,31 +94,15 @@ def check_not_writable_by_others(path: str | Path) -> None:
 @functools.lru_cache(maxsize=1)
 def expected_digests() -> dict[str, dict[str, frozenset[str]]]:
     """{file name: {algorithm: {hex digest, ...}}} from the packaged digests file."""
-    doc = json.loads((resources.files("adjcap.metrics") / "resources" / DIGESTS_RESOURCE).read_text())
+    doc = json.loads((resources.files("adjcap") / "metrics" / "resources" / DIGESTS_RESOURCE).read_text())
     return {
         name: {algo: frozenset(d.lower() for d in digests) for algo, digests in algos.items() if algo in ALGORITHMS}
         for name, algos in doc["files"].items()
     }
 
 
-_DIGEST_CACHE: dict[tuple[str, int, int, int, str], str] = {}
-
-
-def file_digest(path: str | Path, algo: str) -> str:
-    """Hex digest of a file (cached per path, size, mtime and inode within the process)."""
-    st = os.stat(path)
-    key = (str(path), st.st_size, st.st_mtime_ns, st.st_ino, algo)
-    if key not in _DIGEST_CACHE:
-        h = hashlib.new(algo)
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-        _DIGEST_CACHE[key] = h.hexdigest()
-    return _DIGEST_CACHE[key]
-
-
 def digest_matches(path: str | Path, expected: Mapping[str, frozenset[str] | set[str]]) -> bool:
-    return any(digests and file_digest(path, algo) in digests for algo, digests in expected.items())
+    return any(digests and file_checksum(path, algo) in digests for algo, digests in expected.items())
 
 
 def read_manifest(lib_dir: Path) -> dict[str, dict[str, frozenset[str]]]:
@@ -142,7 +126,7 @@ def read_manifest(lib_dir: Path) -> dict[str, dict[str, frozenset[str]]]:
 
 def write_manifest(lib_dir: Path, names: list[str]) -> None:
     """Record the sha256 of ``names`` in ``lib_dir`` (atomically, mode 0600)."""
-    doc = {n: {"sha256": file_digest(lib_dir / n, "sha256")} for n in names}
+    doc = {n: {"sha256": file_checksum(lib_dir / n, "sha256")} for n in names}
     tmp = lib_dir / f".{MANIFEST_NAME}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -158,7 +142,7 @@ def verify_file(path: Path, name: str, extra: Mapping[str, Mapping[str, frozense
     if digest_matches(path, pinned) or (extra and digest_matches(path, extra.get(name, {}))):
         return
     known = [a for a, d in pinned.items() if d]
-    why = (f"its sha256 {file_digest(path, 'sha256')[:16]}... matches no pinned digest"
+    why = (f"its sha256 {file_checksum(path, 'sha256')[:16]}... matches no pinned digest"
            if known or extra else "no published digest of it is pinned in adjcap")
     raise UntrustedFile(
         f"{path} is not a verified copy of {name} ({why}); SPICE does not run unverified jars. Put the CoreNLP zip "

@@ -1,0 +1,50 @@
+"""Parquet parts: a folder of ``part-*.parquet`` files, each written atomically (complete or absent)
+under a name no other writer takes, read in the order they were written; a part that cannot be read
+is set aside as ``<name>.corrupt`` (kept for inspection, never read again) so that its images are
+recomputed. The one part writer of a run's feature parts (:class:`adjcap.rundir.RunDir`) and of the
+stage cache (:mod:`adjcap.stage_cache`)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from adjcap.io import atomic_write_parquet, is_temp_name
+
+PART_GLOB = "part-*.parquet"
+
+
+def part_paths(folder: Path) -> list[Path]:
+    """The complete parts in ``folder``, in the order they were written (none when it is absent)."""
+    return sorted(p for p in folder.glob(PART_GLOB) if not is_temp_name(p.name)) if folder.is_dir() else []
+
+
+def new_part_name() -> str:
+    """A part name no other writer can take: time-ordered, then host, pid and a random suffix."""
+    host = "".join(c if c.isalnum() else "_" for c in socket.gethostname())[:24]
+    return f"part-{time.time_ns():020d}-{host}-{os.getpid()}-{uuid.uuid4().hex[:8]}.parquet"
+
+
+def write_part(folder: Path, table: pa.Table) -> Path:
+    """``table`` as a new part of ``folder``, written atomically."""
+    return atomic_write_parquet(folder / new_part_name(), table)
+
+
+def read_part(part: Path, columns: list[str] | None = None) -> pa.Table | None:
+    """The part's rows, or None when it cannot be read: it is then renamed to ``<name>.corrupt`` and a
+    warning on stderr says its images will be recomputed."""
+    try:
+        return pq.read_table(part, columns=columns)
+    except Exception as e:  # noqa: BLE001 - any unreadable part is set aside the same way
+        dest = part.with_name(part.name + ".corrupt")
+        os.replace(part, dest)
+        print(f"warning: {part} is unreadable ({type(e).__name__}); moved to {dest.name}, "
+              "its images will be recomputed", file=sys.stderr)
+        return None
