@@ -176,7 +176,7 @@ class MemAttendCfg(_Strict):
 
 
 class RerankCfg(_Strict):
-    picker: str = Field("ensemble", description="a declared picker (adjcap/picker_needs.py)")
+    picker: str = Field("ensemble", description="a declared picker (adjcap.picker_needs.PICKER_NEEDS lists them)")
     protocol: Literal["inductive", "transductive", "training-free"] = Field(
         "inductive", description="inductive: fit the heads on fit_split, pick on apply_split; transductive: fit on "
         "the apply split's own beams; training-free: fit nothing"
