@@ -755,3 +755,43 @@ def test_a_hostile_archive_holding_the_expected_files_is_refused_and_not_trusted
     assert not lock.exists() or url not in json.loads(lock.read_text())["downloads"]
     assert not (data / "nltk_data/tokenizers").exists()
     assert not [p for p in data.rglob("*") if p.is_file() and p.name not in ("prepare.lock.json", ".prepare-run.lock")]
+
+
+# --------------------------------------------------------------------------------------------
+# coco-instances: the original CHAIR's ground truth
+# --------------------------------------------------------------------------------------------
+
+INSTANCES_ZIP = "/images.cocodataset.org/annotations/annotations_trainval2014.zip"
+
+
+def _instances(ids: list[int]) -> bytes:
+    return json.dumps({"images": [{"id": i} for i in ids], "categories": [{"id": 18, "name": "dog"}],
+                       "annotations": [{"id": k, "image_id": i, "category_id": 18} for k, i in enumerate(ids)]}).encode()
+
+
+def test_coco_instances_are_laid_out_verified_and_read_by_chair(tmp_path, server, sources):
+    from adjcap.metrics.chair import load_instance_objects
+
+    server.state.files[INSTANCES_ZIP] = zip_bytes({
+        "annotations/instances_val2014.json": _instances([391895, 522418]),
+        "annotations/instances_train2014.json": _instances([9]),
+        "annotations/captions_val2014.json": b"{}",
+    })
+    with open(sources, "a") as f:  # this world's counts
+        f.write('[coco_instances.expect]\n"instances_val2014.json" = 2\n"instances_train2014.json" = 1\n')
+    data = tmp_path / "data"
+    run(["coco-instances"], opts(data, sources, server), say=quiet(), stream=io.StringIO())
+    val = data / "coco/annotations/instances_val2014.json"
+    assert load_instance_objects([val]) == {391895: {"dog"}, 522418: {"dog"}}
+    lock = json.loads((data / "prepare.lock.json").read_text())
+    assert "coco/annotations/instances_val2014.json" in lock["files"]
+    run(["coco-instances"], opts(data, sources, server), verify=True, say=quiet(), stream=io.StringIO())
+    # an archive whose instances do not have the expected images is refused, nothing laid out
+    other = tmp_path / "other"
+    server.state.files[INSTANCES_ZIP] = zip_bytes({
+        "annotations/instances_val2014.json": _instances([1]),
+        "annotations/instances_train2014.json": _instances([9]),
+    })
+    with pytest.raises(PrepareError, match="instances_val2014.json: 1 images, expected 2"):
+        run(["coco-instances"], opts(other, sources, server), say=quiet(), stream=io.StringIO())
+    assert not (other / "coco/annotations").exists()
