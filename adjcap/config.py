@@ -275,6 +275,13 @@ class EvalCfg(_Strict):
     java: str = Field("java", description="the Java executable (PTB tokenizer, METEOR, SPICE)")
     java_mem: str = Field("8G", description="SPICE's Java heap (-Xmx)")
     clipscore_w: float = Field(2.5, description="CLIPScore = w * max(cos, 0) (Hessel et al.)")
+    chair: Literal["proxy", "instances", "both"] = Field(
+        "proxy", description="CHAIR's ground truth: proxy (the image's references, the paper's), instances (COCO "
+        "instance annotations + references, the original CHAIR of Rohrbach et al. 2018; COCO images only) or both")
+    coco_instances: list[str] = Field(
+        default_factory=lambda: ["{data}/coco/annotations/instances_val2014.json"],
+        description="COCO instances files for eval.chair = instances | both (`adjcap prepare coco-instances`); "
+        "the Karpathy splits' images are all in val2014")
     clipscore: EncoderCfg = Field(
         default_factory=EncoderCfg,
         description="the fixed CLIPScore encoder (the paper's ViT-bigG-14 laion2b_s39b_b160k), the same for every run; "

@@ -151,6 +151,7 @@ ALTERNATIVES: dict[str, typing.Callable[[World], list[str]]] = {
     "device": lambda w: ["device=cpu"],
     "eval.clipscore.model": lambda w: ["eval.clipscore.model=adjcap-tiny-clip"],
     "eval.clipscore.pretrained": lambda w: [f"eval.clipscore.pretrained={w.copy(w.cfg.eval.clipscore.pretrained)}"],
+    "eval.coco_instances": lambda w: [f"eval.coco_instances=[\"{w.root}/instances_val2014.json\"]"],
     "eval.java": lambda w: ["eval.java=/usr/bin/java-other"],
     "eval.java_mem": lambda w: ["eval.java_mem=2G"],
     "eval.spice_jars": lambda w: [f"eval.spice_jars={w.root}/jars"],

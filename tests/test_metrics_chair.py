@@ -190,3 +190,28 @@ def test_instance_files_refuse_what_they_cannot_answer(instances_file, tmp_path)
         load_instance_objects([bad])
     with pytest.raises(ValueError, match="no instance annotations"):
         chair({"1": "a dog"}, {"1": ["a dog"]}, objects={})
+
+
+def test_eval_chair_both_scores_the_proxy_and_the_instance_chair(instances_file, tmp_path):
+    """eval.chair = both on a run directory whose references carry COCO ids: metrics["chair"] is the
+    proxy and metrics["chair_instances"] the hand-checked instance CHAIR above; a benchmark without
+    COCO ids says in one note that instance CHAIR is not available."""
+    from adjcap.metrics.evaluate import Evaluator, instance_ground_truth
+    from adjcap.rundir import RunDir
+
+    run = RunDir(tmp_path / "run")
+    refs = {k: EXAMPLE[k][1] for k in COCO_IDS}
+    run.write_references("coco", "test", refs, coco_ids=COCO_IDS)
+    objects, note = instance_ground_truth(run, refs, "both", [instances_file])
+    assert note is None and objects == {"1": {"person", "motorcycle", "dog"}, "5": {"cat", "laptop"}, "6": set()}
+    with Evaluator(refs, instance_objects=objects, chair_ground_truth="both") as ev:
+        out = ev.score({k: EXAMPLE[k][0] for k in COCO_IDS})
+    assert out["chair"]["ground_truth"] == "proxy" and out["chair"]["CHAIR_i"] == pytest.approx(100 * 2 / 6)
+    inst = out["chair_instances"]
+    assert inst["ground_truth"] == "instances"
+    assert inst["CHAIR_s"] == pytest.approx(100 / 3) and inst["CHAIR_i"] == pytest.approx(100 / 6)
+    other = RunDir(tmp_path / "nocaps")
+    other.write_references("nocaps", "val", refs)
+    objects, note = instance_ground_truth(other, refs, "instances", [instances_file])
+    assert objects is None and note.startswith("instance CHAIR not available: 3 of 3 images have no COCO id")
+    assert instance_ground_truth(run, refs, "proxy", [instances_file]) == (None, None)

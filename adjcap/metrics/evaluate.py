@@ -20,7 +20,7 @@ from typing import Any
 
 from adjcap.data.domains import normalize_domain
 from adjcap.io import atomic_write_json
-from adjcap.metrics.chair import ChairMatcher, chair_proxy
+from adjcap.metrics.chair import ChairMatcher, chair, load_instance_objects
 from adjcap.metrics.clipscore import CLIPSCORE_W, clipscore_from_features
 from adjcap.metrics.coco import (
     METRIC_NAMES,
@@ -65,6 +65,8 @@ class Evaluator:
         tmp_dir: str | Path | None = None,
         on_missing: OnMissing = "error",
         chair: bool = True,
+        instance_objects: Mapping[Hashable, set[str]] | None = None,
+        chair_ground_truth: str = "proxy",
     ):
         self.references = {k: list(v) for k, v in references.items()}
         self.domains = {k: normalize_domain(v) or v for k, v in domains.items() if v} if domains else None
@@ -73,6 +75,9 @@ class Evaluator:
         self.tmp_dir = tmp_dir
         self.on_missing = on_missing
         self.chair = ChairMatcher() if chair else None
+        # eval.chair: "proxy", "instances" or "both"; instance CHAIR needs every image's COCO objects
+        self.chair_ground_truth = chair_ground_truth
+        self.instance_objects = instance_objects
         self._ref_tok: dict[Hashable, list[str]] | None = None
         self._cap_tok: dict[str, str] = {}
         self._spice_scores: dict[tuple[Hashable, str], float] = {}
@@ -168,12 +173,16 @@ class Evaluator:
             out["domains"]["overall"] = dict(out["metrics"]) | {"n_images": overall.n_images}
         out["per_image"] = overall.to_dict(per_image=True)["per_image"]
         if self.chair is not None:
-            chair = chair_proxy(preds, refs, matcher=self.chair)
-            out["chair"] = chair.to_dict()
-            for i, d in chair.per_image.items():  # counts, so CHAIR_i can be bootstrapped over images
+            instances = self.instance_objects is not None and self.chair_ground_truth in ("instances", "both")
+            first = (chair(preds, refs, objects=self.instance_objects, matcher=self.chair)
+                     if instances and self.chair_ground_truth == "instances" else chair(preds, refs, matcher=self.chair))
+            out["chair"] = first.to_dict()
+            for i, d in first.per_image.items():  # counts, so CHAIR_i can be bootstrapped over images
                 row = out["per_image"].setdefault(str(i), {})
                 row["CHAIR_mentioned"] = len(d["mentioned"])
                 row["CHAIR_hallucinated"] = len(d["hallucinated"])
+            if instances and self.chair_ground_truth == "both":
+                out["chair_instances"] = chair(preds, refs, objects=self.instance_objects, matcher=self.chair).to_dict()
         return out
 
 
@@ -343,6 +352,23 @@ def load_run_references(run_dir: str | Path | RunDir) -> tuple[dict[str, list[st
     return run.references(b, s), run.domains(b, s), feats
 
 
+def instance_ground_truth(run: RunDir, references: Mapping[str, Any], ground_truth: str,
+                          files: Sequence[str | Path]) -> tuple[dict[str, set[str]] | None, str | None]:
+    """(each image's COCO instance classes, None) for ``eval.chair = instances | both``; (None, a note)
+    when the run's images have no COCO ids (NoCaps, Flickr30k, a folder: no instance annotations), and
+    (None, None) for the proxy. A missing instances file is a one-line error naming it."""
+    if ground_truth == "proxy":
+        return None, None
+    coco: dict[str, int] = {}
+    for b, s in run.reference_splits():
+        coco.update(run.coco_ids(b, s))
+    absent = [i for i in references if str(i) not in coco]
+    if absent:
+        return None, (f"instance CHAIR not available: {len(absent)} of {len(references)} images have no COCO id "
+                      "(only COCO images have instance annotations); CHAIR is the reference proxy")
+    return load_instance_objects(list(files), {str(i): coco[str(i)] for i in references}), None
+
+
 def failed_image_ids(features: Any, references: Mapping[str, Any]) -> set[str]:
     """Ids of the referenced images whose feature row carries an error (decode, a stage failure)."""
     if features is None:
@@ -407,9 +433,13 @@ def evaluate_run(
 
     refs_obj = References(captions={str(k): list(v) for k, v in references.items()})
     rank = retrieval_verifier_spearman(features) if features is not None else None
+    ground_truth = getattr(eval_cfg, "chair", "proxy") if eval_cfg is not None else "proxy"
+    objects, chair_note = instance_ground_truth(run, refs_obj.captions, ground_truth,
+                                                getattr(eval_cfg, "coco_instances", ()))
     written: dict[str, dict[str, Any]] = {}
     with tmp, Evaluator(
-        refs_obj.captions, domains, spice=spice, java=java, tmp_dir=tmp_dir, on_missing=on_missing
+        refs_obj.captions, domains, spice=spice, java=java, tmp_dir=tmp_dir, on_missing=on_missing,
+        instance_objects=objects, chair_ground_truth=ground_truth,
     ) as ev:
         for proto in proto_names:
             files = list(run.prediction_files(proto).values())
@@ -422,6 +452,8 @@ def evaluate_run(
                 entries = load_predictions(f)
                 preds, rows, _ = resolve_predictions(entries, refs_obj.resolve, on_missing=on_missing, source=str(f))
                 res = ev.score(preds)
+                if chair_note:
+                    res["notes"]["chair_instances"] = chair_note
                 picks[f.stem] = {i: _pick_key(e) for i, e in rows.items()}
                 if features is not None:
                     cs = clipscore_from_features(features, picks[f.stem], w=w)

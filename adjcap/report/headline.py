@@ -82,8 +82,8 @@ def headline_table(run: RunData, label: str) -> Table | None:
     tab.caption = (
         f"delta = picker - LM-only on the same images; CI: {int(100 * (level or 0.95))}% paired percentile "
         f"bootstrap over the {n} images (2,000 resamples); * = the interval excludes zero. CIDEr x100, higher "
-        "is better; CHAIR_i (reference-proxy, % of mentioned COCO objects that no reference mentions), lower is "
-        "better." + "".join(" " + x for x in notes))
+        "is better; CHAIR_i (% of mentioned COCO objects that are hallucinated; the CHAIR table names its ground "
+        "truth, the references by default), lower is better." + "".join(" " + x for x in notes))
     return tab
 
 

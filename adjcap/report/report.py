@@ -152,17 +152,27 @@ class Baseline:
         return f"baseline {self.label} ({self.protocol}/{self.picker})"
 
 
-def chair_table(run: RunData, label: str, proto: str, adj: str, baseline: Baseline | None = None) -> Table | None:
-    """CHAIR proxy of the run's pick against the baseline run's pick (the paper: the IFCap run vs the
+# CHAIR's ground truth, as metrics name it (adjcap.metrics.chair): the table's title and caption say which
+CHAIR_KINDS = {
+    "proxy": ("reference-proxy CHAIR", "when none of the image's references mentions it"),
+    "instances": ("instance CHAIR (Rohrbach et al. 2018)",
+                  "when neither the image's COCO instance annotations nor its references have it"),
+}
+
+
+def chair_table(run: RunData, label: str, proto: str, adj: str, baseline: Baseline | None = None,
+                key: str = "chair") -> Table | None:
+    """CHAIR of the run's pick against the baseline run's pick (the paper: the IFCap run vs the
     TriFuse pick; a TriFuse column is added when the run has one), or against this run's LM-only
-    pick when no baseline is named."""
+    pick when no baseline is named. ``key``: "chair" (as eval.chair chose) or "chair_instances"
+    (the instance CHAIR beside the proxy, eval.chair = both)."""
     if baseline is not None:
-        a, base_name = baseline.metrics().get("chair"), baseline.name
+        a, base_name = baseline.metrics().get(key), baseline.name
     else:
-        a, base_name = run.picker_metrics(proto, LM_PICKER).get("chair"), "LM-only (this run)"
-    cols = [(adj, run.picker_metrics(proto, adj).get("chair"))]
+        a, base_name = run.picker_metrics(proto, LM_PICKER).get(key), "LM-only (this run)"
+    cols = [(adj, run.picker_metrics(proto, adj).get(key))]
     if baseline is not None and adj != "trifuse" and "trifuse" in run.pickers(proto):
-        cols.append(("trifuse", run.picker_metrics(proto, "trifuse").get("chair")))
+        cols.append(("trifuse", run.picker_metrics(proto, "trifuse").get(key)))
     cols = [(n, c) for n, c in cols if c]
     if not a or not cols or (baseline is None and adj == LM_PICKER):
         return None
@@ -170,19 +180,23 @@ def chair_table(run: RunData, label: str, proto: str, adj: str, baseline: Baseli
     def rel(x: float, y: float) -> float | None:
         return None if not x else 100.0 * (y - x) / x
 
+    kinds = {c.get("ground_truth", "proxy") for _, c in cols} | {a.get("ground_truth", "proxy")}
+    if len(kinds) > 1:  # a baseline scored with the other ground truth is no comparison
+        return None
+    kind, rule = CHAIR_KINDS[kinds.pop()]
     tab = Table(
-        title=f"{label}: reference-proxy CHAIR ({proto}) against {base_name}",
+        title=f"{label}: {kind} ({proto}) against {base_name}",
         columns=["", base_name, *(f"{n} (this run)" if baseline is not None else n for n, _ in cols),
                  *(f"rel. delta % {n}" for n, _ in cols)],
-        label=f"tab:{_slug(label)}-chair",
+        label=f"tab:{_slug(label)}-{key.replace('_', '-')}",
         digits={i: (0 if i > 1 + len(cols) else 2) for i in range(1, 2 + 2 * len(cols))},
     )
     keys = [("CHAIR_s % (lower is better)", "CHAIR_s"), ("CHAIR_i % (lower is better)", "CHAIR_i"),
             ("# objects mentioned", "n_mentioned"), ("# hallucinated objects", "n_hallucinated")]
     tab.rows = [[name, a[k], *(c[k] for _, c in cols), *(rel(a[k], c[k]) for _, c in cols)] for name, k in keys]
     tab.caption = (
-        "An object (COCO class, standard CHAIR synonyms) in a caption counts as hallucinated when none of the "
-        f"image's references mentions it; {cols[0][1]['n_captions']} captions. Baseline: {base_name}."
+        f"An object (COCO class, standard CHAIR synonyms) in a caption counts as hallucinated {rule}; "
+        f"{cols[0][1]['n_captions']} captions. Baseline: {base_name}."
     )
     return tab
 
@@ -424,6 +438,8 @@ def write_report(
         else:
             ch = chair_table(run, lab, proto, adj, base)
         add(ch, f"{lab}-chair")
+        if ch is not None:  # eval.chair = both: the instance CHAIR beside the proxy
+            add(chair_table(run, lab, proto, adj, base, key="chair_instances"), f"{lab}-chair-instances")
         if ch is not None:
             base_chair = base.metrics()["chair"] if base is not None else run.picker_metrics(proto, LM_PICKER)["chair"]
             series = {
