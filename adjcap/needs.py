@@ -150,6 +150,16 @@ def spice(cfg: Any) -> list[Need]:
                  status)]
 
 
+@check("chair")
+def chair_instances(cfg: Any) -> list[Need]:
+    """The COCO instances files, only when the config scores the original CHAIR (eval.chair) on COCO
+    (other benchmarks have no instance annotations: their evaluation says so in a note)."""
+    if cfg.eval.chair == "proxy" or cfg.benchmark != "coco":
+        return []
+    return [Need("chair", f"COCO instances {Path(f).name} (instance CHAIR)", _exists(f), "coco-instances")
+            for f in cfg.eval.coco_instances]
+
+
 def needs_of(cfg: Any, groups: tuple[str, ...] | None = None) -> list[Need]:
     """Every need of a resolved config (``groups``: only those), in registry order."""
     out: list[Need] = []

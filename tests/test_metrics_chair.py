@@ -215,3 +215,15 @@ def test_eval_chair_both_scores_the_proxy_and_the_instance_chair(instances_file,
     objects, note = instance_ground_truth(other, refs, "instances", [instances_file])
     assert objects is None and note.startswith("instance CHAIR not available: 3 of 3 images have no COCO id")
     assert instance_ground_truth(run, refs, "proxy", [instances_file]) == (None, None)
+
+
+def test_prepare_for_knows_the_instances_only_when_coco_scores_instance_chair():
+    from adjcap.config import load_config
+    from adjcap.needs import needs_of
+
+    def chair_needs(*sets):
+        return [(n.what, n.step) for n in needs_of(load_config("headline", list(sets)).resolved(), ("chair",))]
+
+    assert chair_needs() == []
+    assert chair_needs("eval.chair=both") == [("COCO instances instances_val2014.json (instance CHAIR)", "coco-instances")]
+    assert chair_needs("eval.chair=instances", "benchmark=nocaps") == []
