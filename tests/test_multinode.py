@@ -20,7 +20,7 @@ from sim_cluster import simulated_cluster
 
 from adjcap.pipeline import load_models, run_pipeline
 from adjcap.rundir import RunDir
-from adjcap.jobs.run_benchmark import read_records
+from adjcap.jobs.extract_features import read_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.alone]
 

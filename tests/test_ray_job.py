@@ -11,7 +11,7 @@ from rows_agree import assert_rows_agree
 from adjcap.pipeline import run_pipeline
 from adjcap.rundir import RunDir
 from adjcap.jobs import run
-from adjcap.jobs.run_benchmark import read_records
+from adjcap.jobs.extract_features import read_records
 
 pytestmark = pytest.mark.slow
 
