@@ -151,6 +151,8 @@ def extract_features(cfg: Config, run: RunDir, records: dict[str, list[Record]],
     if rest:
         first = min(len(found.get(r.image_id, ())) for r in rest)  # the first stage some image needs
         gpu = has_gpus()
+        print("pools: " + ", ".join(f"{p.pool} x{pool_layout.actors(cfg, p.pool)} ({' + '.join(p.meters)})"
+                                    for p in pools(cfg, first, gpu)))
         with tracked(cfg.ray, "features", stream_stages(cfg, first, gpu), len(rest)) as board:
             ds = _stream(cfg, corpus, rest, found, first, gpu, board)
             for batch in ds.iter_batches(batch_format="numpy", batch_size=None):

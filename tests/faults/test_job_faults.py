@@ -149,7 +149,9 @@ def scenario(demo_cfg, tmp_path_factory):
     data = Path(victim.image_path).read_bytes()
     Path(victim.image_path).write_bytes(data[: len(data) // 3])
     run_dir = base / "run"
-    args = ["run-job", BENCH, "--workers", "1", "--limit", str(LIMIT), "--run-dir", str(run_dir)]
+    # split pools (auto would fuse them on this GPU-less machine): the captioner's own actor is killed below
+    args = ["run-job", BENCH, "--workers", "1", "--limit", str(LIMIT), "--run-dir", str(run_dir),
+            "--set", "ray.pools=split"]
     for s in sets:
         args += ["--set", s]
     return {"cfg": cfg, "records": records, "victim": victim.image_id, "run": RunDir(run_dir), "args": args,
