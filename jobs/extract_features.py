@@ -96,7 +96,7 @@ def extract_features(cfg: Config, run: RunDir, records: dict[str, list[Record]],
     """Inside a Ray session (``cfg`` resolved). Returns {split: {images, skipped, done, failed}}.
 
     With ``cache.share_stages`` every image starts from its deepest stage prefix stored in the stage
-    cache (:mod:`adjcap.stage_cache`): an image with all four stages stored is written without any
+    cache (:mod:`adjcap.stage_cache`): an image with every stage stored is written without any
     model, the pools of stages no image needs are not started, and new stage outputs are stored.
     ``stage_stats`` (when given) receives {"computed": {stage: images}, "reused": {stage: images}}."""
     todo: list[Record] = []
