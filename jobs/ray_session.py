@@ -217,10 +217,8 @@ def _actors_phrase(pools: tuple[str, ...], count: dict[str, int]) -> str:
 
 
 def _asked(cfg: Config, pools: tuple[str, ...], count: dict[str, int]) -> str:
-    """Who asked: ``--workers N`` when every pool has ``ray.workers`` actors, else the pools' counts."""
-    if all(count[p] == cfg.ray.workers for p in pools):
-        return f"--workers {cfg.ray.workers}"
-    return "ray.pool.<pool>.actors " + ", ".join(f"{p} {count[p]}" for p in pools)
+    """Who asked: ``--workers N`` when every pool has ``ray.workers`` actors, else the pools' own counts."""
+    return f"--workers {cfg.ray.workers}" if all(count[p] == cfg.ray.workers for p in pools) else "ray.pool.<pool>.actors"
 
 
 def pool_plan(cfg: Config, cluster: dict[str, float], pools: tuple[str, ...] | None = None,
@@ -244,15 +242,14 @@ def pool_plan(cfg: Config, cluster: dict[str, float], pools: tuple[str, ...] | N
         shares = {p: pool_layout.gpu_share(cfg, p) for p in pools}
         need = sum(count[p] * shares[p] for p in pools)
         if need > gpus + 1e-9:
-            per = sum(shares.values())
             if len(set(count.values())) == 1:
-                k = count[pools[0]]
-                how = f"{' + '.join(f'{shares[p]:g}' for p in pools)} GPU x {k}"
+                how = f"{' + '.join(f'{shares[p]:g}' for p in pools)} GPU x {count[pools[0]]}"
+                fewer = f"use --workers {max(1, int(gpus // max(sum(shares.values()), 1e-9)))}"
             else:
                 how = " + ".join(f"{count[p]} x {shares[p]:g}" for p in pools) + " GPU"
-            raise ResourceError(
-                f"{asked}: {phrase} need {how} = {need:g} GPUs, the cluster has {gpus:g}; use --workers "
-                f"{max(1, int(gpus // max(per, 1e-9)))} or lower ray.gpu_share / ray.pool.<pool>.gpus")
+                fewer = "use fewer ray.pool.<pool>.actors"
+            raise ResourceError(f"{asked}: {phrase} need {how} = {need:g} GPUs, the cluster has {gpus:g}; "
+                                f"{fewer} or lower ray.gpu_share / ray.pool.<pool>.gpus")
         each = {p: pool_layout.cpu_request(cfg, p) or 1.0 for p in pools}
         used = sum(count[p] * each[p] for p in pools)
         if used + cfg.ray.decode_cpus > cpus + 1e-9:
