@@ -242,7 +242,7 @@ def _load_scorer(cfg: "Config", ld: Loading):
     ``lavis`` backend scores with the verifier in a pool of its own)."""
     from adjcap.models.roles import load_scorer
 
-    loaded = {k: ld.models[f] for k, f in (("retrieval", "retrieval"), ("verifier", "verifier")) if f in ld.models}
+    loaded = {f: ld.models[f] for f in ("retrieval", "verifier") if f in ld.models}
     if "verifier" in ld.given:
         loaded["verifier"] = ld.given["verifier"]
     return load_scorer(cfg.retrieval.encoder, cfg.scorer_encoder(), cfg.eval.clipscore, cfg.verifier, cfg.device,
