@@ -2,7 +2,7 @@
 Metrics view and its Prometheus endpoint, where Ray prefixes them ``ray_`` (counters also get ``_total``).
 
 The one owner of their names: the stage actors count and time their batches (:class:`actors.progress.StageMeter`),
-the driver sets the gauges (:mod:`jobs.progress`)."""
+the driver sets the gauges (:mod:`adjcap.jobs.progress_display`)."""
 
 from __future__ import annotations
 

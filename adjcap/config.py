@@ -239,17 +239,30 @@ class BenchmarkCfg(_Strict):
         return v
 
 
+class PoolCfg(_Strict):
+    """One pool's actors (``ray.pool.<pool>``: retriever, verifier, captioner, scorer, fused or encoder;
+    adjcap.pools): unset values take the defaults of the ray section."""
+
+    actors: int | None = Field(None, gt=0, description="actors of this pool (None: ray.workers)")
+    gpus: float | None = Field(None, gt=0.0, description="GPU per actor on a cluster with GPUs (None: ray.gpu_share; "
+                               "fused: the sum of the split pools' shares)")
+    cpus: float | None = Field(None, gt=0.0, description="CPUs per actor (None: 1 with GPUs, else ray.cpu_share "
+                               "shrunk so that every actor fits)")
+
+
 class RayCfg(_Strict):
-    workers: int = Field(1, gt=0, description="actors per pool")
+    workers: int = Field(1, gt=0, description="actors per pool (the default of ray.pool.<pool>.actors)")
     address: str | None = Field(None, description="existing cluster; None starts an embedded local Ray")
     dashboard_host: str = Field("127.0.0.1",
                                 description="where the embedded Ray's dashboard listens (0.0.0.0 exposes it)")
     include_dashboard: bool | None = Field(None, description="start the embedded Ray's dashboard; None = Ray's default")
-    gpu_share: dict[str, float] = Field(
-        default_factory=lambda: {"retriever": 0.25, "verifier": 0.25, "captioner": 0.25, "scorer": 0.25},
-        description="fraction of a GPU each actor of a pool asks for (0.25 each: one GPU hosts one actor of "
-        "every pool)",
-    )
+    pools: Literal["split", "fused", "auto"] = Field(
+        "auto", description="split: one pool per stage (retriever, verifier, captioner, scorer); fused: every "
+        "stage in one actor, each model loaded once; auto: fused without GPUs, split with GPUs (adjcap.pools)")
+    pool: dict[str, PoolCfg] = Field(default_factory=dict, description="per-pool actors and CPU / GPU shares, "
+                                     "e.g. ray.pool.captioner.actors=3, ray.pool.captioner.gpus=0.25")
+    gpu_share: float = Field(0.25, gt=0.0, description="GPU per actor of a split pool (ray.pool.<pool>.gpus "
+                             "overrides; the default puts one actor of every pool on a GPU)")
     cpu_share: float = Field(0.25, gt=0.0, description="CPUs per actor when no GPU is present")
     decode_cpus: float = Field(0.25, gt=0.0, description="CPUs per image-decoding task")
     decode_tasks: int | None = Field(None, gt=0, description="image-decoding tasks at once, cluster-wide (each is "
@@ -262,6 +275,14 @@ class RayCfg(_Strict):
                                      "is a file or a pipe (a terminal gets a live bar)")
     metrics_export_port: int | None = Field(None, ge=0, le=65535, description="the embedded Ray's Prometheus "
                                             "metrics port (adjcap_* metrics; None: Ray picks one)")
+
+    @field_validator("gpu_share", mode="before")
+    @classmethod
+    def _one_gpu_share(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            raise ValueError("ray.gpu_share is one share for every pool's actor; per pool set "
+                             "ray.pool.<pool>.gpus (e.g. ray.pool.captioner.gpus=0.5)")
+        return v
 
 
 class EvalCfg(_Strict):

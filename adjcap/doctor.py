@@ -100,16 +100,16 @@ def report(cfg: Config, needed: list[Need] | None = None) -> str:
 def budget_lines(cfg: Config, gpus: list[Gpu]) -> list[str]:
     """Memory of each pool's models (``cfg`` resolved) and whether one actor of every pool fits on
     one of ``gpus`` (the default GPU shares put one actor of each pool on every GPU)."""
-    from adjcap.models.budget import POOLS, pool_budget
+    from adjcap.pools import pool_budget, pool_names
 
     budget = pool_budget(cfg, gpu=bool(gpus))
     where = "on the GPU" if gpus else "on the CPU"
     lines = [f"memory per pool ({where}, weights at the configured precision; activations and the index extra):"]
-    for pool in (*POOLS, "encoder"):
+    for pool in (*pool_names(), "fused", "encoder"):
         b = budget[pool]
-        note = " (adjcap encode-corpus)" if pool == "encoder" else ""
+        note = {"encoder": " (adjcap encode-corpus)", "fused": " (ray.pools=fused: every stage, each model once)"}.get(pool, "")
         lines.append(f"  {pool:10s} {b['params'] / 1e6:9.1f} M params  {_gib(b['bytes']):>10s}{note}")
-    total = sum(budget[p]["bytes"] for p in POOLS)
+    total = sum(budget[p]["bytes"] for p in pool_names())
     lines.append(f"  one actor of every pool: {_gib(total)}")
     if not gpus:
         lines.append("  no GPU visible: the pools run on the CPU (RAM)")

@@ -1,7 +1,7 @@
 """What made a stage's output: each stage's identity, built from what the stage reads.
 
-:data:`STAGE_READS` is the one place that says which settings each stage reads (a registry, as data);
-every identity derives from it:
+Which settings each stage reads is data: each stage's ``reads`` in the stage registry
+(:mod:`adjcap.stage_registry`, docs/architecture.md "Identity"); every identity derives from it:
 
 * :func:`config_identity` - the settings that decide a feature row, flat ``dotted.key: value``
   (:func:`feature_identity`);
@@ -15,55 +15,20 @@ every identity derives from it:
 A setting a stage reads only for speed (batch sizes, the beam search implementation) is declared under
 ``speed`` and left out. ``tests/test_identity_property.py`` changes every config setting and checks that
 either the identity of each stage whose output changes changes too, or the outputs stay equal, so a new
-setting that is not declared here fails that test by name.
+setting that is not declared there fails that test by name.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from adjcap.config import Config
 from adjcap.io import file_content_id
 from adjcap.nested import flatten
-from adjcap.image_state import STAGES
-
-
-@dataclass(frozen=True)
-class Reads:
-    """Dotted config keys a stage reads (a section's name covers every key under it; ``{benchmark}``
-    is the run's benchmark; ``scorer.encoder`` is the resolved output-scorer encoder) and, of those,
-    the ones read only for speed or identified by content elsewhere (never part of an identity as set)."""
-
-    settings: tuple[str, ...]
-    speed: tuple[str, ...] = ()
-    by_content: tuple[str, ...] = ()  # read, but identified by what they lead to (an input below)
-
-
-_ENC_SPEED = ("image_batch_size", "text_batch_size")
-
-STAGE_READS: dict[str, Reads] = {
-    "retrieve": Reads(
-        ("benchmark", "benchmarks.{benchmark}.images", "benchmarks.{benchmark}.format",
-         "benchmarks.{benchmark}.exif_transpose", "device", "precision", "numerics", "retrieval"),
-        by_content=("retrieval.index_dir",),  # the searched index: searched_index()
-        speed=("retrieval.shard_size", *(f"retrieval.encoder.{k}" for k in _ENC_SPEED)),
-    ),
-    "verify": Reads(("numerics", "verifier"), speed=("verifier.batch_size",)),
-    "caption": Reads(
-        ("numerics", "captioner"),
-        # captioner.search is not speed-only: the reference search's beams differ (the property test)
-        speed=("captioner.batch_size", *(f"captioner.clip.{k}" for k in _ENC_SPEED)),
-    ),
-    "score": Reads(
-        ("numerics", "scorer.encoder", "eval.clipscore"),
-        speed=(*(f"scorer.encoder.{k}" for k in _ENC_SPEED), *(f"eval.clipscore.{k}" for k in _ENC_SPEED)),
-    ),
-}
-assert tuple(STAGE_READS) == STAGES
+from adjcap import stage_registry
 
 
 def config_view(cfg: Config) -> dict[str, Any]:
@@ -80,7 +45,8 @@ def _covers(pattern: str, key: str) -> bool:
 def stage_of(cfg: Config, key: str) -> str | None:
     """The stage whose identity a flat setting belongs to (the first that reads it), or None when no
     stage reads it or it is read only for speed."""
-    for stage, reads in STAGE_READS.items():
+    for st in stage_registry.stages():
+        stage, reads = st.name, st.reads
         names = [p.replace("{benchmark}", cfg.benchmark) for p in reads.settings]
         if any(_covers(p, key) for p in names):
             return None if any(_covers(p, key) for p in reads.speed + reads.by_content) else stage
@@ -89,7 +55,7 @@ def stage_of(cfg: Config, key: str) -> str | None:
 
 def config_identity(cfg: Config) -> dict[str, dict[str, Any]]:
     """stage -> {dotted key: value} of the settings it reads (not for speed), as configured."""
-    out: dict[str, dict[str, Any]] = {s: {} for s in STAGES}
+    out: dict[str, dict[str, Any]] = {s: {} for s in stage_registry.names()}
     for key, value in sorted(config_view(cfg).items()):
         stage = stage_of(cfg, key)
         if stage is not None:
@@ -99,7 +65,7 @@ def config_identity(cfg: Config) -> dict[str, dict[str, Any]]:
 
 def feature_identity(cfg: Config) -> dict[str, Any]:
     """The settings that decide what a feature row holds, flat ``dotted.key: value``: those the stages
-    read (:data:`STAGE_READS`), not those read only for speed nor anything applied after extraction
+    read (their registry records' ``reads``), not those read only for speed nor anything applied after extraction
     (rerank, eval). Equal identities write interchangeable rows."""
     return {k: v for d in config_identity(cfg).values() for k, v in d.items()}
 
@@ -142,8 +108,10 @@ def stage_settings(cfg: Config, corpus_fingerprint: str) -> dict[str, dict[str, 
     and index retrieval searched."""
     out = {s: {k: (v if k.startswith("benchmarks.") else content_id(v)) for k, v in d.items()}
            for s, d in config_identity(cfg).items()}  # the image root by name: its files are the image ids
-    out["retrieve"]["corpus_fingerprint"] = corpus_fingerprint
-    out["retrieve"]["index"] = searched_index(cfg, corpus_fingerprint)
+    for st in stage_registry.stages():
+        if st.searches_index:
+            out[st.name]["corpus_fingerprint"] = corpus_fingerprint
+            out[st.name]["index"] = searched_index(cfg, corpus_fingerprint)
     return out
 
 
@@ -152,7 +120,7 @@ def stage_identities(cfg: Config, corpus_fingerprint: str) -> dict[str, str]:
     settings = stage_settings(cfg, corpus_fingerprint)
     out: dict[str, str] = {}
     parent = ""
-    for stage in STAGES:
+    for stage in stage_registry.names():
         doc = json.dumps({"stage": stage, "parent": parent, "settings": settings[stage]}, sort_keys=True, default=str)
         parent = out[stage] = hashlib.sha256(doc.encode()).hexdigest()[:24]
     return out

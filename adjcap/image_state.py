@@ -1,5 +1,5 @@
-"""The per-image state the four stages fill (:mod:`adjcap.stages`), from the decoded image to the
-scored beam, and how it is made from a record and carried between Ray pools.
+"""The per-image state the stages fill (:mod:`adjcap.stages`; their list: :mod:`adjcap.stage_registry`),
+from the decoded image to the scored beam, and how it is made from a record and carried between Ray pools.
 
 Apart from the stage functions so that the CPU tasks that decode images (``actors/decode.py``) and
 the stage cache load without PyTorch: a decoding process starts on 1.8 CPU-s instead of ~4.1."""
@@ -14,10 +14,6 @@ import numpy as np
 
 from adjcap.data.images import decode_image, read_image_file
 from adjcap.features import empty_row
-
-# the four stages in pipeline order (also the names their errors and the stage cache use)
-STAGES = ("retrieve", "verify", "caption", "score")
-
 
 @dataclass
 class ImageState:
@@ -39,6 +35,8 @@ class ImageState:
     verifier_backend: str | None = None  # which verifier backend scored this image (None: no verifier)
     done: set[str] = field(default_factory=set)  # stages whose output the state holds (skipped by them)
     computed: set[str] = field(default_factory=set)  # stages that ran on this image in this run
+    # outputs of stages without a field above (a stage registered beyond the four), by name
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:

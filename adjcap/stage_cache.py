@@ -1,6 +1,7 @@
 """Per-stage outputs shared between runs, content-addressed in the cache.
 
-A stage's output for an image is decided by the stage's own settings and its inputs' identity:
+A stage's output for an image (its columns: the stage's ``output`` in :mod:`adjcap.stage_registry`) is
+decided by the stage's own settings and its inputs' identity, for the four stages:
 
     retrieve : benchmark images, retrieval encoder (a local checkpoint by content), corpus fingerprint, L
     verify   : retrieve identity + the verifier section (a local model by content), k
@@ -23,107 +24,27 @@ only after extraction (picker, protocol, alpha/beta) have identical identities a
 
 from __future__ import annotations
 
-import math
 from collections import Counter, defaultdict
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
-import numpy as np
 import pyarrow as pa
 
 from adjcap.config import Config
 from adjcap.identity import content_id, stage_identities, stage_settings  # noqa: F401 - identities live there
-from adjcap.features import CANDIDATE, RETRIEVED, VERIFIED
+from adjcap import stage_registry
 from adjcap.io import atomic_write_json
-from adjcap.image_state import STAGES, ImageState
+from adjcap.image_state import ImageState
 from adjcap.parts import part_paths, read_part, write_part
 
 
-# --------------------------------------------------------------------------------------------
-# what each stage outputs
-# --------------------------------------------------------------------------------------------
-
-
-def _nan_scores(items: list[dict], keys: Iterable[str]) -> list[dict]:
-    keys = tuple(keys)
-    return [{**x, **{k: math.nan for k in keys}} for x in items]
-
-
-# what stage 3 writes into a candidate; every other candidate field is a stage-4 score
-CAPTION_FIELDS = ("text", "lm_logprob_sum", "lm_logprob_mean", "n_tokens", "beam_rank")
-SCORE_FIELDS = tuple(f.name for f in CANDIDATE if f.name not in CAPTION_FIELDS)
-
-
-@dataclass(frozen=True)
-class StageOutput:
-    schema: pa.Schema
-    take: Callable[[ImageState], dict[str, Any]]  # the stage's own output, as it left the stage
-    give: Callable[[ImageState, dict[str, Any]], None]  # put a stored output back into a state
-
-
-def _give_retrieve(s: ImageState, o: dict[str, Any]) -> None:
-    s.retrieved = [dict(r) for r in o["retrieved"]]
-    emb = o.get("retrieval_embedding")
-    s.retrieval_embedding = None if emb is None else np.asarray(emb, dtype=np.float32)
-
-
-def _give_verify(s: ImageState, o: dict[str, Any]) -> None:
-    s.retrieved = [dict(r) for r in o["retrieved"]]
-    s.verified = [dict(v) for v in o["verified"]]
-    s.verifier_backend = o.get("verifier_backend")
-
-
-def _give_caption(s: ImageState, o: dict[str, Any]) -> None:
-    s.entities = list(o["entities"] or [])
-    s.prompt = o["prompt"]
-    s.candidates = [dict(c) for c in o["candidates"]]
-
-
-def _give_score(s: ImageState, o: dict[str, Any]) -> None:
-    s.candidates = [dict(c) for c in o["candidates"]]
-
-
-OUTPUTS: dict[str, StageOutput] = {
-    "retrieve": StageOutput(
-        pa.schema([("image_id", pa.string()), ("retrieved", pa.list_(RETRIEVED)),
-                   ("retrieval_embedding", pa.list_(pa.float32()))]),
-        # the verifier fills the retrieved captions' scores later in the same state: stored without them
-        lambda s: {"retrieved": _nan_scores(s.retrieved, ("verifier",)),
-                   "retrieval_embedding": None if s.retrieval_embedding is None
-                   else np.asarray(s.retrieval_embedding, dtype=np.float32).tolist()},
-        _give_retrieve,
-    ),
-    "verify": StageOutput(
-        pa.schema([("image_id", pa.string()), ("retrieved", pa.list_(RETRIEVED)), ("verified", pa.list_(VERIFIED)),
-                   ("verifier_backend", pa.string())]),
-        lambda s: {"retrieved": s.retrieved, "verified": s.verified, "verifier_backend": s.verifier_backend},
-        _give_verify,
-    ),
-    "caption": StageOutput(
-        pa.schema([("image_id", pa.string()), ("entities", pa.list_(pa.string())), ("prompt", pa.string()),
-                   ("candidates", pa.list_(CANDIDATE))]),
-        # stage 4 fills the candidates' scores later in the same state: stored without them
-        lambda s: {"entities": list(s.entities), "prompt": s.prompt,
-                   "candidates": _nan_scores(s.candidates, SCORE_FIELDS)},
-        _give_caption,
-    ),
-    "score": StageOutput(
-        pa.schema([("image_id", pa.string()), ("candidates", pa.list_(CANDIDATE))]),
-        lambda s: {"candidates": s.candidates},
-        _give_score,
-    ),
-}
-assert tuple(OUTPUTS) == STAGES
-
-
 def apply_outputs(state: ImageState, outputs: Mapping[str, dict[str, Any]]) -> ImageState:
-    """Fill a state with stored stage outputs (a consecutive prefix of STAGES) and mark them done."""
-    for stage in STAGES:
-        if stage not in outputs:
+    """Fill a state with stored stage outputs (a consecutive prefix of the stages) and mark them done."""
+    for st in stage_registry.stages():
+        if st.name not in outputs:
             break
-        OUTPUTS[stage].give(state, outputs[stage])
-        state.done.add(stage)
+        st.output.give(state, outputs[st.name])
+        state.done.add(st.name)
     return state
 
 
@@ -132,7 +53,7 @@ def stage_counts(states: Iterable[ImageState]) -> dict[str, int]:
     c: Counter[str] = Counter()
     for s in states:
         c.update(s.computed)
-    return {stage: int(c.get(stage, 0)) for stage in STAGES}
+    return {stage: int(c.get(stage, 0)) for stage in stage_registry.names()}
 
 
 # --------------------------------------------------------------------------------------------
@@ -182,7 +103,7 @@ class StageCache:
         """image id -> {stage: output} for the deepest consecutive prefix of stages stored."""
         remaining = set(image_ids)
         found: dict[str, dict[str, dict[str, Any]]] = {}
-        for stage in STAGES:
+        for stage in stage_registry.names():
             if not remaining:
                 break
             got = self._read(stage, remaining)
@@ -204,9 +125,9 @@ class StageCache:
         for s in states:
             if not s.ok:
                 continue
-            for stage in STAGES:
-                if stage in s.computed:
-                    self._buffers[stage].append({"image_id": s.image_id, **OUTPUTS[stage].take(s)})
+            for st in stage_registry.stages():
+                if st.name in s.computed:
+                    self._buffers[st.name].append({"image_id": s.image_id, **st.output.take(s)})
             for stage in list(self._buffers):
                 if len(self._buffers[stage]) >= self.rows_per_part:
                     self._flush(stage)
@@ -225,6 +146,7 @@ class StageCache:
             return
         d = self.stage_dir(stage)
         if self.settings is not None and not (d / "identity.json").exists():
-            upto = STAGES[: STAGES.index(stage) + 1]
+            names = stage_registry.names()
+            upto = names[: names.index(stage) + 1]
             atomic_write_json(d / "identity.json", {s: dict(self.settings[s]) for s in upto})
-        write_part(d, pa.Table.from_pylist(rows, schema=OUTPUTS[stage].schema))
+        write_part(d, pa.Table.from_pylist(rows, schema=stage_registry.stage(stage).output.schema))

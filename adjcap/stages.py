@@ -11,7 +11,8 @@ are passed through untouched.
     score     : output-scorer encoder + BLIP ITM (+ CLIPScore encoder) -> per-candidate retrieval cosine,
                 verifier, CLIPScore cosine
 
-The Ray actors (``actors/``) and :func:`adjcap.pipeline.run_pipeline` call exactly these functions.
+Each is a stage's batch function in the stage registry (:mod:`adjcap.stage_registry`), through which
+the pool actor (``actors/pool.py``) and :func:`adjcap.pipeline.run_pipeline` call exactly these functions.
 """
 
 from __future__ import annotations

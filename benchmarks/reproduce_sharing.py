@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from adjcap.image_state import STAGES  # noqa: E402
+from adjcap.stage_registry import names as stage_names  # noqa: E402
 from adjcap.jobs import reproduce  # noqa: E402
 
 
@@ -43,7 +43,7 @@ def main() -> None:
     print(f"\n{args.table} on the demo world, --limit {args.limit} (images per split), {results['shared'][2]} runs")
     print("| stage | images computed, shared | not shared | saved |")
     print("|---|---:|---:|---:|")
-    for s in STAGES:
+    for s in stage_names():
         a, b = results["shared"][0][s], results["not shared"][0][s]
         print(f"| {s} | {a} | {b} | {100 * (1 - a / b) if b else 0:.0f}% |")
     a = sum(results["shared"][0].values())

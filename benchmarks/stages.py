@@ -27,6 +27,7 @@ from adjcap import stages  # noqa: E402
 from adjcap.config import load_config  # noqa: E402
 from adjcap.models.roles import CaptionerRole, ScorerRole  # noqa: E402
 from adjcap.pipeline import Models, load_models  # noqa: E402
+from adjcap.stage_registry import SearchIndex  # noqa: E402
 
 
 def _sync() -> None:
@@ -45,7 +46,7 @@ def _time(fn) -> float:
 def bench_stages(label: str, models: Models, cfg, states_factory, n_images: int, batch: int) -> dict[str, float]:
     """Warm up once, then time every stage over n_images in batches; returns images/s per stage."""
     warm = states_factory(min(batch, n_images))
-    stages.retrieve(warm, models.retrieval, models.index, models.corpus_texts, cfg.retrieval.top_l)
+    stages.retrieve(warm, models.retrieval, models.index, models.index.texts, cfg.retrieval.top_l)
     stages.verify(warm, models.verifier, cfg.verifier.keep)
     c = models.captioner
     stages.caption(warm, c.captioner, c.clip, cfg.captioner, c.vocabulary)
@@ -53,7 +54,7 @@ def bench_stages(label: str, models: Models, cfg, states_factory, n_images: int,
     totals = {"retrieve": 0.0, "verify": 0.0, "caption": 0.0, "score": 0.0}
     for start in range(0, n_images, batch):
         st = states_factory(min(batch, n_images - start))
-        totals["retrieve"] += _time(lambda: stages.retrieve(st, models.retrieval, models.index, models.corpus_texts,
+        totals["retrieve"] += _time(lambda: stages.retrieve(st, models.retrieval, models.index, models.index.texts,
                                                              cfg.retrieval.top_l))
         totals["verify"] += _time(lambda: stages.verify(st, models.verifier, cfg.verifier.keep))
         totals["caption"] += _time(lambda: stages.caption(st, c.captioner, c.clip, cfg.captioner, c.vocabulary))
@@ -71,7 +72,7 @@ def bench_stages(label: str, models: Models, cfg, states_factory, n_images: int,
 
 def tiny(args) -> None:
     from adjcap.jobs.demo import prepare
-    from adjcap.jobs.run_benchmark import read_records
+    from adjcap.jobs.extract_features import read_records
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load_config("demo", [f"paths.cache_dir={tmp}", "device=cpu"])
@@ -85,7 +86,7 @@ def tiny(args) -> None:
             return [image_state.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path) for r in chosen]
 
         bench_stages("tiny models, cpu (demo world)", models, cfg, factory, args.images, args.batch)
-        texts = list(models.corpus_texts)
+        texts = list(models.index.texts)
         dt = _time(lambda: models.retrieval.encode_texts(texts, normalize=True))
         print(f"  corpus encode: {len(texts)} captions in {dt:.2f}s = {len(texts) / dt:.0f} captions/s")
 
@@ -110,8 +111,8 @@ def real(args) -> None:
     index = CaptionIndex.from_arrays(vecs, device="cuda", precision="fp16")
     corpus = captions(4096)
     corpus_texts = [corpus[i % len(corpus)] for i in range(n)]
-    models = Models(retrieval, index, corpus_texts, verifier, CaptionerRole(captioner, clip),
-                    ScorerRole(retrieval, True, None, verifier))
+    models = Models(retrieval=retrieval, index=SearchIndex(index, corpus_texts), verifier=verifier,
+                    captioner=CaptionerRole(captioner, clip), scorer=ScorerRole(retrieval, True, None, verifier))
     images = [Image.fromarray(rng.integers(0, 255, (480, 640, 3), dtype=np.uint8)) for _ in range(16)]
 
     def factory(k: int):

@@ -38,7 +38,7 @@ def write_samples(cfg: Config, run: RunDir, records: dict | None = None) -> Path
     """``samples.parquet`` and ``samples.md`` of a run (``cfg`` resolved); ``records``: the benchmark's
     records as the job read them (their image paths), default: read again (none when unreadable)."""
     if records is None:
-        from adjcap.jobs.run_benchmark import read_records
+        from adjcap.jobs.extract_features import read_records
 
         try:
             records = read_records(cfg)

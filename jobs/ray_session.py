@@ -20,7 +20,9 @@ import ray
 from adjcap import numerics
 from adjcap.accelerators import rocm_visible_env
 from adjcap.config import Config
-from adjcap.models.budget import POOLS as FEATURE_POOLS, human_bytes, pool_budget
+from adjcap import pools as pool_layout
+from adjcap.models.budget import human_bytes
+from adjcap.pools import pool_budget
 from adjcap.jobs.ray_guards import ClusterWatch, reap_with_driver
 
 # the directory the workers import this code from: the one holding the ``adjcap`` package (a checkout
@@ -211,50 +213,81 @@ def actor_memory(model_bytes: int) -> int:
     return int(WORKING_FACTOR * (ACTOR_BASE_BYTES + model_bytes))
 
 
-def pool_plan(cfg: Config, cluster: dict[str, float], pools: tuple[str, ...] = FEATURE_POOLS,
-              working: dict[str, int] | None = None) -> dict[str, dict[str, float]]:
-    """The Ray resources of one actor of every pool in ``pools`` on a cluster with ``cluster``
-    resources (``ray.cluster_resources()``), or a ResourceError when ``cfg.ray.workers`` actors of
-    every pool can never be placed: too many CPUs, GPUs or bytes of memory asked for. Pure."""
-    workers = cfg.ray.workers
+def _actors_phrase(pools: tuple[str, ...], count: dict[str, int]) -> str:
+    """"4 pools x 2 actors" (every pool alike) or "retriever 1 + captioner 3 actors"."""
+    if len(set(count.values())) <= 1:
+        k = count[pools[0]] if pools else 0
+        return f"{len(pools)} pool{'s' if len(pools) != 1 else ''} x {k} actors"
+    return " + ".join(f"{p} {count[p]}" for p in pools) + " actors"
+
+
+def _asked(cfg: Config, pools: tuple[str, ...], count: dict[str, int]) -> str:
+    """Who asked: ``--workers N`` when every pool has ``ray.workers`` actors, else the pools' own counts."""
+    return f"--workers {cfg.ray.workers}" if all(count[p] == cfg.ray.workers for p in pools) else "ray.pool.<pool>.actors"
+
+
+def pool_plan(cfg: Config, cluster: dict[str, float], pools: tuple[str, ...] | None = None,
+              working: dict[str, int] | None = None, first: int = 0) -> dict[str, dict[str, float]]:
+    """The Ray resources of one actor of every pool in ``pools`` (default: the pools the job runs on
+    this cluster from stage index ``first`` on, split or fused: :func:`adjcap.pools.layout`) on a
+    cluster with ``cluster`` resources (``ray.cluster_resources()``), or a ResourceError when the
+    pools' actors (:func:`adjcap.pools.actors`) can never be placed: too many CPUs, GPUs or bytes of
+    memory asked for. A fused actor asks for the memory of every model it holds, each once. Pure."""
     gpu = float(cluster.get("GPU", 0)) > 0
+    if pools is None:
+        pools = tuple(p.name for p in pool_layout.layout(cfg, gpu, first))
     budget = pool_budget(cfg, gpu=gpu)
     cpus = float(cluster.get("CPU", 1.0))
-    n = len(pools) * workers
+    count = {p: pool_layout.actors(cfg, p) for p in pools}
+    asked, phrase = _asked(cfg, pools, count), _actors_phrase(pools, count)
+    n = sum(count.values())
     plan: dict[str, dict[str, float]] = {}
     if gpu:
         gpus = float(cluster["GPU"])
-        shares = {p: float(cfg.ray.gpu_share.get(p, 0.25)) for p in pools}
-        need = workers * sum(shares.values())
+        shares = {p: pool_layout.gpu_share(cfg, p) for p in pools}
+        need = sum(count[p] * shares[p] for p in pools)
         if need > gpus + 1e-9:
+            if len(set(count.values())) == 1:
+                how = f"{' + '.join(f'{shares[p]:g}' for p in pools)} GPU x {count[pools[0]]}"
+                fewer = f"use --workers {max(1, int(gpus // max(sum(shares.values()), 1e-9)))}"
+            else:
+                how = " + ".join(f"{count[p]} x {shares[p]:g}" for p in pools) + " GPU"
+                fewer = "use fewer ray.pool.<pool>.actors"
+            raise ResourceError(f"{asked}: {phrase} need {how} = {need:g} GPUs, the cluster has {gpus:g}; "
+                                f"{fewer} or lower ray.gpu_share / ray.pool.<pool>.gpus")
+        each = {p: pool_layout.cpu_request(cfg, p) or 1.0 for p in pools}
+        used = sum(count[p] * each[p] for p in pools)
+        if used + cfg.ray.decode_cpus > cpus + 1e-9:
             raise ResourceError(
-                f"--workers {workers}: {len(pools)} pools x {workers} actors need "
-                f"{' + '.join(f'{shares[p]:g}' for p in pools)} GPU x {workers} = {need:g} GPUs, the cluster has "
-                f"{gpus:g}; use --workers {max(1, int(gpus // max(sum(shares.values()), 1e-9)))} or lower ray.gpu_share")
-        if n * 1.0 + cfg.ray.decode_cpus > cpus + 1e-9:
-            raise ResourceError(
-                f"--workers {workers}: {len(pools)} pools x {workers} actors x 1 CPU + {cfg.ray.decode_cpus:g} decode "
-                f"= {n + cfg.ray.decode_cpus:g} CPUs, the cluster has {cpus:g}; use fewer --workers")
+                f"{asked}: {phrase} x {'/'.join(f'{each[p]:g}' for p in dict.fromkeys(pools))} CPU + "
+                f"{cfg.ray.decode_cpus:g} decode = {used + cfg.ray.decode_cpus:g} CPUs, the cluster has {cpus:g}; "
+                "use fewer --workers")
         for p in pools:
-            plan[p] = {"num_gpus": shares[p], "num_cpus": 1.0}
+            plan[p] = {"num_gpus": shares[p], "num_cpus": each[p]}
     else:
-        share = cpu_share(cfg, cpus, len(pools))
+        share = cpu_share(cfg, cpus, pools)
         if share < MIN_CPU_SHARE:
             fit = max(1, int((max(0.8 * cpus - cfg.ray.decode_cpus, 0.1)) / (len(pools) * MIN_CPU_SHARE)))
             raise ResourceError(
-                f"--workers {workers}: {len(pools)} pools x {workers} actors = {n} actors on {cpus:g} CPUs "
+                f"{asked}: {phrase} = {n} actors on {cpus:g} CPUs "
                 f"({share:.3f} CPU each, below the {MIN_CPU_SHARE:g} needed to get past model loading); "
                 f"use --workers {fit} or a bigger cluster (--address)")
         for p in pools:
-            plan[p] = {"num_cpus": share}
+            plan[p] = {"num_cpus": pool_layout.cpu_request(cfg, p) or share}
     have = float(cluster.get("memory", 0))
     mem = {p: actor_memory(budget[p]["bytes"] + (working or {}).get(p, 0)) for p in pools}
-    total = workers * sum(mem.values())
+    total = sum(count[p] * mem[p] for p in pools)
     if have and total > have:
         per = " + ".join(f"{p} {human_bytes(mem[p])}" for p in pools)
-        fit = max(0, int(have // max(sum(mem.values()), 1)))
-        hint = f"use --workers {fit}" if fit else "use a machine or cluster (--address) with more memory"
-        raise ResourceError(f"--workers {workers}: {workers} x ({per}) = {human_bytes(total)} of memory, "
+        if len(set(count.values())) == 1:
+            k = count[pools[0]]
+            what = f"{k} x ({per})"
+            fit = max(0, int(have // max(sum(mem.values()), 1)))
+        else:
+            what = " + ".join(f"{count[p]} x {p} {human_bytes(mem[p])}" for p in pools)
+            fit = 0
+        hint = f"use --workers {fit}" if fit else "use fewer actors or a machine or cluster (--address) with more memory"
+        raise ResourceError(f"{asked}: {what} = {human_bytes(total)} of memory, "
                             f"the cluster has {human_bytes(have)} for actors; {hint}")
     for p in pools:
         plan[p]["memory"] = float(mem[p])
@@ -262,26 +295,34 @@ def pool_plan(cfg: Config, cluster: dict[str, float], pools: tuple[str, ...] = F
 
 
 def pool_resources(cfg: Config, pool: str, working: int = 0) -> dict[str, float]:
-    """Ray resources of one actor of ``pool`` on the connected cluster: a fraction of a GPU so one
-    GPU hosts one actor of every pool (on CPU-only clusters a fraction of a CPU so all pools fit on
-    a 2-core machine), and ``memory`` from the size of the pool's models (:mod:`adjcap.models.budget`)
-    plus ``working`` bytes the actor holds beyond them. Raises ResourceError when the request can
-    never be granted."""
-    pools = FEATURE_POOLS if pool in FEATURE_POOLS else (pool,)
-    return pool_plan(cfg, ray.cluster_resources(), pools, {pool: working})[pool]
+    """Ray resources of one actor of ``pool`` on the connected cluster: a fraction of a GPU (by default
+    one GPU hosts one actor of every split pool; on CPU-only clusters a fraction of a CPU so all pools
+    fit on a 2-core machine), and ``memory`` from the size of the pool's models (:mod:`adjcap.pools`)
+    plus ``working`` bytes the actor holds beyond them. A pool outside the job's layout (the corpus
+    encoder) is planned alone. Raises ResourceError when the request can never be granted."""
+    cluster = ray.cluster_resources()
+    job = tuple(p.name for p in pool_layout.layout(cfg, float(cluster.get("GPU", 0)) > 0))
+    pools = job if pool in job else (pool,)
+    return pool_plan(cfg, cluster, pools, {pool: working})[pool]
 
 
-def check_pools(cfg: Config, pools: tuple[str, ...] = FEATURE_POOLS) -> dict[str, dict[str, float]]:
-    """Refuse up front (before any model loads) a request the connected cluster cannot hold."""
-    return pool_plan(cfg, ray.cluster_resources(), pools)
+def check_pools(cfg: Config, first: int = 0) -> dict[str, dict[str, float]]:
+    """Refuse up front (before any model loads) a request the connected cluster cannot hold; else the
+    resources of one actor of every pool the job runs from stage index ``first`` on."""
+    return pool_plan(cfg, ray.cluster_resources(), first=first)
 
 
-def cpu_share(cfg: Config, total: float | None = None, pools: int = len(FEATURE_POOLS)) -> float:
-    """CPUs per actor without GPUs: the configured share, shrunk so that every actor of the
-    pools plus the decode tasks fit in the cluster's CPUs (else Ray Data waits forever)."""
+def cpu_share(cfg: Config, total: float | None = None, pools: tuple[str, ...] | None = None) -> float:
+    """CPUs per actor without GPUs: ``ray.cpu_share``, shrunk so that every actor of ``pools`` (default:
+    the split pools) plus the decode tasks fit in the cluster's CPUs (else Ray Data waits forever).
+    Actors with their own ``ray.pool.<pool>.cpus`` take theirs first."""
     if total is None:
         total = float(ray.cluster_resources().get("CPU", 1.0))
+    pools = pool_layout.pool_names() if pools is None else pools
     # Ray Data stalls when its operators' requests add up to every CPU: keep 20% headroom
     room = max(0.8 * total - cfg.ray.decode_cpus, 0.1)
-    pools = pools + int(cfg.verifier.enabled and cfg.verifier.backend == "lavis")  # + the LAVIS scorer pool
-    return round(min(float(cfg.ray.cpu_share), room / (pools * cfg.ray.workers)), 4)
+    fixed = sum(pool_layout.actors(cfg, p) * (pool_layout.cpu_request(cfg, p) or 0.0) for p in pools)
+    shared = sum(pool_layout.actors(cfg, p) for p in pools if pool_layout.cpu_request(cfg, p) is None)
+    if cfg.verifier.enabled and cfg.verifier.backend == "lavis" and "scorer" in pools:
+        shared += pool_layout.actors(cfg, "scorer")  # + the LAVIS scorer pool
+    return round(min(float(cfg.ray.cpu_share), max(room - fixed, 0.1) / max(shared, 1)), 4)

@@ -20,7 +20,7 @@ from adjcap.report.reproduced import RowResult, build_table
 from adjcap.reproduce import distinct_runs, get_table, plan_table
 from adjcap.reproduce.plan import DEMO, RowPlan
 from adjcap.rundir import RunDir
-from adjcap.image_state import STAGES
+from adjcap import stage_registry
 from adjcap.jobs import preflight, run
 from adjcap.jobs.ray_session import ray_session
 
@@ -45,7 +45,8 @@ def _measure(plan: RowPlan, failed: dict[Path, str]) -> RowResult:
 def stage_work(plans: list[RowPlan]) -> dict[str, dict[str, int]]:
     """Images each stage processed and reused, and the seconds spent extracting features (model
     loading included), summed over the table's runs (features/summary.json)."""
-    out: dict[str, Any] = {"computed": {s: 0 for s in STAGES}, "reused": {s: 0 for s in STAGES}}
+    names = stage_registry.names()
+    out: dict[str, Any] = {"computed": {s: 0 for s in names}, "reused": {s: 0 for s in names}}
     seconds = 0.0
     for p in distinct_runs(plans):
         summary = RunDir(p.run_dir).summary()

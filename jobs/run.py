@@ -11,7 +11,7 @@ from adjcap.config import Config
 from adjcap.identity import run_identity
 from adjcap.rundir import RunDir
 from adjcap.tracking import log_run, parse_log_specs
-from adjcap.jobs import evaluate, fit, preflight, run_benchmark
+from adjcap.jobs import evaluate, fit, preflight, extract_features
 from adjcap.jobs.provenance_record import recorded
 from adjcap.jobs.ray_session import ray_session
 
@@ -31,15 +31,15 @@ def main(cfg: Config, run_dir: str | Path | None = None, resume: bool = True, ev
     preflight.check(rcfg)  # missing weights/data or a memory plan that cannot fit: refused before Ray and files
     run = run_dir_for(cfg, run_dir)
     scored = False
-    records = run_benchmark.read_records(rcfg)  # bad annotations fail before anything is written
+    records = extract_features.read_records(rcfg)  # bad annotations fail before anything is written
     with run.lock():
         run.check_identity(run_identity(rcfg), fresh=not resume)
         run.write_config(cfg.to_toml())
-        run_benchmark.write_references(run, rcfg.benchmark, records)
+        extract_features.write_references(run, rcfg.benchmark, records)
         with recorded(rcfg, run) as prov:
             with ray_session(rcfg):
                 prov.add_cluster()
-                run_benchmark.main(rcfg, run, records, resume=resume)
+                extract_features.main(rcfg, run, records, resume=resume)
                 if evaluate_after:
                     fit.main(rcfg, run)
             if evaluate_after:

@@ -10,7 +10,7 @@ import torch
 from adjcap.accelerators import HIP, ROCR, Gpu, rocm_visible_env, visible_gpus
 from adjcap.config import load_config
 from adjcap.doctor import budget_lines, report
-from adjcap.models.budget import pool_budget
+from adjcap.pools import pool_budget, pool_names
 from adjcap.models.precision import pick_device, pick_dtype
 
 GiB = 2**30
@@ -57,9 +57,9 @@ def test_pools_take_gpu_shares_on_an_amd_cluster(monkeypatch):
     resources = {"CPU": 64.0, "GPU": 8.0, "accelerator_type:AMD-Instinct-MI355X-OAM": 1.0, "memory": 1e12}
     monkeypatch.setattr(rs.ray, "cluster_resources", lambda: dict(resources))
     cfg = load_config("headline")
-    for pool, share in cfg.ray.gpu_share.items():
+    for pool in pool_names():
         r = rs.pool_resources(cfg, pool)
-        assert r["num_gpus"] == share and r["num_cpus"] == 1.0
+        assert r["num_gpus"] == cfg.ray.gpu_share and r["num_cpus"] == 1.0
     resources.pop("GPU")  # the same cluster without GPUs: CPU shares, no GPU request
     assert "num_gpus" not in rs.pool_resources(cfg, "retriever")
 

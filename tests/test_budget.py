@@ -7,6 +7,7 @@ import struct
 import pytest
 
 from adjcap.config import load_config
+from adjcap import pools
 from adjcap.models import budget
 from adjcap.jobs.ray_session import ACTOR_BASE_BYTES, ResourceError, actor_memory, pool_plan
 
@@ -15,8 +16,8 @@ GiB = 2**30
 
 def test_headline_budget_from_the_known_architectures():
     cfg = load_config("headline", ["paths.data_dir=/nonexistent"]).resolved()
-    cpu = budget.pool_budget(cfg, gpu=False)
-    gpu = budget.pool_budget(cfg, gpu=True)
+    cpu = pools.pool_budget(cfg, gpu=False)
+    gpu = pools.pool_budget(cfg, gpu=True)
     big = budget.CLIP_TOWERS["ViT-bigG-14"]
     assert cpu["retriever"]["params"] == big["image"]
     # the scorer holds the text tower and BLIP, not the 1.8B-parameter image tower
@@ -27,7 +28,7 @@ def test_headline_budget_from_the_known_architectures():
     assert cpu["retriever"]["bytes"] == gpu["retriever"]["bytes"] == 4 * big["image"]
     # "auto" precision: fp32 on the CPU, half on a GPU; the captioner's GPT-2 keeps its fp32
     auto = load_config("headline", ["paths.data_dir=/nonexistent", "precision=auto"]).resolved()
-    cpu, gpu = budget.pool_budget(auto, gpu=False), budget.pool_budget(auto, gpu=True)
+    cpu, gpu = pools.pool_budget(auto, gpu=False), pools.pool_budget(auto, gpu=True)
     assert cpu["retriever"]["bytes"] == 4 * big["image"] and gpu["retriever"]["bytes"] == 2 * big["image"]
     vit_b = sum(budget.CLIP_TOWERS["ViT-B-32"].values())
     assert gpu["captioner"]["bytes"] == 4 * budget.IFCAP_PARAMS + 2 * vit_b
@@ -49,11 +50,11 @@ def test_local_files_count_by_safetensors_header_or_size(tmp_path):
 
 def test_demo_budget_from_the_tiny_model_files(demo_cfg):
     cfg = demo_cfg.resolved()
-    b = budget.pool_budget(cfg)
+    b = pools.pool_budget(cfg)
     tiny_clip = budget.safetensors_params(budget.Path(cfg.retrieval.encoder.pretrained))
     assert 0 < b["retriever"]["params"] < tiny_clip and b["retriever"]["params"] + b["encoder"]["params"] == tiny_clip
     assert b["retriever"]["params"] != b["encoder"]["params"]  # counted per tower from the tensor names
-    assert all(0 < b[p]["params"] < 10_000_000 for p in budget.POOLS)
+    assert all(0 < b[p]["params"] < 10_000_000 for p in pools.pool_names())
     assert b["scorer"]["params"] == b["encoder"]["params"] + b["verifier"]["params"]
 
 
@@ -65,7 +66,8 @@ def _cfg(workers, **ray):
 def test_memory_request_is_declared_and_bounded():
     plan = pool_plan(_cfg(2), {"CPU": 16.0, "memory": 100 * GiB})
     assert all(r["memory"] >= ACTOR_BASE_BYTES for r in plan.values())
-    cfg = load_config("headline", ["paths.data_dir=/nonexistent", "ray.workers=2"]).resolved()
+    # split pools (the default on this GPU-less cluster is one fused pool: test_fused_pool_holds_each_model_once)
+    cfg = load_config("headline", ["paths.data_dir=/nonexistent", "ray.workers=2", "ray.pools=split"]).resolved()
     plan = pool_plan(cfg, {"CPU": 64.0, "memory": 1000 * GiB})
     assert plan["retriever"]["memory"] == actor_memory(4 * budget.CLIP_TOWERS["ViT-bigG-14"]["image"])
     with pytest.raises(ResourceError) as e:
@@ -86,10 +88,10 @@ def test_scorer_counts_the_encoders_it_loads_beyond_the_retrieval_text_tower():
     """The scorer pool loads the CLIPScore encoder (both towers) when it is another model than the output
     scorer, and the output encoder's both towers when it is not the retrieval encoder (roles.load_scorer)."""
     big, rn = budget.CLIP_TOWERS["ViT-bigG-14"], budget.CLIP_TOWERS["RN50x64"]
-    ifcap = budget.pool_budget(load_config("ifcap", ["paths.data_dir=/nonexistent"]).resolved(), gpu=False)
+    ifcap = pools.pool_budget(load_config("ifcap", ["paths.data_dir=/nonexistent"]).resolved(), gpu=False)
     # RN50x64 retrieves (its text tower scores); CLIPScore is bigG, another model: both its towers; no verifier
     assert ifcap["scorer"]["params"] == rn["text"] + sum(big.values())
-    vitb = budget.pool_budget(load_config("output-scorer-vitb32", ["paths.data_dir=/nonexistent"]).resolved(), gpu=False)
+    vitb = pools.pool_budget(load_config("output-scorer-vitb32", ["paths.data_dir=/nonexistent"]).resolved(), gpu=False)
     b32 = sum(budget.CLIP_TOWERS["ViT-B-32"].values())
     assert vitb["scorer"]["params"] == b32 + sum(big.values()) + budget.BLIP_ITM_LARGE
 
@@ -100,7 +102,7 @@ def test_cpu_16gb_preset_fits_a_16_gb_machine_where_the_headline_does_not():
     small = load_config("cpu-16gb", ["paths.data_dir=/nonexistent"]).resolved()
     plan = pool_plan(small, cluster)
     assert sum(r["memory"] for r in plan.values()) < 0.7 * 16 * GiB
-    b = budget.pool_budget(small, gpu=False)
+    b = pools.pool_budget(small, gpu=False)
     l14 = budget.CLIP_TOWERS["ViT-L-14"]
     assert b["retriever"]["params"] == l14["image"] and b["verifier"]["params"] == budget.BLIP_ITM_BASE
     with pytest.raises(ResourceError):
@@ -123,7 +125,48 @@ def test_the_corpus_encoder_asks_for_its_corpus_and_one_shard():
 def test_decoding_tasks_are_bounded_by_the_workers():
     """At most ray.decode_tasks image-decoding tasks at once, by default 2 x workers (unbounded, Ray
     Data starts one per free decode_cpus of the cluster: tests/test_multinode.py counts them)."""
-    from adjcap.jobs.run_benchmark import decode_tasks
+    from adjcap.jobs.extract_features import decode_tasks
 
     assert decode_tasks(load_config("demo", ["ray.workers=4"])) == 8
     assert decode_tasks(load_config("demo", ["ray.workers=4", "ray.decode_tasks=3"])) == 3
+
+
+def test_fused_pool_holds_each_model_once():
+    """ray.pools=fused (auto without GPUs): one actor holds every stage's models, each once (the scorer
+    reuses the retrieval encoder and the verifier), so it asks for less than one actor of every split pool."""
+    cfg = load_config("headline", ["paths.data_dir=/nonexistent"]).resolved()
+    b = pools.pool_budget(cfg, gpu=False)
+    big = budget.CLIP_TOWERS["ViT-bigG-14"]
+    assert b["fused"]["params"] == sum(big.values()) + budget.BLIP_ITM_LARGE + b["captioner"]["params"]
+    assert b["fused"]["params"] == sum(b[p]["params"] for p in pools.pool_names()) - budget.BLIP_ITM_LARGE
+    cluster = {"CPU": 64.0, "memory": 1000 * GiB}
+    auto = pool_plan(cfg, cluster)
+    assert set(auto) == {"fused"} and auto["fused"]["memory"] == actor_memory(b["fused"]["bytes"])
+    split = pool_plan(load_config("headline", ["paths.data_dir=/nonexistent", "ray.pools=split"]).resolved(), cluster)
+    assert set(split) == set(pools.pool_names())
+    assert auto["fused"]["memory"] < sum(r["memory"] for r in split.values())
+    # with GPUs auto splits; fused asks for the split pools' shares together (one GPU by default)
+    gpus = {"CPU": 16.0, "GPU": 2.0, "memory": 1000 * GiB}
+    assert set(pool_plan(cfg, gpus)) == set(pools.pool_names())
+    fused = load_config("headline", ["paths.data_dir=/nonexistent", "ray.pools=fused", "ray.workers=2"]).resolved()
+    assert pool_plan(fused, gpus)["fused"]["num_gpus"] == 1.0
+    three = load_config("headline", ["paths.data_dir=/nonexistent", "ray.pools=fused", "ray.workers=3"]).resolved()
+    with pytest.raises(ResourceError, match="1 pool x 3 actors need 1 GPU x 3 = 3 GPUs, the cluster has 2"):
+        pool_plan(three, gpus)
+
+
+def test_pool_actors_and_shares_are_data():
+    """One GPU holds one retriever, verifier and scorer and three captioners (ray.pool.captioner.actors)."""
+    one_gpu = {"CPU": 16.0, "GPU": 1.0, "memory": 100 * GiB}
+    cfg = _cfg(1, gpu_share=0.15, **{"pool.captioner.actors": 3})
+    plan = pool_plan(cfg, one_gpu)
+    assert all(r["num_gpus"] == 0.15 for r in plan.values())
+    assert pools.actors(cfg, "captioner") == 3 and pools.actors(cfg, "retriever") == 1
+    with pytest.raises(ResourceError) as e:
+        pool_plan(_cfg(1, **{"pool.captioner.actors": 4}), one_gpu)
+    msg = str(e.value)
+    assert "\n" not in msg and "captioner 4" in msg and "= 1.75 GPUs, the cluster has 1" in msg
+    own = pool_plan(_cfg(1, **{"pool.captioner.gpus": 0.25, "pool.verifier.gpus": 0.1, "pool.scorer.cpus": 2}), one_gpu)
+    assert own["verifier"]["num_gpus"] == 0.1 and own["scorer"]["num_cpus"] == 2.0
+    with pytest.raises(Exception, match="ray.pool.captioners: no such pool"):
+        pool_plan(_cfg(1, **{"pool.captioners.actors": 2}), one_gpu)

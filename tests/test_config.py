@@ -90,9 +90,9 @@ def test_scorer_and_clipscore_encoders_are_their_own_settings():
 
 def test_overrides_parse_types_and_nested_keys():
     cfg = load_config("headline", ["verifier.model=x/y", "rerank.alpha=0.3", "captioner.beam_width=7",
-                                   "verifier.enabled=false", 'splits=["test"]', "ray.gpu_share.verifier=0.5"])
+                                   "verifier.enabled=false", 'splits=["test"]', "ray.pool.verifier.gpus=0.5"])
     assert cfg.verifier.model == "x/y" and cfg.rerank.alpha == 0.3 and cfg.captioner.beam_width == 7
-    assert cfg.verifier.enabled is False and cfg.splits == ["test"] and cfg.ray.gpu_share["verifier"] == 0.5
+    assert cfg.verifier.enabled is False and cfg.splits == ["test"] and cfg.ray.pool["verifier"].gpus == 0.5
 
 
 @pytest.mark.parametrize("override,needle", [

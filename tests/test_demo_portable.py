@@ -77,7 +77,7 @@ def test_the_tiny_models_are_the_committed_ones(demo_cfg):
 def test_per_image_features_do_not_depend_on_the_batch(demo_cfg, monkeypatch):
     from adjcap.features import rows_to_table
     from adjcap.pipeline import load_models, run_pipeline
-    from adjcap.jobs.run_benchmark import read_records
+    from adjcap.jobs.extract_features import read_records
 
     cfg = demo_cfg.resolved()
     records = read_records(cfg)["test"][:5]

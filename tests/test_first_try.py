@@ -91,8 +91,9 @@ def test_caption_refuses_a_memory_plan_that_cannot_fit(demo_cfg, tmp_path, monke
     monkeypatch.setattr(preflight, "local_cluster", lambda: {"CPU": 2.0, "GPU": 0.0, "memory": 1e9})
     folder = _photos(tmp_path)
     runs = tmp_path / "runs"
+    # split pools: one fused actor (auto on this GPU-less machine) would fit in the 1 GB
     res = _cli("caption", str(folder), "--preset", "demo", "--set", f"paths.cache_dir={demo_cfg.paths.cache_dir}",
-               "--set", f"paths.runs_dir={runs}")
+               "--set", f"paths.runs_dir={runs}", "--set", "ray.pools=split")
     assert res.exit_code != 0
     line = _error_line(res.output)
     assert "resource plan: --workers 1: 1 x (retriever" in line and "of memory, the cluster has 953.7 MiB" in line

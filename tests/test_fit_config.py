@@ -12,7 +12,7 @@ from adjcap.features import rows_to_table
 from adjcap.pipeline import run_pipeline
 from adjcap.rundir import RunDir
 from adjcap.cli import app
-from adjcap.jobs import run_benchmark
+from adjcap.jobs import extract_features
 
 
 def test_a_learned_picker_with_the_training_free_protocol_is_refused_at_load():
@@ -32,10 +32,10 @@ def run_with_features(demo_cfg, tmp_path_factory):
     cfg = load_config("demo", [f"paths.cache_dir={demo_cfg.paths.cache_dir}", "limit=4", "captioner.beam_width=4"])
     rcfg = cfg.resolved()
     run = RunDir(tmp_path_factory.mktemp("fitrun") / "run")
-    records = run_benchmark.read_records(rcfg)
+    records = extract_features.read_records(rcfg)
     with run.lock():
         run.write_config(cfg.to_toml())
-        run_benchmark.write_references(run, rcfg.benchmark, records)
+        extract_features.write_references(run, rcfg.benchmark, records)
         for split, recs in records.items():
             run.write_part(rcfg.benchmark, split, rows_to_table(run_pipeline(recs, rcfg)))
     return run

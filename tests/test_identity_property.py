@@ -21,9 +21,10 @@ from adjcap.identity import config_view, stage_identities
 from adjcap.index import CaptionIndex, encode_shards_in_process, encoder_identity, ensure_index
 from adjcap.index.lifecycle import index_location, search_corpus
 from adjcap.models import roles
-from adjcap.stage_cache import OUTPUTS
-from adjcap.image_state import STAGES
-from adjcap.jobs.run_benchmark import read_records
+from adjcap import stage_registry
+from adjcap.jobs.extract_features import read_records
+
+STAGES = stage_registry.names()
 
 BASE = ["captioner.beam_width=4", "captioner.max_len=12"]
 
@@ -105,7 +106,7 @@ class World:
                                                       cfg.verifier, dev, loaded={"retrieval": enc, "verifier": ver}))
             stages.score(states, sc.output, sc.verifier, sc.clipscore, reuse_image_embedding=sc.reuse_stage1)
         assert all(s.error is None for s in states), [s.error for s in states]
-        return {stage: [json.dumps(OUTPUTS[stage].take(s), sort_keys=True, default=str) for s in states]
+        return {stage: [json.dumps(stage_registry.stage(stage).output.take(s), sort_keys=True, default=str) for s in states]
                 for stage in STAGES[:n_stages]}
 
 
@@ -163,6 +164,7 @@ ALTERNATIVES: dict[str, typing.Callable[[World], list[str]]] = {
     "ray.address": lambda w: ["ray.address=127.0.0.1:6390"],
     "ray.dashboard_host": lambda w: ["ray.dashboard_host=0.0.0.0"],
     "ray.include_dashboard": lambda w: ["ray.include_dashboard=false"],
+    "ray.pool": lambda w: ["ray.pool.captioner.actors=3"],
     "rerank.apply_split": lambda w: ["rerank.apply_split=val"],
     "rerank.fit_split": lambda w: ["rerank.fit_split=test"],
     "rerank.picker": lambda w: ["rerank.picker=lm"],

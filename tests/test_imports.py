@@ -225,10 +225,11 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # the frozen models and the caption corpus index they search
     ("models", ("adjcap.models",)),
     ("index", ("adjcap.index",)),
-    # one image through the stages: its state, the stage functions, identities, the stage cache, the
-    # in-process pipeline and what made a run (provenance)
-    ("stages", ("adjcap.image_state", "adjcap.stages", "adjcap.identity", "adjcap.stage_cache", "adjcap.pipeline",
-                "adjcap.provenance")),
+    # one image through the stages: its state, the stage functions, the stage registry (stages and model
+    # families as data) and the pools it lays out, identities, the stage cache, the in-process pipeline
+    # and what made a run (provenance)
+    ("stages", ("adjcap.image_state", "adjcap.stages", "adjcap.stage_registry", "adjcap.pools", "adjcap.identity",
+                "adjcap.stage_cache", "adjcap.pipeline", "adjcap.provenance")),
     # the learned rerankers over the feature table
     ("rerank", ("adjcap.rerank",)),
     # Java and the jars it runs: found and trusted, shared by needs, prepare and the metrics

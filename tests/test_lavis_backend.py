@@ -130,14 +130,14 @@ def test_checkpoint_keys_are_all_accounted_for(tiny, tmp_path):
 
 def test_ray_actors_of_both_backends_agree(tiny, tmp_path):
     """The real pools: LavisVerifierActor / LavisScorerActor in the LAVIS env (py_executable runtime_env)
-    and VerifierActor on the converted checkpoint in this env, on the same states."""
+    and the verifier pool's actor (the generic pool actor running stage verify) on the converted checkpoint in this env, on the same states."""
     import pickle
 
     import ray
 
     from adjcap.actors.lavis import LavisScorerActor, LavisVerifierActor
     from adjcap.actors.transport import pack
-    from adjcap.actors.verifier import VerifierActor
+    from adjcap.actors.pool import actor_class
     from adjcap.config import load_config
     from adjcap.image_state import ImageState
 
@@ -156,11 +156,11 @@ def test_ray_actors_of_both_backends_agree(tiny, tmp_path):
         states.append(s)
     batch = pack(states)
 
-    def run(actor, backend):
+    def run(actor, backend, **kwargs):
         c = cfg.model_copy(update={"verifier": cfg.verifier.model_copy(update={"backend": backend})})
         ds = ray.data.from_items([{"image_id": k, "state": v} for k, v in zip(batch["image_id"], batch["state"])])
         env = {"runtime_env": lavis_env.runtime_env(_cache())} if backend == "lavis" else {}
-        ds = ds.map_batches(actor, fn_constructor_kwargs={"cfg": c.resolved()}, batch_size=8,
+        ds = ds.map_batches(actor, fn_constructor_kwargs={"cfg": c.resolved(), **kwargs}, batch_size=8,
                             batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=1), num_cpus=0.5, **env)
         if backend == "lavis":
             ds = ds.map_batches(LavisScorerActor, fn_constructor_kwargs={"cfg": c.resolved()},
@@ -172,7 +172,7 @@ def test_ray_actors_of_both_backends_agree(tiny, tmp_path):
     ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
     try:
         lav = run(LavisVerifierActor, "lavis")
-        hf = run(VerifierActor, "transformers")
+        hf = run(actor_class("VerifierActor"), "transformers", stages=("verify",), last=False)
     finally:
         ray.shutdown()
     ours = load_verifier(str(pth), device="cpu", precision="fp32", tokenizer=str(tok))

@@ -19,13 +19,14 @@ from rows_agree import assert_rows_agree
 from sim_cluster import simulated_cluster
 
 from adjcap.pipeline import load_models, run_pipeline
+from adjcap.pools import split_pools
 from adjcap.rundir import RunDir
-from adjcap.jobs.run_benchmark import read_records
+from adjcap.jobs.extract_features import read_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 LIMIT = 4
-POOLS = ("RetrieverActor", "VerifierActor", "CaptionerActor", "ScorerActor")
+POOLS = tuple(p.actor_name for p in split_pools())  # RetrieverActor, VerifierActor, CaptionerActor, ScorerActor
 WIDE = 2  # actors per pool: 4 pools x 2 x 0.25 GPU fill the two nodes' GPUs
 
 

@@ -54,7 +54,7 @@ def test_entry_point_and_spdx_license_without_deprecation(wheel):
 def test_the_editable_install_maps_adjcap_only(tmp_path):
     """Outside the checkout the editable install (make's .venv) imports adjcap.jobs, and no
     ``jobs``, ``actors`` or ``cli``."""
-    code = ("import importlib, adjcap.jobs.run, adjcap.actors.captioner, adjcap.cli\n"
+    code = ("import importlib, adjcap.jobs.run, adjcap.actors.pool, adjcap.cli\n"
             "for name in ('jobs', 'actors', 'cli'):\n"
             "    try:\n        importlib.import_module(name)\n    except ModuleNotFoundError:\n        continue\n"
             "    raise SystemExit(name + ' imports')\n"

@@ -10,7 +10,7 @@ import pytest
 from adjcap import image_state
 from adjcap.pipeline import load_models
 from benchmarks.paper_way import STAGES, Padded77, PairwiseITM, side_by_side
-from adjcap.jobs.run_benchmark import read_records
+from adjcap.jobs.extract_features import read_records
 
 N = 2
 
@@ -23,7 +23,7 @@ def run(demo_cfg):
              "scorer": (models.retrieval, models.verifier)}
     states = [image_state.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path)
               for r in read_records(cfg)["test"][:N]]
-    res = side_by_side(cfg, states, pools.__getitem__, models.index, models.corpus_texts, echo=lambda *a: None)
+    res = side_by_side(cfg, states, pools.__getitem__, models.index, models.index.texts, echo=lambda *a: None)
     return cfg, models, states, res
 
 

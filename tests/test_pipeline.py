@@ -10,7 +10,7 @@ import pytest
 from adjcap.data.records import Record
 from adjcap.features import FEATURE_SCHEMA, rows_to_table
 from adjcap.pipeline import load_models, run_pipeline
-from adjcap.jobs.run_benchmark import read_records
+from adjcap.jobs.extract_features import read_records
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from adjcap.rundir import RunDir
 from adjcap.jobs.progress_display import Tally, Lines, duration
 from adjcap.jobs.ray_session import init_options, quiet_console
 from adjcap.jobs.run import written_since
-from adjcap.jobs.run_benchmark import stream_stages
+from adjcap.jobs.extract_features import stream_stages
 
 
 def test_line_counts_rate_and_eta_from_the_last_stage():

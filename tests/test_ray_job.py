@@ -1,4 +1,6 @@
-"""The Ray job end to end on the demo world: a local Ray with 2 CPUs, four actor pools."""
+"""The Ray job end to end on the demo world: a local Ray with 2 CPUs and no GPU, where the default
+ray.pools=auto runs every stage in one fused pool (tests/test_multinode.py and tests/faults/test_job_faults.py
+run the four split pools)."""
 
 import json
 import sys
@@ -11,7 +13,7 @@ from rows_agree import assert_rows_agree
 from adjcap.pipeline import run_pipeline
 from adjcap.rundir import RunDir
 from adjcap.jobs import run
-from adjcap.jobs.run_benchmark import read_records
+from adjcap.jobs.extract_features import read_records
 
 pytestmark = pytest.mark.slow
 
@@ -72,6 +74,11 @@ def test_cli_job_leaves_the_documented_run_directory(job):
     metrics = json.loads((run_dir / "metrics" / f"{cfg.rerank.protocol}.json").read_text())
     assert metrics["pickers"]["ensemble"]["metrics"]["CIDEr"] is not None
     assert (run_dir / "heads" / "trifuse.safetensors").exists() and (run_dir / "report.md").exists()
+
+
+def test_a_gpu_less_job_runs_one_fused_pool(job):
+    _, _, output = job
+    assert "pools: fused x2 (retrieve + verify + caption + score)" in output, output
 
 
 def test_one_row_per_image_no_duplicates(job):

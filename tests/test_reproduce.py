@@ -12,8 +12,10 @@ from adjcap.index import benchmark_corpus
 from adjcap.report.reproduced import RowResult, build_table
 from adjcap.reproduce import get_table, load_tables, parse_tables, plan_table
 from adjcap.stage_cache import stage_identities
-from adjcap.image_state import STAGES
+from adjcap.stage_registry import names as stage_names
 from adjcap.cli import app
+
+STAGES = stage_names()
 
 PAPER_TABLES = ("reproduction", "scoreboard", "protocols", "ablation", "verifier-substrate", "xdomain", "chair",
                 "clipscore")

@@ -1,7 +1,6 @@
 """Stage sharing: per-stage outputs identified by their settings and inputs, stored in the cache and
 reused by configurations that agree up to a stage (the demo world, tiny models, in process)."""
 
-import dataclasses
 import shutil
 
 import pyarrow.parquet as pq
@@ -12,8 +11,10 @@ from adjcap.features import rows_to_table
 from adjcap.index import benchmark_corpus
 from adjcap.pipeline import load_models, run_pipeline
 from adjcap.stage_cache import StageCache, stage_identities
-from adjcap.image_state import STAGES
-from adjcap.jobs.run_benchmark import read_records
+from adjcap.stage_registry import names as stage_names
+from adjcap.jobs.extract_features import read_records
+
+STAGES = stage_names()
 
 
 def _cfg(demo_cfg, cache_dir, *sets):
@@ -80,7 +81,7 @@ def test_a_local_checkpoint_counts_by_content_not_path(demo_cfg, world, tmp_path
 def _run(cfg, world, share=True):
     _, fp, models, records = world
     if not cfg.verifier.enabled:  # the models as load_models gives them for this config
-        models = dataclasses.replace(models, verifier=None)
+        models = type(models)(**{**vars(models), "verifier": None})
     counts: dict[str, int] = {}
     cache = StageCache.for_config(cfg, fp) if share else None
     rows = run_pipeline(records, cfg, models, stage_cache=cache, counts=counts)
@@ -165,7 +166,7 @@ def test_another_index_is_searched_again_and_a_moved_one_is_not(demo_cfg, world,
     index, other = _encode_other_corpus(base_cfg, models, tmp_path)
     cfg = _cfg(demo_cfg, own, f"retrieval.index_dir={index}")
     run_models = load_models(cfg)
-    assert run_models.corpus_texts == other.texts  # the index's own corpus, from its manifest
+    assert list(run_models.index.texts) == other.texts  # the index's own corpus, from its manifest
     world2 = (own, other.fingerprint, run_models, records)
     rows, counts = _run(cfg, world2)
     assert counts == {s: n for s in STAGES}  # nothing reused from the demo index's outputs

@@ -13,7 +13,7 @@ from adjcap import image_state, stages
 from adjcap.data.images import decode_image
 from adjcap.models.roles import ScorerEncoder
 from adjcap.pipeline import load_models
-from adjcap.jobs.run_benchmark import read_records
+from adjcap.jobs.extract_features import read_records
 
 
 def _same(a, b):
@@ -37,7 +37,7 @@ def test_features_through_the_transport_equal_features_from_decoded_pixels(world
     # as before: every stage sees the pixels decoded straight from the file
     old = [image_state.ImageState(r.image_id, cfg.benchmark, r.split, image=decode_image(r.image_path).image) for r in recs]
     c = m.captioner
-    stages.retrieve(old, m.retrieval, m.index, m.corpus_texts, cfg.retrieval.top_l)
+    stages.retrieve(old, m.retrieval, m.index, m.index.texts, cfg.retrieval.top_l)
     stages.verify(old, m.verifier, cfg.verifier.keep)
     stages.caption(old, c.captioner, c.clip, cfg.captioner, c.vocabulary)
     stages.score(old, m.retrieval, m.verifier)
@@ -51,7 +51,7 @@ def test_features_through_the_transport_equal_features_from_decoded_pixels(world
         return out
 
     new = hop(new)
-    stages.retrieve(new, m.retrieval, m.index, m.corpus_texts, cfg.retrieval.top_l)
+    stages.retrieve(new, m.retrieval, m.index, m.index.texts, cfg.retrieval.top_l)
     new = hop(new)
     stages.verify(new, m.verifier, cfg.verifier.keep)
     new = hop(new)
@@ -103,7 +103,7 @@ def test_scorer_loads_the_image_tower_only_when_an_embedding_is_missing(world):
     cfg, m, recs = world
     states = [image_state.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path) for r in recs[:3]]
     c = m.captioner
-    stages.retrieve(states, m.retrieval, m.index, m.corpus_texts, cfg.retrieval.top_l)
+    stages.retrieve(states, m.retrieval, m.index, m.index.texts, cfg.retrieval.top_l)
     stages.verify(states, m.verifier, cfg.verifier.keep)
     stages.caption(states, c.captioner, c.clip, cfg.captioner, c.vocabulary)
     ref = pickle.loads(pickle.dumps(states))  # scored with both towers, for reference

@@ -1,8 +1,7 @@
-"""How much memory each pool's models take, estimated without loading them.
-
-``pool_budget(cfg)`` -> ``{pool: {"params": n, "bytes": b}}`` for the four feature pools: the parameter
-count of the models the pool holds and their size in memory at the precision they run in. Counts come
-from, in order:
+"""How much memory a model takes, estimated without loading it: the parameter counts that each model
+family's ``size`` in :mod:`adjcap.stage_registry` adds up, and :func:`adjcap.pools.pool_budget` per pool
+(the parameter count of the models a pool holds and their size in memory at the precision they run
+in). Counts come from, in order:
 
 1. a local weights file or directory (the tiny demo models, user checkpoints): a safetensors file's
    header gives the exact count; any other file counts as fp32 (file size / 4);
@@ -50,7 +49,6 @@ BYTES_PER_PARAM = {"fp32": 4, "fp16": 2, "bf16": 2}
 _SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
                       "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
-POOLS = ("retriever", "verifier", "captioner", "scorer")  # the feature pools, in stream order
 
 
 def safetensors_params(path: Path, keep: Any = None) -> int:
@@ -134,42 +132,6 @@ def precision_bytes(precision: str, gpu: bool) -> int:
     if precision == "auto":
         return 2 if gpu else 4
     return BYTES_PER_PARAM[precision]
-
-
-def pool_budget(cfg: Any, gpu: bool | None = None) -> dict[str, dict[str, int]]:
-    """``{pool: {"params": n, "bytes": b}}`` for the four feature pools of a resolved config.
-
-    ``gpu``: whether the models run on a GPU (decides what precision "auto" means); default: from
-    ``cfg.device`` (``cuda...`` = GPU; "auto" without a GPU known counts as the CPU, the larger)."""
-    if gpu is None:
-        gpu = str(cfg.device).startswith("cuda")
-    enc, ver, cap = cfg.retrieval.encoder, cfg.verifier, cfg.captioner
-    out_enc, cs_enc = cfg.scorer_encoder(), cfg.eval.clipscore
-    enc_b = precision_bytes(enc.precision, gpu)
-    ver_b = precision_bytes(ver.precision, gpu)
-    cap_b = precision_bytes(cap.precision, gpu)
-    clip_b = precision_bytes(cap.clip.precision, gpu)
-    v = verifier_params(ver)
-    image, text = encoder_params(enc, ("image",)), encoder_params(enc, ("text",))
-    # the scorer pool (adjcap.models.roles.load_scorer): the output encoder's text tower when it is the
-    # retrieval encoder (stage 1's image embedding is reused), else both towers; the CLIPScore encoder's
-    # two towers when it is another model than the output encoder
-    scorer = [(text, enc_b)] if out_enc.same_model(enc) else [
-        (encoder_params(out_enc), precision_bytes(out_enc.precision, gpu))]
-    if not cs_enc.same_model(out_enc):
-        scorer.append((encoder_params(cs_enc), precision_bytes(cs_enc.precision, gpu)))
-    scorer.append((v, ver_b))
-    cap_own = captioner_params(cap) - encoder_params(cap.clip)
-    cap_clip = encoder_params(cap.clip)
-    out = {
-        "retriever": {"params": image, "bytes": image * enc_b},
-        "verifier": {"params": v, "bytes": v * ver_b},
-        "captioner": {"params": cap_own + cap_clip, "bytes": cap_own * cap_b + cap_clip * clip_b},
-        "scorer": {"params": sum(n for n, _ in scorer), "bytes": sum(n * b for n, b in scorer)},
-        # the corpus-encoder pool of `adjcap encode-corpus` (not one of the four feature pools)
-        "encoder": {"params": text, "bytes": text * enc_b},
-    }
-    return out
 
 
 def corpus_encode_bytes(texts: Any, shard_size: int, width: int) -> int:

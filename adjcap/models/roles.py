@@ -1,6 +1,8 @@
 """The models each pool holds, loaded from a resolved :class:`~adjcap.config.Config` (its sections'
-paths already expanded by ``Config.resolved()``). The Ray actors and the single-process pipeline
-load their roles through these functions, so both hold exactly the same models.
+paths already expanded by ``Config.resolved()``). The model families of the stage registry
+(:mod:`adjcap.stage_registry`) load through these functions, for the pool actor and the single-process
+pipeline alike, so both hold exactly the same models. In one process (the fused pool, the pipeline) the
+scorer reuses the retrieval encoder (both towers then) and the verifier.
 
 | role                 | models                                                        |
 |----------------------|---------------------------------------------------------------|

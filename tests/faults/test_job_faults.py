@@ -28,7 +28,7 @@ import pytest
 from adjcap.rundir import RunDir
 from adjcap.config import load_config
 from adjcap.pipeline import load_models
-from adjcap.jobs.run_benchmark import read_records
+from adjcap.jobs.extract_features import read_records
 
 from .listening import descendants
 from .own_world import own_world_settings
@@ -158,7 +158,9 @@ def scenario(demo_cfg, tmp_path_factory):
     data = Path(victim.image_path).read_bytes()
     Path(victim.image_path).write_bytes(data[: len(data) // 3])
     run_dir = base / "run"
-    args = ["run-job", BENCH, "--workers", "1", "--limit", str(LIMIT), "--run-dir", str(run_dir)]
+    # split pools (auto would fuse them on this GPU-less machine): the captioner's own actor is killed below
+    args = ["run-job", BENCH, "--workers", "1", "--limit", str(LIMIT), "--run-dir", str(run_dir),
+            "--set", "ray.pools=split"]
     for s in sets:
         args += ["--set", s]
     return {"cfg": cfg, "records": records, "victim": victim.image_id, "run": RunDir(run_dir), "args": args,

@@ -4,14 +4,15 @@ every actor declares memory (jobs.ray_session.pool_plan on given cluster resourc
 import pytest
 
 from adjcap.config import load_config
-from adjcap.models.budget import POOLS
+from adjcap.pools import pool_names
 from adjcap.jobs.ray_session import ResourceError, pool_plan
 
 GiB = 2**30
 
 
 def _demo(workers):
-    return load_config("demo", [f"ray.workers={workers}"]).resolved()
+    # the four split pools (auto would fuse them on this GPU-less cluster: one actor per worker)
+    return load_config("demo", [f"ray.workers={workers}", "ray.pools=split"]).resolved()
 
 
 def test_eight_workers_on_two_cpus_is_refused_with_the_numbers():
@@ -31,5 +32,5 @@ def test_more_memory_than_the_cluster_has_is_refused():
 
 def test_a_request_that_fits_declares_memory_for_every_actor():
     plan = pool_plan(_demo(2), {"CPU": 2.0, "memory": 16 * GiB})
-    assert set(plan) == set(POOLS)
+    assert set(plan) == set(pool_names())
     assert all(r["memory"] > 0 and 0 < r["num_cpus"] <= 0.25 for r in plan.values())

@@ -1,5 +1,6 @@
-"""Feature extraction, the Ray part of the main job: records -> image decode (CPU tasks) ->
-retriever -> verifier -> captioner -> scorer pools -> Parquet feature parts in the run directory.
+"""Feature extraction, the Ray part of the main job: records -> image decode (CPU tasks) -> the stage
+pools (retriever -> verifier -> captioner -> scorer, or one fused pool: :mod:`adjcap.pools`) -> Parquet
+feature parts in the run directory.
 
 Resume: image ids already written (in complete part files) are skipped; parts are written to a temp
 name and renamed, so a crash never leaves a part that looks complete."""
@@ -9,16 +10,16 @@ from __future__ import annotations
 import pickle
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 
 import ray
 from ray.data import ActorPoolStrategy, TaskPoolStrategy
 
-from adjcap.actors.captioner import CaptionerActor
+from adjcap import pools as pool_layout
+from adjcap import stage_registry
 from adjcap.actors.decode import decode_batch
 from adjcap.actors.lavis import LavisScorerActor, LavisVerifierActor
-from adjcap.actors.retriever import RetrieverActor
-from adjcap.actors.scorer import ScorerActor
-from adjcap.actors.verifier import VerifierActor
+from adjcap.actors.pool import actor_class
 from adjcap.config import Config
 from adjcap.data.benchmarks import read_benchmark, split_annotations
 from adjcap.data.records import Record
@@ -28,21 +29,45 @@ from adjcap.index.lifecycle import search_corpus
 from adjcap.lavis_env import runtime_env as lavis_runtime_env
 from adjcap.rundir import RunDir
 from adjcap.stage_cache import StageCache, apply_outputs
-from adjcap.image_state import STAGES, ImageState, decode_state
+from adjcap.image_state import ImageState, decode_state
 from adjcap.jobs.encode_corpus import index_for
 from adjcap.jobs.progress_display import tracked
-from adjcap.jobs.ray_session import check_pools, pool_resources
+from adjcap.jobs.ray_session import check_pools, has_gpus
 
 
-def pools(cfg: Config) -> list[tuple[type, str, dict]]:
-    """(actor class, pool name, extra map_batches options) in stage order. With the LAVIS verifier
-    backend, stage 2 and the verifier half of stage 4 run in LAVIS's own environment."""
-    if not (cfg.verifier.enabled and cfg.verifier.backend == "lavis"):
-        return [(RetrieverActor, "retriever", {}), (VerifierActor, "verifier", {}),
-                (CaptionerActor, "captioner", {}), (ScorerActor, "scorer", {})]
-    env = {"runtime_env": lavis_runtime_env(cfg.paths.cache_dir)}
-    return [(RetrieverActor, "retriever", {}), (LavisVerifierActor, "verifier", env),
-            (CaptionerActor, "captioner", {}), (LavisScorerActor, "scorer", env), (ScorerActor, "scorer", {})]
+@dataclass(frozen=True)
+class PoolRun:
+    """One pool of the stream: its actor class, its pool (resources and actor count by name), what its
+    constructor gets beyond ``cfg`` and ``board``, the stage names it reports progress under, and the
+    extra map_batches options (the LAVIS pools' runtime environment)."""
+
+    actor: type
+    pool: str
+    kwargs: dict
+    meters: tuple[str, ...]
+    options: dict
+
+
+def pools(cfg: Config, first: int = 0, gpu: bool = False) -> list[PoolRun]:
+    """The pools images stream through from stage index ``first`` on, in order (:mod:`adjcap.pools`:
+    split or fused). With the LAVIS verifier backend, stage 2 and the verifier half of stage 4 run in
+    LAVIS's own environment, in pools of their own."""
+    layout = pool_layout.layout(cfg, gpu, first)
+    lavis = cfg.verifier.enabled and cfg.verifier.backend == "lavis"
+    env = {"runtime_env": lavis_runtime_env(cfg.paths.cache_dir)} if lavis else {}
+    out: list[PoolRun] = []
+    for i, p in enumerate(layout):
+        last = i == len(layout) - 1
+        if lavis and p.stages == ("verify",):
+            out.append(PoolRun(LavisVerifierActor, p.name, {}, ("verify",), env))
+            continue
+        given: dict = {}
+        if lavis and "score" in p.stages:
+            out.append(PoolRun(LavisScorerActor, p.name, {}, ("score-verifier",), env))
+            given["verifier"] = None  # scored by the LAVIS pool just before
+        out.append(PoolRun(actor_class(p.actor_name), p.name, {"stages": p.stages, "given": given, "last": last},
+                           p.stages, {}))
+    return out
 
 
 def read_records(cfg: Config) -> dict[str, list[Record]]:
@@ -71,7 +96,7 @@ def extract_features(cfg: Config, run: RunDir, records: dict[str, list[Record]],
     """Inside a Ray session (``cfg`` resolved). Returns {split: {images, skipped, done, failed}}.
 
     With ``cache.share_stages`` every image starts from its deepest stage prefix stored in the stage
-    cache (:mod:`adjcap.stage_cache`): an image with all four stages stored is written without any
+    cache (:mod:`adjcap.stage_cache`): an image with every stage stored is written without any
     model, the pools of stages no image needs are not started, and new stage outputs are stored.
     ``stage_stats`` (when given) receives {"computed": {stage: images}, "reused": {stage: images}}."""
     todo: list[Record] = []
@@ -83,8 +108,9 @@ def extract_features(cfg: Config, run: RunDir, records: dict[str, list[Record]],
         new = [r for r in recs if r.image_id not in have]
         summary[split] = {"images": len(recs), "skipped": len(recs) - len(new), "done": 0, "failed": 0}
         todo.extend(new)
-    computed = {s: 0 for s in STAGES}
-    reused = {s: 0 for s in STAGES}
+    names = stage_registry.names()
+    computed = {s: 0 for s in names}
+    reused = {s: 0 for s in names}
     if stage_stats is not None:
         stage_stats.update(computed=computed, reused=reused, shared=cfg.cache.share_stages)
     if not todo:
@@ -118,14 +144,17 @@ def extract_features(cfg: Config, run: RunDir, records: dict[str, list[Record]],
     for r in todo:  # images that need no model: every stage stored, or refused by the reader
         if r.error:
             emit(decode_state(r.image_id, cfg.benchmark, r.split, r.domain, None, r.error))
-        elif len(found.get(r.image_id, ())) == len(STAGES):
+        elif len(found.get(r.image_id, ())) == len(names):
             emit(apply_outputs(ImageState(r.image_id, cfg.benchmark, r.split, r.domain or None), found[r.image_id]))
         else:
             rest.append(r)
     if rest:
         first = min(len(found.get(r.image_id, ())) for r in rest)  # the first stage some image needs
-        with tracked(cfg.ray, "features", stream_stages(cfg, first), len(rest)) as board:
-            ds = _stream(cfg, corpus, rest, found, first, board)
+        gpu = has_gpus()
+        print("pools: " + ", ".join(f"{p.pool} x{pool_layout.actors(cfg, p.pool)} ({' + '.join(p.meters)})"
+                                    for p in pools(cfg, first, gpu)))
+        with tracked(cfg.ray, "features", stream_stages(cfg, first, gpu), len(rest)) as board:
+            ds = _stream(cfg, corpus, rest, found, first, gpu, board)
             for batch in ds.iter_batches(batch_format="numpy", batch_size=None):
                 for blob in batch["state"]:
                     emit(pickle.loads(blob))
@@ -136,19 +165,12 @@ def extract_features(cfg: Config, run: RunDir, records: dict[str, list[Record]],
     return summary
 
 
-STAGE_OF_POOL = {"retriever": 0, "verifier": 1, "captioner": 2, "scorer": 3}
-
-
-def stream_stages(cfg: Config, first: int) -> list[str]:
-    """The stages images stream through from stage ``first`` on, in order, as the actors name them
-    when they report progress (decode, then each pool's actor's stage)."""
-    names = {"retriever": "retrieve", "verifier": "verify", "captioner": "caption", "scorer": "score"}
+def stream_stages(cfg: Config, first: int, gpu: bool = False) -> list[str]:
+    """The stages images stream through from stage index ``first`` on, in order, as the actors name
+    them when they report progress (decode, then each pool's stages)."""
     out = ["decode"]
-    for actor, pool, _ in pools(cfg):
-        if STAGE_OF_POOL[pool] >= first:
-            stage = "score-verifier" if actor is LavisScorerActor else names[pool]
-            if stage not in out:
-                out.append(stage)
+    for p in pools(cfg, first, gpu):
+        out.extend(m for m in p.meters if m not in out)
     return out
 
 
@@ -157,8 +179,8 @@ def decode_tasks(cfg: Config) -> int:
     return cfg.ray.decode_tasks or 2 * cfg.ray.workers
 
 
-def _stream(cfg: Config, corpus, todo: list[Record], found: dict, first: int, board=None):
-    """decode -> the pools from stage ``first`` on, as a Ray dataset of packed states."""
+def _stream(cfg: Config, corpus, todo: list[Record], found: dict, first: int, gpu: bool, board=None):
+    """decode -> the pools from stage index ``first`` on, as a Ray dataset of packed states."""
     bs = cfg.ray.batch_size
     exif = cfg.benchmark_cfg().applies_exif()
     items = [
@@ -172,16 +194,18 @@ def _stream(cfg: Config, corpus, todo: list[Record], found: dict, first: int, bo
     # two 8-CPU nodes, ~0.8 GiB each), far more than the pools can take images from
     ds = ds.map_batches(decode_batch, fn_kwargs={"board": board}, batch_size=bs, batch_format="numpy",
                         num_cpus=cfg.ray.decode_cpus, compute=TaskPoolStrategy(size=decode_tasks(cfg)))
-    for actor, pool, env in pools(cfg):
-        if STAGE_OF_POOL[pool] < first:
-            continue
-        kwargs = {"cfg": cfg, "board": board}
-        if pool == "retriever":
+    plan = check_pools(cfg, first)
+    index_ref = None
+    for p in pools(cfg, first, gpu):
+        kwargs = {"cfg": cfg, "board": board, **p.kwargs}
+        if "index" in stage_registry.families_of(p.kwargs.get("stages", ())):
             # once per job; each node's retriever actors share one read-only copy (adjcap.index.shared)
-            kwargs["index_ref"] = ray.put(shared_index(index_for(cfg, corpus), corpus.texts))
+            if index_ref is None:
+                index_ref = ray.put(shared_index(index_for(cfg, corpus), corpus.texts))
+            kwargs["given"] = {**kwargs["given"], "index": index_ref}
         ds = ds.map_batches(
-            actor, fn_constructor_kwargs=kwargs, batch_size=bs, batch_format="numpy",
-            compute=ActorPoolStrategy(size=cfg.ray.workers), **pool_resources(cfg, pool), **env,
+            p.actor, fn_constructor_kwargs=kwargs, batch_size=bs, batch_format="numpy",
+            compute=ActorPoolStrategy(size=pool_layout.actors(cfg, p.pool)), **plan[p.pool], **p.options,
         )
     return ds
 

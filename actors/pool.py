@@ -1,0 +1,43 @@
+"""The one pool actor (docs/architecture.md, "Pools"): loads the model families of its stages once
+(:mod:`adjcap.stage_registry`) and runs their batch functions, in order, on every batch of states.
+A split pool runs one stage; the fused pool runs every stage an image needs in this one process."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import ray
+
+from adjcap import stage_registry
+from adjcap.actors.progress import StageMeter
+from adjcap.actors.transport import pack, unpack
+from adjcap.config import Config
+
+
+class PoolActor:
+    def __init__(self, cfg: Config, stages: tuple[str, ...], given: dict[str, Any] | None = None,
+                 board: Any = None, last: bool = True):
+        """``cfg`` resolved; ``stages``: the stage names this pool runs; ``given``: what the job hands the
+        families instead of files (object refs are fetched here: the caption index the job put once, whose
+        arrays are then read-only views of this node's object store); ``last``: this pool's states are final
+        (images and intermediate encodings are dropped)."""
+        self.cfg, self.last = cfg, last
+        self.stages = [stage_registry.stage(s) for s in stages]
+        given = {k: ray.get(v) if isinstance(v, ray.ObjectRef) else v for k, v in (given or {}).items()}
+        self.models = stage_registry.load_families(cfg, stage_registry.families_of(stages), given)
+        self.meters = [StageMeter(s.name, board) for s in self.stages]
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        states = unpack(batch)
+        for stage, meter in zip(self.stages, self.meters):
+            with meter.batch(states):
+                stage.run(states, self.models, self.cfg)
+        return pack(states, drop_image=self.last)
+
+
+@functools.cache
+def actor_class(name: str) -> type:
+    """:class:`PoolActor` under the name Ray shows for the pool (``MapBatches(CaptionerActor)``), so a
+    process list tells the pools apart."""
+    return type(name, (PoolActor,), {"__doc__": PoolActor.__doc__})

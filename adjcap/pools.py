@@ -1,0 +1,126 @@
+"""Pools as data (docs/architecture.md, "Pools"): which actors a job runs the stages in, and how much
+memory each one's models take.
+
+``ray.pools`` chooses the layout:
+
+* ``split``: one pool per stage's ``pool`` (retriever, verifier, captioner, scorer), each loading only
+  its stages' model families; images travel between them. With GPUs, slow stages get more actors;
+* ``fused``: one pool, ``fused``, running every stage an image needs in one process, each model loaded
+  once (the scorer reuses the retrieval encoder and the verifier); no image travels between pools;
+* ``auto`` (default): fused on a cluster without GPUs (a CPU-only machine gains nothing from four
+  processes per image), split with GPUs.
+
+The ``lavis`` verifier backend always runs split: its verifier runs in LAVIS's own environment.
+Each pool's actor count and CPU / GPU share is data too: ``ray.pool.<pool>.actors`` / ``.gpus`` /
+``.cpus``, defaulting to ``ray.workers``, ``ray.gpu_share`` (fused: the sum of the split pools'
+shares) and ``ray.cpu_share``. Pure: reads the config and the stage registry, never imports Ray.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from adjcap import stage_registry
+from adjcap.config import Config, ConfigError
+from adjcap.models import budget
+
+FUSED = "fused"
+ENCODER = "encoder"  # the corpus-encoder pool of `adjcap encode-corpus` (not a stage's pool)
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A pool of identical actors: the stages they run (in order) and the families they load."""
+
+    name: str
+    stages: tuple[str, ...]
+
+    @property
+    def families(self) -> tuple[str, ...]:
+        return stage_registry.families_of(self.stages)
+
+    @property
+    def actor_name(self) -> str:
+        """The actor's class name (what Ray shows: ``MapWorker(MapBatches(CaptionerActor))``)."""
+        return f"{self.name.capitalize()}Actor"
+
+
+def split_pools(stage_names: Iterable[str] | None = None) -> list[Pool]:
+    """One pool per distinct stage ``pool``, in stage order."""
+    names = tuple(stage_names) if stage_names is not None else stage_registry.names()
+    out: dict[str, list[str]] = {}
+    for s in names:
+        out.setdefault(stage_registry.stage(s).pool, []).append(s)
+    return [Pool(p, tuple(st)) for p, st in out.items()]
+
+
+def pool_names() -> tuple[str, ...]:
+    """The split pools' names, in stream order."""
+    return tuple(p.name for p in split_pools())
+
+
+def is_fused(cfg: Config, gpu: bool) -> bool:
+    """Whether a job on a cluster with (``gpu``) or without GPUs runs one fused pool."""
+    if cfg.verifier.enabled and cfg.verifier.backend == "lavis":
+        return False  # its verifier runs in LAVIS's environment, a pool of its own
+    return cfg.ray.pools == FUSED or (cfg.ray.pools == "auto" and not gpu)
+
+
+def layout(cfg: Config, gpu: bool, first: int = 0) -> list[Pool]:
+    """The pools a job runs for images that need the stages from index ``first`` on."""
+    names = stage_registry.names()[first:]
+    return [Pool(FUSED, names)] if is_fused(cfg, gpu) else split_pools(names)
+
+
+def _pool_cfg(cfg: Config, name: str):
+    known = (*pool_names(), FUSED, ENCODER)
+    for key in cfg.ray.pool:
+        if key not in known:
+            raise ConfigError(f"ray.pool.{key}: no such pool (pools: {', '.join(known)})")
+    return cfg.ray.pool.get(name)
+
+
+def actors(cfg: Config, name: str) -> int:
+    """Actors of pool ``name``: ``ray.pool.<name>.actors``, else ``ray.workers``."""
+    p = _pool_cfg(cfg, name)
+    return p.actors if p is not None and p.actors is not None else cfg.ray.workers
+
+
+def gpu_share(cfg: Config, name: str) -> float:
+    """GPU per actor of pool ``name``: ``ray.pool.<name>.gpus``, else ``ray.gpu_share`` (a fused
+    actor: the sum of the split pools' shares, one GPU by default)."""
+    p = _pool_cfg(cfg, name)
+    if p is not None and p.gpus is not None:
+        return float(p.gpus)
+    if name == FUSED:
+        return round(sum(gpu_share(cfg, q) for q in pool_names()), 6)
+    return float(cfg.ray.gpu_share)
+
+
+def cpu_request(cfg: Config, name: str) -> float | None:
+    """CPUs per actor of pool ``name`` when set (``ray.pool.<name>.cpus``), else None (the default)."""
+    p = _pool_cfg(cfg, name)
+    return None if p is None or p.cpus is None else float(p.cpus)
+
+
+def _sum_sizes(cfg: Config, gpu: bool, families: Iterable[str]) -> dict[str, int]:
+    holds = frozenset(families)
+    sizes = [stage_registry.family(f).size(cfg, gpu, holds) for f in holds]
+    return {"params": sum(n for n, _ in sizes), "bytes": sum(b for _, b in sizes)}
+
+
+def pool_budget(cfg: Any, gpu: bool | None = None) -> dict[str, dict[str, int]]:
+    """``{pool: {"params": n, "bytes": b}}`` of a resolved config: every split pool, the fused pool
+    (each family once) and the corpus encoder.
+
+    ``gpu``: whether the models run on a GPU (decides what precision "auto" means); default: from
+    ``cfg.device`` (``cuda...`` = GPU; "auto" without a GPU known counts as the CPU, the larger)."""
+    if gpu is None:
+        gpu = str(cfg.device).startswith("cuda")
+    out = {p.name: _sum_sizes(cfg, gpu, p.families) for p in split_pools()}
+    out[FUSED] = _sum_sizes(cfg, gpu, stage_registry.families_of(stage_registry.names()))
+    enc = cfg.retrieval.encoder
+    text = budget.encoder_params(enc, ("text",))
+    out[ENCODER] = {"params": text, "bytes": text * budget.precision_bytes(enc.precision, gpu)}
+    return out

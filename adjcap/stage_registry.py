@@ -1,0 +1,393 @@
+"""The stage registry: one record per stage and per model family, as data (docs/architecture.md,
+"The stage registry"). Everything that walks the stages reads it: identity (:mod:`adjcap.identity`),
+the stage cache (:mod:`adjcap.stage_cache`), the pools and their memory plan (:mod:`adjcap.pools`),
+progress, the in-process pipeline (:mod:`adjcap.pipeline`) and the one pool actor (``actors/pool.py``).
+
+* a :class:`Family` is a model a pool loads: how to load it from a resolved config (reusing what
+  the same process loaded before it) and how big it is, without loading it;
+* a :class:`Stage` is a step every image goes through, in order: the pool it runs in, the families
+  it needs, the settings it reads (its identity), its output columns (the stage cache) and its
+  batch function (``run(states, models, cfg)``, from :mod:`adjcap.stages`).
+
+Adding a stage or a family is one :func:`register` call (``tests/test_stage_registry.py`` registers a
+toy one); :func:`registered` adds entries for the duration of a ``with`` block.
+
+Imports nothing heavy: PyTorch and the model libraries are imported by the loaders and batch
+functions when they run, so the decode tasks and the stage cache stay light.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
+
+import numpy as np
+import pyarrow as pa
+
+from adjcap.features import CANDIDATE, RETRIEVED, VERIFIED
+from adjcap.image_state import ImageState
+from adjcap.models import budget
+
+if TYPE_CHECKING:
+    from adjcap.config import Config
+
+# --------------------------------------------------------------------------------------------
+# the records
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reads:
+    """Dotted config keys a stage reads (a section's name covers every key under it; ``{benchmark}``
+    is the run's benchmark; ``scorer.encoder`` is the resolved output-scorer encoder) and, of those,
+    the ones read only for speed or identified by content elsewhere (never part of an identity as set)."""
+
+    settings: tuple[str, ...]
+    speed: tuple[str, ...] = ()
+    by_content: tuple[str, ...] = ()  # read, but identified by what they lead to (an input below)
+
+
+@dataclass(frozen=True)
+class StageOutput:
+    """What the stage cache stores of a stage: its columns (``image_id`` first), how to take them
+    from a state the stage filled and how to put them back into a fresh state."""
+
+    schema: pa.Schema
+    take: Callable[[ImageState], dict[str, Any]]
+    give: Callable[[ImageState, dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class Loading:
+    """What a family's loader sees: the models this process loaded before it (by family name), every
+    family the process holds, and what the job handed the pool instead of a model file (by family)."""
+
+    models: Mapping[str, Any]
+    holds: frozenset[str]
+    given: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Family:
+    """A model family a pool loads. ``load(cfg, loading)`` (``cfg`` resolved) returns the model;
+    ``size(cfg, gpu, holds)`` returns (parameters, bytes at run precision) of what ``load`` would
+    load in a process holding the families ``holds`` (reused models count once, where loaded)."""
+
+    name: str
+    load: Callable[["Config", Loading], Any]
+    size: Callable[["Config", bool, frozenset[str]], tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A stage, in pipeline order. ``pool``: the pool that runs it when pools are split (:mod:`adjcap.pools`);
+    ``families``: the models its batch function reads from ``models``; ``searches_index``: its identity
+    counts the searched corpus and index too (:func:`adjcap.identity.stage_settings`)."""
+
+    name: str
+    pool: str
+    families: tuple[str, ...]
+    reads: Reads
+    output: StageOutput
+    run: Callable[[list[ImageState], Mapping[str, Any], "Config"], Any]
+    searches_index: bool = False
+
+
+_FAMILIES: dict[str, Family] = {}
+_STAGES: dict[str, Stage] = {}
+
+
+def register(*entries: Family | Stage) -> None:
+    """Add families and stages (a stage goes after the ones registered before it)."""
+    for e in entries:
+        table = _FAMILIES if isinstance(e, Family) else _STAGES
+        if e.name in table:
+            raise ValueError(f"{type(e).__name__.lower()} '{e.name}' is registered already")
+        if isinstance(e, Stage):
+            missing = [f for f in e.families if f not in _FAMILIES]
+            if missing:
+                raise ValueError(f"stage '{e.name}' needs families {missing} that are not registered")
+        table[e.name] = e
+
+
+@contextlib.contextmanager
+def registered(*entries: Family | Stage) -> Iterator[None]:
+    """``register`` for the duration of a ``with`` block (tests, experiments)."""
+    before = dict(_FAMILIES), dict(_STAGES)
+    register(*entries)
+    try:
+        yield
+    finally:
+        _FAMILIES.clear()
+        _FAMILIES.update(before[0])
+        _STAGES.clear()
+        _STAGES.update(before[1])
+
+
+def stages() -> tuple[Stage, ...]:
+    """Every stage, in pipeline order."""
+    return tuple(_STAGES.values())
+
+
+def names() -> tuple[str, ...]:
+    """The stages' names, in pipeline order (also the names their errors and the stage cache use)."""
+    return tuple(_STAGES)
+
+
+def stage(name: str) -> Stage:
+    try:
+        return _STAGES[name]
+    except KeyError:
+        raise KeyError(f"no stage '{name}' (stages: {', '.join(_STAGES)})") from None
+
+
+def family(name: str) -> Family:
+    try:
+        return _FAMILIES[name]
+    except KeyError:
+        raise KeyError(f"no model family '{name}' (families: {', '.join(_FAMILIES)})") from None
+
+
+def families_of(stage_names: Iterable[str]) -> tuple[str, ...]:
+    """The families the given stages need, in registration order (the order they load in)."""
+    wanted = {f for s in stage_names for f in stage(s).families}
+    return tuple(f for f in _FAMILIES if f in wanted)
+
+
+def load_families(cfg: "Config", names_: Iterable[str], given: Mapping[str, Any] | None = None,
+                  preloaded: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Load the families ``names_`` (``cfg`` resolved) in registration order, each once; a later family
+    may reuse an earlier one (the scorer reuses the retrieval encoder and the verifier of its process).
+    ``preloaded``: families the caller loaded already (returned with the others, seen by their loaders)."""
+    models: dict[str, Any] = dict(preloaded or {})
+    holds = frozenset(names_) | frozenset(models)
+    for name in (f for f in _FAMILIES if f in holds and f not in models):
+        models[name] = _FAMILIES[name].load(cfg, Loading(models, holds, dict(given or {})))
+    return models
+
+
+# --------------------------------------------------------------------------------------------
+# the families
+# --------------------------------------------------------------------------------------------
+
+
+def _precision(p: str, gpu: bool) -> int:
+    return budget.precision_bytes(p, gpu)
+
+
+def _load_retrieval(cfg: "Config", ld: Loading):
+    """The retrieval encoder: its image tower, and its text tower too where the scorer shares the
+    process (it reuses the encoder) - the in-process pipeline also encodes the corpus with it."""
+    from adjcap.models.roles import load_retrieval_encoder
+
+    towers = ("image", "text") if "scorer" in ld.holds else ("image",)
+    return load_retrieval_encoder(cfg.retrieval.encoder, cfg.device, towers=towers)
+
+
+def _size_retrieval(cfg: "Config", gpu: bool, holds: frozenset[str]) -> tuple[int, int]:
+    enc = cfg.retrieval.encoder
+    n = budget.encoder_params(enc, ("image", "text") if "scorer" in holds else ("image",))
+    return n, n * _precision(enc.precision, gpu)
+
+
+@dataclass(frozen=True)
+class SearchIndex:
+    """The caption index a retriever searches and the corpus texts its ids point into."""
+
+    index: Any
+    texts: Any
+
+    def search(self, *args, **kwargs):
+        return self.index.search(*args, **kwargs)
+
+
+def _load_index(cfg: "Config", ld: Loading) -> SearchIndex:
+    """The job hands the pool the index (``given["index"]``): a :class:`adjcap.index.SharedIndex`
+    (opened here on this device, without a copy on the CPU) or a ready :class:`SearchIndex`."""
+    if "index" not in ld.given:
+        raise ValueError("the caption index is built by the job and handed to the pool (given['index'])")
+    g = ld.given["index"]
+    return g if isinstance(g, SearchIndex) else SearchIndex(g.open(cfg.device), g.texts)
+
+
+def _load_verifier(cfg: "Config", ld: Loading):
+    from adjcap.models.roles import load_verifier
+
+    return load_verifier(cfg.verifier, cfg.device)
+
+
+def _size_verifier(cfg: "Config", gpu: bool, holds: frozenset[str]) -> tuple[int, int]:
+    n = budget.verifier_params(cfg.verifier)
+    return n, n * _precision(cfg.verifier.precision, gpu)
+
+
+def _load_captioner(cfg: "Config", ld: Loading):
+    from adjcap.models.roles import load_captioner
+
+    return load_captioner(cfg.captioner, cfg.device)
+
+
+def _size_captioner(cfg: "Config", gpu: bool, holds: frozenset[str]) -> tuple[int, int]:
+    cap = cfg.captioner
+    clip = budget.encoder_params(cap.clip)
+    own = budget.captioner_params(cap) - clip
+    return own + clip, own * _precision(cap.precision, gpu) + clip * _precision(cap.clip.precision, gpu)
+
+
+def _load_scorer(cfg: "Config", ld: Loading):
+    """Stage 4's encoders and verifier (:func:`adjcap.models.roles.load_scorer`), reusing the retrieval
+    encoder and the verifier this process holds; the job may hand it ``given["verifier"]`` (None: the
+    ``lavis`` backend scores with the verifier in a pool of its own)."""
+    from adjcap.models.roles import load_scorer
+
+    loaded = {f: ld.models[f] for f in ("retrieval", "verifier") if f in ld.models}
+    if "verifier" in ld.given:
+        loaded["verifier"] = ld.given["verifier"]
+    return load_scorer(cfg.retrieval.encoder, cfg.scorer_encoder(), cfg.eval.clipscore, cfg.verifier, cfg.device,
+                       loaded=loaded)
+
+
+def _size_scorer(cfg: "Config", gpu: bool, holds: frozenset[str]) -> tuple[int, int]:
+    """What :func:`_load_scorer` loads beyond the families it shares a process with: the output encoder
+    (its text tower when it is the retrieval encoder: stage 1's image embedding is reused; nothing when
+    the retrieval encoder is held with both towers), the CLIPScore encoder when it is another model,
+    and the verifier unless held."""
+    enc, out_enc, cs_enc = cfg.retrieval.encoder, cfg.scorer_encoder(), cfg.eval.clipscore
+    parts: list[tuple[int, int]] = []
+    if not out_enc.same_model(enc):
+        parts.append((budget.encoder_params(out_enc), _precision(out_enc.precision, gpu)))
+    elif "retrieval" not in holds:
+        parts.append((budget.encoder_params(enc, ("text",)), _precision(enc.precision, gpu)))
+    if not cs_enc.same_model(out_enc) and not (cs_enc.same_model(enc) and "retrieval" in holds):
+        parts.append((budget.encoder_params(cs_enc), _precision(cs_enc.precision, gpu)))
+    if "verifier" not in holds:
+        parts.append((budget.verifier_params(cfg.verifier), _precision(cfg.verifier.precision, gpu)))
+    return sum(n for n, _ in parts), sum(n * b for n, b in parts)
+
+
+def _nothing(cfg: "Config", gpu: bool, holds: frozenset[str]) -> tuple[int, int]:
+    return 0, 0  # the index lives in the node's object store, shared by the node's actors
+
+
+# --------------------------------------------------------------------------------------------
+# the stages: what each outputs (the stage cache's columns) and its batch function
+# --------------------------------------------------------------------------------------------
+
+
+def _nan_scores(items: list[dict], keys: Iterable[str]) -> list[dict]:
+    keys = tuple(keys)
+    return [{**x, **{k: math.nan for k in keys}} for x in items]
+
+
+# what stage 3 writes into a candidate; every other candidate field is a stage-4 score
+CAPTION_FIELDS = ("text", "lm_logprob_sum", "lm_logprob_mean", "n_tokens", "beam_rank")
+SCORE_FIELDS = tuple(f.name for f in CANDIDATE if f.name not in CAPTION_FIELDS)
+
+
+def _give_retrieve(s: ImageState, o: dict[str, Any]) -> None:
+    s.retrieved = [dict(r) for r in o["retrieved"]]
+    emb = o.get("retrieval_embedding")
+    s.retrieval_embedding = None if emb is None else np.asarray(emb, dtype=np.float32)
+
+
+def _give_verify(s: ImageState, o: dict[str, Any]) -> None:
+    s.retrieved = [dict(r) for r in o["retrieved"]]
+    s.verified = [dict(v) for v in o["verified"]]
+    s.verifier_backend = o.get("verifier_backend")
+
+
+def _give_caption(s: ImageState, o: dict[str, Any]) -> None:
+    s.entities = list(o["entities"] or [])
+    s.prompt = o["prompt"]
+    s.candidates = [dict(c) for c in o["candidates"]]
+
+
+def _give_score(s: ImageState, o: dict[str, Any]) -> None:
+    s.candidates = [dict(c) for c in o["candidates"]]
+
+
+def _retrieve(states: list[ImageState], m: Mapping[str, Any], cfg: "Config") -> None:
+    from adjcap import stages
+
+    stages.retrieve(states, m["retrieval"], m["index"], m["index"].texts, cfg.retrieval.top_l)
+
+
+def _verify(states: list[ImageState], m: Mapping[str, Any], cfg: "Config") -> None:
+    from adjcap import stages
+
+    stages.verify(states, m["verifier"], cfg.verifier.keep)
+
+
+def _caption(states: list[ImageState], m: Mapping[str, Any], cfg: "Config") -> None:
+    from adjcap import stages
+
+    c = m["captioner"]
+    stages.caption(states, c.captioner, c.clip, cfg.captioner, c.vocabulary)
+
+
+def _score(states: list[ImageState], m: Mapping[str, Any], cfg: "Config") -> None:
+    from adjcap import stages
+
+    sc = m["scorer"]
+    stages.score(states, sc.output, sc.verifier, sc.clipscore, reuse_image_embedding=sc.reuse_stage1)
+
+
+_ENC_SPEED = ("image_batch_size", "text_batch_size")
+
+register(
+    Family("retrieval", _load_retrieval, _size_retrieval),
+    Family("index", _load_index, _nothing),
+    Family("verifier", _load_verifier, _size_verifier),
+    Family("captioner", _load_captioner, _size_captioner),
+    Family("scorer", _load_scorer, _size_scorer),
+    Stage(
+        "retrieve", "retriever", ("retrieval", "index"),
+        Reads(("benchmark", "benchmarks.{benchmark}.images", "benchmarks.{benchmark}.format",
+               "benchmarks.{benchmark}.exif_transpose", "device", "precision", "numerics", "retrieval"),
+              by_content=("retrieval.index_dir",),  # the searched index: identity.searched_index()
+              speed=("retrieval.shard_size", *(f"retrieval.encoder.{k}" for k in _ENC_SPEED))),
+        StageOutput(
+            pa.schema([("image_id", pa.string()), ("retrieved", pa.list_(RETRIEVED)),
+                       ("retrieval_embedding", pa.list_(pa.float32()))]),
+            # the verifier fills the retrieved captions' scores later in the same state: stored without them
+            lambda s: {"retrieved": _nan_scores(s.retrieved, ("verifier",)),
+                       "retrieval_embedding": None if s.retrieval_embedding is None
+                       else np.asarray(s.retrieval_embedding, dtype=np.float32).tolist()},
+            _give_retrieve),
+        _retrieve, searches_index=True,
+    ),
+    Stage(
+        "verify", "verifier", ("verifier",),
+        Reads(("numerics", "verifier"), speed=("verifier.batch_size",)),
+        StageOutput(
+            pa.schema([("image_id", pa.string()), ("retrieved", pa.list_(RETRIEVED)),
+                       ("verified", pa.list_(VERIFIED)), ("verifier_backend", pa.string())]),
+            lambda s: {"retrieved": s.retrieved, "verified": s.verified, "verifier_backend": s.verifier_backend},
+            _give_verify),
+        _verify,
+    ),
+    Stage(
+        "caption", "captioner", ("captioner",),
+        # captioner.search is not speed-only: the reference search's beams differ (the property test)
+        Reads(("numerics", "captioner"),
+              speed=("captioner.batch_size", *(f"captioner.clip.{k}" for k in _ENC_SPEED))),
+        StageOutput(
+            pa.schema([("image_id", pa.string()), ("entities", pa.list_(pa.string())), ("prompt", pa.string()),
+                       ("candidates", pa.list_(CANDIDATE))]),
+            # stage 4 fills the candidates' scores later in the same state: stored without them
+            lambda s: {"entities": list(s.entities), "prompt": s.prompt,
+                       "candidates": _nan_scores(s.candidates, SCORE_FIELDS)},
+            _give_caption),
+        _caption,
+    ),
+    Stage(
+        "score", "scorer", ("scorer",),
+        Reads(("numerics", "scorer.encoder", "eval.clipscore"),
+              speed=(*(f"scorer.encoder.{k}" for k in _ENC_SPEED), *(f"eval.clipscore.{k}" for k in _ENC_SPEED))),
+        StageOutput(pa.schema([("image_id", pa.string()), ("candidates", pa.list_(CANDIDATE))]),
+                    lambda s: {"candidates": s.candidates}, _give_score),
+        _score,
+    ),
+)
