@@ -340,7 +340,7 @@ class _BeamCache:
 
         def keep(t: torch.Tensor) -> torch.Tensor:
             new = t.new_empty(len(rows), *t.shape[1:])
-            new[:, :, :filled] = t[:, :, :filled].index_select(0, rows)
+            torch.index_select(t[:, :, :filled], 0, rows, out=new[:, :, :filled])  # one pass, filled part only
             return new
 
         self.kg = [keep(t) for t in self.kg]
@@ -364,7 +364,8 @@ def _gpt_step(gpt, cache: _BeamCache, x: torch.Tensor, g: int, pmask: torch.Tens
     tp = pmask.shape[-1]
     a = anc[:, :, :n]
     pick = a[:, None, :, :, None].expand(rows, cache.kg[0].shape[1], w, n, 1)
-    onehot = torch.nn.functional.one_hot(a, w).to(x.dtype)[:, None]  # [rows, 1, W, n, W]
+    # one_hot() would check the range of ``a`` on the host; a comparison does not
+    onehot = (a[..., None] == torch.arange(w, device=a.device)).to(x.dtype)[:, None]  # [rows, 1, W, n, W]
     for layer, blk in enumerate(tr.h):
         attn = blk.attn
         h, dh = attn.num_heads, attn.head_dim
@@ -407,6 +408,17 @@ def _collect(parts: list[tuple[list[int], torch.Tensor, torch.Tensor, torch.Tens
     return out
 
 
+def _prefill(gpt, emb: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor):
+    """The prompt pass of a batch (transformers' forward; its mask code reads the host once or
+    twice, per batch)."""
+    return gpt(inputs_embeds=emb, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
+
+
+PER_BATCH_SITES = ("_prefill", "_collect")
+"""The functions of the fast beam search that run once per batch, not per step (the audit files
+their host reads per batch)."""
+
+
 @torch.no_grad()
 def _beam_batch(
     gpt,
@@ -432,7 +444,7 @@ def _beam_batch(
     streams = 1 if neg_prompts is None else 2
     all_prompts = list(prompts) + (list(neg_prompts) if neg_prompts is not None else [])
     emb, mask, pos = _left_pad(all_prompts)
-    out = gpt(inputs_embeds=emb, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
+    out = _prefill(gpt, emb, mask, pos)
 
     def combine(logits: torch.Tensor, n: int) -> torch.Tensor:
         """(streams*n, V) last-position logits -> (n, V) per-token scores."""

@@ -37,7 +37,7 @@ aten = torch.ops.aten
 _SYNC_OPS = {aten._local_scalar_dense.default, aten.nonzero.default, aten.masked_select.default}
 _INDEX_OPS = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default}
 _MOVE_FUNCTIONAL = {
-    aten.cat.default, aten.index_select.default, aten.index.Tensor, aten.gather.default, aten.clone.default,
+    aten.cat.default, aten.index_select.default, aten.index_select.out, aten.index.Tensor, aten.gather.default, aten.clone.default,
     aten._to_copy.default, aten.stack.default, aten.repeat.default, aten.repeat_interleave.self_Tensor,
     aten.narrow_copy.default, aten.slice_scatter.default,
 }
@@ -74,6 +74,8 @@ class DispatchAudit(TorchDispatchMode):
         self.reads: Counter[str] = Counter()
         self.read_ops: Counter[str] = Counter()
         self.kv_bytes_moved = 0
+        self.kv_bytes_moved_max_step = 0
+        self._step_start_moved = 0
         self.steps = 0
         self._kv: dict[int, int] = {}  # storage data_ptr -> nbytes of the announced cache
         self.kv_cache_bytes = 0  # peak announced (or, fallback, peak per-step) cache bytes
@@ -88,6 +90,8 @@ class DispatchAudit(TorchDispatchMode):
 
     def mark_step(self) -> None:
         self.steps += 1
+        self.kv_bytes_moved_max_step = max(self.kv_bytes_moved_max_step, self.kv_bytes_moved - self._step_start_moved)
+        self._step_start_moved = self.kv_bytes_moved
         self.kv_cache_bytes = max(self.kv_cache_bytes, self._step_cache_bytes)
         self._step_cache_bytes = 0
 
@@ -181,17 +185,23 @@ class DispatchAudit(TorchDispatchMode):
             "steps": self.steps,
             "host_reads_total": sum(self.reads.values()),
             "host_reads_per_step": in_steps / steps,
-            "host_reads_at_batch_end": per_batch,
+            "host_reads_once_per_batch": per_batch,
             "host_reads_by_site": dict(self.reads.most_common()),
             "host_reads_by_op": dict(self.read_ops.most_common()),
             "kv_bytes_moved_per_step": self.kv_bytes_moved / steps,
+            "kv_bytes_moved_max_step": max(self.kv_bytes_moved_max_step, self.kv_bytes_moved - self._step_start_moved),
             "kv_cache_bytes": self.kv_cache_bytes,
         }
 
 
-def audit_decode(gpt, run: Callable[[], object], per_batch_sites: Sequence[str] = ("_collect",)) -> dict:
+def audit_decode(gpt, run: Callable[[], object], per_batch_sites: Sequence[str] | None = None) -> dict:
     """Run ``run()`` (a decode with ``gpt``) under a :class:`DispatchAudit`; one step per call of
-    ``gpt.lm_head``. Returns :meth:`DispatchAudit.summary`."""
+    ``gpt.lm_head``. Returns :meth:`DispatchAudit.summary`; ``per_batch_sites`` defaults to the
+    decode's own list (:data:`adjcap.decoding.PER_BATCH_SITES`)."""
+    if per_batch_sites is None:
+        from adjcap import decoding
+
+        per_batch_sites = getattr(decoding, "PER_BATCH_SITES", ())
     cfg = gpt.config
     audit = DispatchAudit(kv_layout=(cfg.n_head, cfg.n_embd // cfg.n_head))
     handle = gpt.lm_head.register_forward_hook(lambda *_: audit.mark_step())
