@@ -15,10 +15,12 @@ recomputed every step):
 
 The fast search does the same arithmetic for B images x W beams at once: prompts of different lengths
 are left-padded (attention mask + position ids that start at 0 on the first real position), GPT-2 runs
-once on the prompts and then one token per step with a KV cache that is reordered by source beam;
-images whose beams have all stopped leave the batch. Being KV-cached and padded it is mathematically
-identical to the reference but not bit-identical (differences ~1e-6), so a near-tie can in rare cases
-flip a beam.
+once on the prompts and then one token per step on a preallocated KV cache that is never reordered (a
+beam reads its history through an ancestry table, :class:`_BeamCache`); the step reads nothing back
+to the host: images whose beams have all stopped are frozen on the device, the host asks once every
+:data:`CHECK_EVERY` steps whether to end or drop them, and reads the beams once per batch. Being
+KV-cached and padded it is mathematically identical to the reference but not bit-identical
+(differences ~1e-6), so a near-tie can in rare cases flip a beam.
 
 Greedy (spec 5.2): argmax per step, stop on the stop set, max_len tokens, text includes the stop token.
 
@@ -607,7 +609,7 @@ def greedy_fast(
             lengths = lengths + active.long()
             toks = torch.cat([toks, tok[:, None]], dim=1)
             stopped = stopped | (active & torch.isin(tok, stop))
-            if bool(stopped.all()):
+            if step % CHECK_EVERY == CHECK_EVERY - 1 and bool(stopped.all()):  # one host read per CHECK_EVERY steps
                 break
         tl, sl, ll, fl = toks.tolist(), sums.tolist(), lengths.tolist(), stopped.tolist()
         for j, i in enumerate(idx):

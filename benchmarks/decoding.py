@@ -28,6 +28,7 @@ import random
 import sys
 import tempfile
 import time
+import zlib
 from pathlib import Path
 
 import torch
@@ -75,7 +76,7 @@ class _Tok:
         if text == " .":
             return [764]
         # ~1 token per word, like GPT-2 on the hard prompt
-        return [(hash(w) % 50000) + 100 for w in text.split()]
+        return [(zlib.crc32(w.encode()) % 50000) + 100 for w in text.split()]  # not hash(): the same in every process
 
     def decode(self, ids) -> str:
         return " ".join(map(str, ids))
@@ -226,9 +227,10 @@ def main() -> None:
     ap.add_argument("--audit-real-images", type=int, default=4)
     ap.add_argument("--audit-real-steps", type=int, default=24)
     ap.add_argument("--no-real", action="store_true", help="--audit: skip the real shape")
+    ap.add_argument("--threads", type=int, default=2, help="--audit: torch threads for the timed runs")
     args = ap.parse_args()
     if args.audit:
-        torch.set_num_threads(min(2, torch.get_num_threads()))
+        torch.set_num_threads(args.threads)
         rows = audit_main(args)
         if args.json:
             args.json.write_text(json.dumps(rows, indent=2))
