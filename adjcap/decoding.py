@@ -374,7 +374,7 @@ def _gpt_step(gpt, cache: _BeamCache, x: torch.Tensor, g: int, pmask: torch.Tens
         q, k, v = attn.c_attn(blk.ln_1(x)).split(attn.split_size, dim=-1)
         q = q.view(rows, w, h, dh).transpose(1, 2)  # [rows, H, W, Dh]
         kg, vg = cache.kg[layer], cache.vg[layer]
-        # a slice, not kg[:, :, g]: torch.compile keeps the position symbolic (one graph for all g)
+        # a slice, not kg[:, :, g]: torch.compile keeps the position symbolic (no graph per position)
         kg[:, :, g:n].copy_(k.view(rows, 1, w, h, dh).permute(0, 3, 1, 2, 4))
         vg[:, :, g:n].copy_(v.view(rows, 1, w, h, dh).permute(0, 3, 1, 2, 4))
         kgn = kg[:, :, :n].reshape(rows, h, n * w, dh)  # a view
