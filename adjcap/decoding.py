@@ -15,10 +15,12 @@ recomputed every step):
 
 The fast search does the same arithmetic for B images x W beams at once: prompts of different lengths
 are left-padded (attention mask + position ids that start at 0 on the first real position), GPT-2 runs
-once on the prompts and then one token per step with a KV cache that is reordered by source beam;
-images whose beams have all stopped leave the batch. Being KV-cached and padded it is mathematically
-identical to the reference but not bit-identical (differences ~1e-6), so a near-tie can in rare cases
-flip a beam.
+once on the prompts and then one token per step on a preallocated KV cache that is never reordered (a
+beam reads its history through an ancestry table, :class:`_BeamCache`); the step reads nothing back
+to the host: images whose beams have all stopped are frozen on the device, the host asks once every
+:data:`CHECK_EVERY` steps whether to end or drop them, and reads the beams once per batch. Being
+KV-cached and padded it is mathematically identical to the reference but not bit-identical
+(differences ~1e-6), so a near-tie can in rare cases flip a beam.
 
 Greedy (spec 5.2): argmax per step, stop on the stop set, max_len tokens, text includes the stop token.
 
@@ -41,7 +43,7 @@ Details that match the official code (run under transformers 4.19):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -281,6 +283,145 @@ def _chunks(prompts: Sequence[torch.Tensor], batch_size: int | None) -> list[lis
     return [order[i : i + bs] for i in range(0, len(order), bs)]
 
 
+KV_HOOKS: list[Callable[[Sequence[torch.Tensor]], None]] = []
+"""Called with all of the fast beam search's KV-cache tensors each time it allocates them (at the
+start of a batch and when finished images leave it); :mod:`adjcap.dispatch_audit` listens here."""
+
+CHECK_EVERY = 4
+"""The fast beam search asks the device whether images have finished once every this many steps
+(one host read); in between, finished images are frozen on the device."""
+
+COMPACT_FRACTION = 0.25
+"""At a check, finished images leave the batch (their cache rows are copied out, once) when they
+are at least this fraction of it; fewer stay frozen in it until the batch ends."""
+
+
+def _is_stop(tok: torch.Tensor, stop: torch.Tensor) -> torch.Tensor:
+    """tok in the stop set, elementwise, without a host read (``isin`` may sort on some devices)."""
+    return (tok[..., None] == stop).any(-1)
+
+
+def _check_fast_lm(gpt) -> None:
+    cfg = gpt.config
+    for flag in ("add_cross_attention", "reorder_and_upcast_attn"):
+        if getattr(cfg, flag, False):
+            raise ValueError(f"the fast beam search does not implement GPT-2's {flag}=True; use search='reference'")
+
+
+class _BeamCache:
+    """The KV cache of one fast beam batch, allocated once and never reordered (nothing is copied
+    when beams are chosen; see :func:`_beam_batch`).
+
+    * prompt keys/values per layer ``[rows, H, Tp, Dh]``, one row per image and stream: the W beams
+      of an image share its prompt, so it is stored once (transformers' prefill cache, kept);
+    * generated keys/values per layer ``[rows, H, Lg, W, Dh]``, position-major: position g of
+      slot w is written once, by the beam that holds slot w at step g; positions [:n] of all slots
+      are one contiguous block per (row, head), so attention reads them as a view;
+    * a beam's own history is found through the ancestry table ``anc [B, W, Lg]``: the slot that
+      held its ancestor at each generated position.
+    """
+
+    def __init__(self, prompt_cache, rows: int, width: int, max_gen: int):
+        self.kp = [layer.keys.contiguous() for layer in prompt_cache.layers]
+        self.vp = [layer.values.contiguous() for layer in prompt_cache.layers]
+        _, h, _, dh = self.kp[0].shape
+        like = self.kp[0]
+        # torch.empty: positions are written before they are read; on a CPU untouched pages cost nothing
+        self.kg = [like.new_empty(rows, h, max_gen, width, dh) for _ in self.kp]
+        self.vg = [like.new_empty(rows, h, max_gen, width, dh) for _ in self.kp]
+        self._announce()
+
+    def _announce(self) -> None:
+        for hook in KV_HOOKS:
+            hook([*self.kp, *self.vp, *self.kg, *self.vg])
+
+    def keep_rows(self, rows: torch.Tensor, filled: int) -> None:
+        """Only ``rows`` stay (finished images leave); positions [:filled] are copied, once."""
+        self.kp = [t.index_select(0, rows) for t in self.kp]
+        self.vp = [t.index_select(0, rows) for t in self.vp]
+
+        def keep(t: torch.Tensor) -> torch.Tensor:
+            new = t.new_empty(len(rows), *t.shape[1:])
+            torch.index_select(t[:, :, :filled], 0, rows, out=new[:, :, :filled])  # one pass, filled part only
+            return new
+
+        self.kg = [keep(t) for t in self.kg]
+        self.vg = [keep(t) for t in self.vg]
+        self._announce()
+
+
+def _gpt_step(gpt, cache: _BeamCache, x: torch.Tensor, g: int, pmask: torch.Tensor, anc: torch.Tensor) -> torch.Tensor:
+    """GPT-2 on one new token per beam slot (transformers' own modules for everything but the
+    attention core): x [rows*W, D] token + position embeddings of generated position g, pmask
+    [rows, 1, 1, Tp] additive prompt padding mask, anc [rows, W, >g] ancestry (slot w's own
+    entry at g already set) -> logits [rows*W, V]. Writes position g of the generated cache.
+
+    Attention of beam b over generated position p reads slot anc[b, p]: the scores of all W slots
+    are computed (one matmul per row and head over the contiguous [:n, :W] block) and the
+    ancestor's picked by ``gather``; the values are weighted through the one-hot of anc. No cache
+    copy, no host read; the shapes depend only on (rows, W, n = g + 1), so ``torch.compile``
+    (dynamic shapes) can capture the step whole."""
+    tr = gpt.transformer
+    rows, w, n = pmask.shape[0], anc.shape[1], g + 1
+    tp = pmask.shape[-1]
+    a = anc[:, :, :n]
+    pick = a[:, None, :, :, None].expand(rows, cache.kg[0].shape[1], w, n, 1)
+    # one_hot() would check the range of ``a`` on the host; a comparison does not
+    onehot = (a[..., None] == torch.arange(w, device=a.device)).to(x.dtype)[:, None]  # [rows, 1, W, n, W]
+    for layer, blk in enumerate(tr.h):
+        attn = blk.attn
+        h, dh = attn.num_heads, attn.head_dim
+        q, k, v = attn.c_attn(blk.ln_1(x)).split(attn.split_size, dim=-1)
+        q = q.view(rows, w, h, dh).transpose(1, 2)  # [rows, H, W, Dh]
+        kg, vg = cache.kg[layer], cache.vg[layer]
+        # a slice, not kg[:, :, g]: torch.compile keeps the position symbolic (no graph per position)
+        kg[:, :, g:n].copy_(k.view(rows, 1, w, h, dh).permute(0, 3, 1, 2, 4))
+        vg[:, :, g:n].copy_(v.view(rows, 1, w, h, dh).permute(0, 3, 1, 2, 4))
+        kgn = kg[:, :, :n].reshape(rows, h, n * w, dh)  # a view
+        vgn = vg[:, :, :n].reshape(rows, h, n * w, dh)
+        sp = torch.matmul(q, cache.kp[layer].transpose(-1, -2)) * attn.scaling + pmask
+        sg = (torch.matmul(q, kgn.transpose(-1, -2)) * attn.scaling).view(rows, h, w, n, w)
+        sg = sg.gather(-1, pick).squeeze(-1)  # [rows, H, W, n]: the ancestor's key at each position
+        p = torch.cat([sp, sg], dim=-1).softmax(dim=-1).to(v.dtype)
+        pp, pg = p.split([tp, n], dim=-1)
+        o = torch.matmul(pp, cache.vp[layer]) + torch.matmul((pg[..., None] * onehot).view(rows, h, w, n * w), vgn)
+        x = attn.c_proj(o.transpose(1, 2).reshape(rows * w, h * dh)) + x
+        x = x + blk.mlp(blk.ln_2(x))
+    return gpt.lm_head(tr.ln_f(x))
+
+
+def _collect(parts: list[tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]) -> dict[int, list[Beam]]:
+    """The beams of a batch, read from the device once: parts of (image ids, tokens [n, W, L],
+    scores, lengths, stopped [n, W])."""
+    ids = [i for p in parts for i in p[0]]
+    tokens = torch.cat([p[1] for p in parts])
+    scores = torch.cat([p[2] for p in parts])
+    lengths = torch.cat([p[3] for p in parts])
+    stopped = torch.cat([p[4] for p in parts])
+    means = scores / lengths  # float32, as the reference orders them
+    packed = torch.cat([tokens.double(), scores.double()[..., None], means.double()[..., None],
+                        lengths.double()[..., None], stopped.double()[..., None]], dim=-1).tolist()
+    out = {}
+    for i, rows in zip(ids, packed):
+        order = sorted(range(len(rows)), key=lambda b: -rows[b][-3])
+        out[i] = [
+            Beam(tokens=[int(t) for t in rows[b][: int(rows[b][-2])]], score_sum=rows[b][-4], finished=bool(rows[b][-1]))
+            for b in order
+        ]
+    return out
+
+
+def _prefill(gpt, emb: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor):
+    """The prompt pass of a batch (transformers' forward; its mask code reads the host once or
+    twice, per batch)."""
+    return gpt(inputs_embeds=emb, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
+
+
+PER_BATCH_SITES = ("_prefill", "_collect")
+"""The functions of the fast beam search that run once per batch, not per step (the audit files
+their host reads per batch)."""
+
+
 @torch.no_grad()
 def _beam_batch(
     gpt,
@@ -292,16 +433,21 @@ def _beam_batch(
     neg_prompts: Sequence[torch.Tensor] | None = None,
     lam: float = 0.0,
 ) -> list[list[Beam]]:
-    """Beam search for b images at once. Cache rows are laid out [stream][image][beam]; stream 1
-    (contrastive negatives) exists only when ``neg_prompts`` is given and follows stream 0's choices."""
-    wte = gpt.transformer.wte
+    """Beam search for b images at once; rows (cache, logits) are laid out [stream][image][beam];
+    stream 1 (contrastive negatives) exists only when ``neg_prompts`` is given and follows stream
+    0's choices. The prompt pass is transformers' forward; each later step is :func:`_gpt_step`
+    on the preallocated :class:`_BeamCache`. Beams are chosen on the device (the ancestry table
+    and the token table are gathered, the cache is not); an image whose beams have all stopped is
+    frozen on the device (its state no longer changes, as if it had left the batch); the host
+    asks which images are done once every :data:`CHECK_EVERY` steps and reads the beams once, at
+    the end (:func:`_collect`)."""
+    wte, wpe = gpt.transformer.wte, gpt.transformer.wpe
     dev = prompts[0].device
     b = len(prompts)
     streams = 1 if neg_prompts is None else 2
     all_prompts = list(prompts) + (list(neg_prompts) if neg_prompts is not None else [])
     emb, mask, pos = _left_pad(all_prompts)
-    out = gpt(inputs_embeds=emb, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
-    cache = out.past_key_values
+    out = _prefill(gpt, emb, mask, pos)
 
     def combine(logits: torch.Tensor, n: int) -> torch.Tensor:
         """(streams*n, V) last-position logits -> (n, V) per-token scores."""
@@ -313,58 +459,64 @@ def _beam_batch(
     logp = combine(out.logits[:, -1, :], b)
     vocab = logp.shape[1]
     scores, nxt = logp.topk(w, dim=-1)  # (B, W)
-    tokens = nxt[..., None]
+    max_gen = max_len - 1
+    tokens = torch.zeros(b, w, max_len, dtype=torch.long, device=dev)
+    tokens[:, :, 0] = nxt
     lengths = torch.ones(b, w, device=dev)
-    stopped = torch.isin(nxt, stop)
-
-    def stream_rows(rows: torch.Tensor, n_per_stream: int) -> torch.Tensor:
-        return torch.cat([rows + s * n_per_stream for s in range(streams)])
-
-    rows = stream_rows(torch.arange(b, device=dev).repeat_interleave(w), b)
-    cache.reorder_cache(rows)
-    mask = mask[rows]
-    next_pos = torch.tensor([p.shape[0] for p in all_prompts], device=dev)[rows]
+    stopped = _is_stop(nxt, stop)
+    done = stopped.all(dim=1)
+    anc = torch.zeros(b, w, max_gen, dtype=torch.long, device=dev)
+    own = torch.arange(w, device=dev).expand(b, w)
+    cache = _BeamCache(out.past_key_values, streams * b, w, max_gen)
+    del out
+    pmask = torch.zeros(mask.shape, dtype=emb.dtype, device=dev).masked_fill(mask == 0, float("-inf"))[:, None, None]
+    plen = torch.tensor([p.shape[0] for p in all_prompts], device=dev)
     alive = list(range(b))  # batch position -> image index (within this batch)
-    results: dict[int, list[Beam]] = {}
-    beam_arange = torch.arange(w, device=dev)
-    for _ in range(1, max_len):
-        done = stopped.all(dim=1)
-        if bool(done.any()):
-            for j in torch.nonzero(done).flatten().tolist():
-                results[alive[j]] = _sorted_beams(tokens[j], scores[j], lengths[j], stopped[j])
-            keep = torch.nonzero(~done).flatten()
-            if keep.numel() == 0:
+    finished: list = []
+    for g in range(max_gen):
+        if g and g % CHECK_EVERY == 0:
+            d = done.tolist()  # the one host read of these CHECK_EVERY steps
+            if all(d):
                 break
-            keep_rows = stream_rows((keep[:, None] * w + beam_arange).flatten(), len(alive) * w)
-            alive = [alive[j] for j in keep.tolist()]
-            cache.batch_select_indices(keep_rows)
-            mask, next_pos = mask[keep_rows], next_pos[keep_rows]
-            tokens, scores, lengths, stopped, nxt = tokens[keep], scores[keep], lengths[keep], stopped[keep], nxt[keep]
+            n_done = sum(d)
+            if n_done and n_done >= COMPACT_FRACTION * len(alive):
+                gone = torch.tensor([j for j in range(len(alive)) if d[j]], device=dev)
+                keep = torch.tensor([j for j in range(len(alive)) if not d[j]], device=dev)
+                finished.append(([alive[j] for j in range(len(alive)) if d[j]], tokens[gone], scores[gone],
+                                 lengths[gone], stopped[gone]))
+                alive = [alive[j] for j in range(len(alive)) if not d[j]]
+                rows = torch.cat([keep + s * len(d) for s in range(streams)])
+                cache.keep_rows(rows, g)
+                pmask, plen = pmask[rows], plen[rows]
+                tokens, scores, lengths, stopped, nxt = tokens[keep], scores[keep], lengths[keep], stopped[keep], nxt[keep]
+                anc, done, own = anc[keep], done[keep], own[keep]
         nb = len(alive)
-        mask = torch.cat([mask, torch.ones(mask.shape[0], 1, device=dev, dtype=mask.dtype)], dim=1)
-        inp = wte(nxt.reshape(-1).repeat(streams))[:, None].to(emb.dtype)
-        out = gpt(
-            inputs_embeds=inp, attention_mask=mask, position_ids=next_pos[:, None], past_key_values=cache, use_cache=True
-        )
-        cache = out.past_key_values
-        next_pos = next_pos + 1
-        logp = combine(out.logits[:, -1, :], nb * w).view(nb, w, vocab)
-        logp[stopped] = float("-inf")
-        logp[..., 0][stopped] = 0.0
+        anc[:, :, g] = own
+        tok = nxt.reshape(-1).repeat(streams)
+        x = wte(tok).to(emb.dtype) + wpe((plen + g).repeat_interleave(w, output_size=streams * nb * w))
+        logits = _gpt_step(gpt, cache, x, g, pmask, anc.repeat(streams, 1, 1) if streams > 1 else anc)
+        logp = combine(logits, nb * w).view(nb, w, vocab)
+        logp = logp.masked_fill(stopped[..., None], float("-inf"))
+        logp[..., 0] = logp[..., 0].masked_fill(stopped, 0.0)
         cand = scores[..., None] + logp
-        lengths = lengths + (~stopped).to(lengths.dtype)
-        avg = cand / lengths[..., None]
+        new_len = lengths + (~stopped).to(lengths.dtype)
+        avg = cand / new_len[..., None]
         top, idx = avg.view(nb, w * vocab).topk(w, dim=-1)
         src = idx // vocab
-        nxt = idx % vocab
-        lengths = lengths.gather(1, src)
-        tokens = torch.cat([tokens.gather(1, src[..., None].expand(-1, -1, tokens.shape[2])), nxt[..., None]], dim=2)
-        stopped = stopped.gather(1, src) | torch.isin(nxt, stop)
-        scores = top * lengths
-        cache.reorder_cache(stream_rows((torch.arange(nb, device=dev)[:, None] * w + src).flatten(), nb * w))
-    for j, i in enumerate(alive):
-        if i not in results:
-            results[i] = _sorted_beams(tokens[j], scores[j], lengths[j], stopped[j])
+        tok = idx % vocab
+        new_len = new_len.gather(1, src)
+        new_tokens = tokens.gather(1, src[..., None].expand(-1, -1, max_len))
+        new_tokens[:, :, g + 1] = tok
+        frozen = done[:, None]
+        tokens = torch.where(frozen[..., None], tokens, new_tokens)
+        anc = torch.where(frozen[..., None], anc, anc.gather(1, src[..., None].expand(-1, -1, max_gen)))
+        stopped = torch.where(frozen, stopped, stopped.gather(1, src) | _is_stop(tok, stop))
+        scores = torch.where(frozen, scores, top * new_len)
+        lengths = torch.where(frozen, lengths, new_len)
+        nxt = tok
+        done = stopped.all(dim=1)
+    finished.append((alive, tokens, scores, lengths, stopped))
+    results = _collect(finished)
     return [results[i] for i in range(b)]
 
 
@@ -391,6 +543,7 @@ def beam_search_fast(
     if use_neg and len(neg_prompts) != len(prompts):
         raise ValueError(f"{len(prompts)} prompts but {len(neg_prompts)} negative prompts")
     _check(gpt, list(prompts) + (list(neg_prompts) if use_neg else []), beam_width, max_len)
+    _check_fast_lm(gpt)
     stop = torch.tensor(list(stop_ids), device=prompts[0].device)
     out: list[list[Beam] | None] = [None] * len(prompts)
     for idx in _chunks(prompts, batch_size):
@@ -456,7 +609,7 @@ def greedy_fast(
             lengths = lengths + active.long()
             toks = torch.cat([toks, tok[:, None]], dim=1)
             stopped = stopped | (active & torch.isin(tok, stop))
-            if bool(stopped.all()):
+            if step % CHECK_EVERY == CHECK_EVERY - 1 and bool(stopped.all()):  # one host read per CHECK_EVERY steps
                 break
         tl, sl, ll, fl = toks.tolist(), sums.tolist(), lengths.tolist(), stopped.tolist()
         for j, i in enumerate(idx):

@@ -4,6 +4,14 @@ cache) vs the fast batched KV-cached beam search, and greedy.
     python benchmarks/decoding.py                 # tiny model on CPU (+ real size on CUDA if present)
     python benchmarks/decoding.py --real --device cuda --images 64 --width 20
     python benchmarks/decoding.py --json out.json
+    python benchmarks/decoding.py --audit --json audit.json   # host reads + KV bytes per beam step
+
+``--audit`` runs the fast beam search under :class:`adjcap.dispatch_audit.DispatchAudit` at the
+demo's shape (the demo world's tiny IFCap when ``ADJCAP_TEST_WORLD`` or ``--world`` points at one,
+else a freshly built tiny model; beam 20, max_len 20, batch 8) and at the real shape (GPT-2 small +
+the released mapping-network sizes, random weights, ``--audit-real-steps`` steps) and reports
+``host_reads_per_step``, ``kv_bytes_moved_per_step``, ``kv_cache_bytes`` and the CPU wall time per
+image of the same decode without the audit.
 
 Models: the tiny IFCap (built in a temp dir, as in the tests) and a real-size IFCap (GPT-2 small
 config + the released mapping-network sizes) with random weights re-initialised by
@@ -20,12 +28,14 @@ import random
 import sys
 import tempfile
 import time
+import zlib
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from adjcap.dispatch_audit import audit_decode  # noqa: E402
 from adjcap.decoding import beam_search_fast, beam_search_reference, greedy_fast, greedy_reference  # noqa: E402
 from adjcap.demo.tiny_ifcap import build_tiny_ifcap, captioner_like_init, train_gpt2_tokenizer  # noqa: E402
 from adjcap.models.ifcap import ClipCaptionModel, IFCapCaptioner, MappingDims, gpt2_config, load_ifcap  # noqa: E402
@@ -66,7 +76,7 @@ class _Tok:
         if text == " .":
             return [764]
         # ~1 token per word, like GPT-2 on the hard prompt
-        return [(hash(w) % 50000) + 100 for w in text.split()]
+        return [(zlib.crc32(w.encode()) % 50000) + 100 for w in text.split()]  # not hash(): the same in every process
 
     def decode(self, ids) -> str:
         return " ".join(map(str, ids))
@@ -140,6 +150,65 @@ def bench(name: str, cap: IFCapCaptioner, n_images: int, width: int, max_len: in
     return row
 
 
+def demo_captioner(world: Path | None, tmp: Path) -> IFCapCaptioner:
+    """The demo world's tiny IFCap when there is one, else the benchmark's own tiny model."""
+    if world is not None and (world / "tiny" / "ifcap" / "tiny-ifcap.pt").is_file():
+        t = world / "tiny"
+        return load_ifcap(t / "ifcap" / "tiny-ifcap.pt", lm_config=t / "ifcap", tokenizer=t / "gpt2-tokenizer",
+                          device="cpu", mapping_heads=2)
+    return tiny_captioner(tmp)
+
+
+def audit_row(name: str, cap: IFCapCaptioner, n_images: int, width: int, max_len: int, batch: int,
+              timed_repeats: int = 1) -> dict:
+    """The audit of one fast beam decode + its wall time per image without the audit (best of
+    ``timed_repeats``)."""
+    prompts = make_prompts(cap, n_images)
+    gpt, stop = cap.gpt, cap.stop_ids
+
+    def run():
+        return beam_search_fast(gpt, prompts, beam_width=width, max_len=max_len, stop_ids=stop, batch_size=batch)
+
+    run()  # warm-up
+    best = float("inf")
+    for _ in range(timed_repeats):
+        t = time.perf_counter()
+        beams = run()
+        best = min(best, time.perf_counter() - t)
+    row = {"model": name, "images": n_images, "width": width, "max_len": max_len, "batch": batch,
+           "threads": torch.get_num_threads(), "wall_s_per_image": best / n_images}
+    row.update(audit_decode(gpt, run))
+    row["mean_tokens"] = sum(b.length for bs in beams for b in bs) / max(1, sum(len(bs) for bs in beams))
+    row["beams_sha"] = _beams_digest(beams)
+    return row
+
+
+def _beams_digest(beams) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for bs in beams:
+        h.update(repr([(b.tokens, b.finished) for b in bs]).encode())
+    return h.hexdigest()[:16]
+
+
+def audit_main(args) -> list[dict]:
+    import os
+
+    rows = []
+    world = args.world or (Path(os.environ["ADJCAP_TEST_WORLD"]) if os.environ.get("ADJCAP_TEST_WORLD") else None)
+    with tempfile.TemporaryDirectory() as tmp:
+        cap = demo_captioner(world, Path(tmp))
+        rows.append(audit_row("demo (tiny IFCap)", cap, args.audit_images, 20, 20, 8, timed_repeats=3))
+        print(json.dumps(rows[-1]), flush=True)
+    if not args.no_real:
+        cap = real_captioner(torch.device("cpu"), torch.float32)
+        rows.append(audit_row("real-size (random weights)", cap, args.audit_real_images, 20,
+                              args.audit_real_steps, args.audit_real_images))
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", type=int, default=32)
@@ -152,7 +221,20 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"])
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--audit", action="store_true", help="count host reads and KV bytes per beam step (CPU)")
+    ap.add_argument("--world", type=Path, default=None, help="demo world for --audit (default: $ADJCAP_TEST_WORLD)")
+    ap.add_argument("--audit-images", type=int, default=16)
+    ap.add_argument("--audit-real-images", type=int, default=4)
+    ap.add_argument("--audit-real-steps", type=int, default=24)
+    ap.add_argument("--no-real", action="store_true", help="--audit: skip the real shape")
+    ap.add_argument("--threads", type=int, default=2, help="--audit: torch threads for the timed runs")
     args = ap.parse_args()
+    if args.audit:
+        torch.set_num_threads(args.threads)
+        rows = audit_main(args)
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=2))
+        return
     rows = []
     if not args.no_tiny:
         torch.set_num_threads(min(2, torch.get_num_threads()))

@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from adjcap import image_state  # noqa: E402
 from adjcap import stages  # noqa: E402
 from adjcap.config import load_config  # noqa: E402
+from adjcap.models.clip import padded_token_fraction  # noqa: E402
 from adjcap.models.roles import CaptionerRole, ScorerRole  # noqa: E402
 from adjcap.pipeline import Models, load_models  # noqa: E402
 from adjcap.stage_registry import SearchIndex  # noqa: E402
@@ -85,10 +86,31 @@ def tiny(args) -> None:
             chosen = [recs[i % len(recs)] for i in range(n)]
             return [image_state.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path) for r in chosen]
 
+        enc = models.retrieval  # also the scorer's text tower in the demo
+        enc.text_token_counts[:] = [0, 0]
         bench_stages("tiny models, cpu (demo world)", models, cfg, factory, args.images, args.batch)
+        print(f"  stages' text batches (retrieval/scorer tower): padded_token_fraction "
+              f"{padded_token_fraction(enc.text_token_counts):.3f}")
         texts = list(models.index.texts)
-        dt = _time(lambda: models.retrieval.encode_texts(texts, normalize=True))
-        print(f"  corpus encode: {len(texts)} captions in {dt:.2f}s = {len(texts) / dt:.0f} captions/s")
+        enc.text_token_counts[:] = [0, 0]
+        dt = _time(lambda: enc.encode_texts(texts, normalize=True))
+        print(f"  corpus encode: {len(texts)} captions in {dt:.2f}s = {len(texts) / dt:.0f} captions/s, "
+              f"padded_token_fraction {padded_token_fraction(enc.text_token_counts):.3f}")
+        padding_by_budget(enc, texts)
+
+
+def padding_by_budget(enc, texts: list[str], budgets=(None, 16384, 4096, 1024)) -> None:
+    """padded_token_fraction of these texts' batches for a few token budgets (arithmetic on the
+    tokenised lengths; nothing is encoded)."""
+    from adjcap.models.clip import text_batches
+
+    lengths = enc.tokenize(texts).lengths
+    for budget in budgets:
+        batches = text_batches(lengths, enc.text_batch_size, budget)
+        real = sum(int(lengths[b].sum()) for b in batches)
+        padded = sum(int(lengths[b].max()) * len(b) for b in batches)
+        print(f"    token budget {budget}: {len(batches)} batches, padded_token_fraction "
+              f"{padded_token_fraction([real, padded]):.3f}")
 
 
 def real(args) -> None:

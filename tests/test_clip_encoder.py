@@ -10,7 +10,7 @@ import torch
 
 from adjcap.demo.tiny_clip import TINY_CLIP, build_tiny_clip
 from adjcap.demo.world import random_images
-from adjcap.models.clip import load_dual_encoder
+from adjcap.models.clip import load_dual_encoder, padded_token_fraction, text_batches
 from adjcap.models.sources import ModelUnavailableError
 
 TEXTS = [
@@ -51,6 +51,31 @@ def test_bucketing_keeps_input_order(enc):
     one_by_one = torch.cat([enc.encode_texts([t]) for t in TEXTS])
     torch.testing.assert_close(together, one_by_one, atol=1e-5, rtol=0)
     assert enc.encode_texts([]).shape == (0, enc.embed_dim)
+
+
+def test_token_budget_batches_keep_input_order_and_cut_padding(enc):
+    lengths = enc.tokenize(TEXTS).lengths
+    plain = text_batches(lengths, 3)
+    budget = text_batches(lengths, 3, token_budget=24)
+    for batches in (plain, budget):
+        assert sorted(int(i) for b in batches for i in b) == list(range(len(TEXTS)))  # each text once
+        flat = [int(lengths[i]) for b in batches for i in b]
+        assert flat == sorted(flat)  # sorted by length
+    assert all(len(b) * int(lengths[b].max()) <= 24 or len(b) == 1 for b in budget)
+    assert all(len(b) <= 3 for b in budget)
+
+    def fraction(batches):
+        return padded_token_fraction([int(lengths.sum()), sum(len(b) * int(lengths[b].max()) for b in batches)])
+
+    assert fraction(budget) < fraction(plain)
+    want = enc.encode_texts(TEXTS)
+    enc.text_token_budget, enc.text_token_counts[:] = 24, [0, 0]
+    try:
+        got = enc.encode_texts(TEXTS)
+    finally:
+        enc.text_token_budget = None
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)  # in the input order
+    assert padded_token_fraction(enc.text_token_counts) == pytest.approx(fraction(budget))
 
 
 def test_golden_against_open_clip_directly(enc, tiny_path):

@@ -114,6 +114,33 @@ def _drop_towers(model: torch.nn.Module, keep: set[str]) -> None:
 # --------------------------------------------------------------------------------------------
 
 
+def text_batches(lengths: torch.Tensor, batch_size: int, token_budget: int | None = None) -> list[torch.Tensor]:
+    """Indices of the text batches: sorted by length (stable), cut at ``batch_size`` rows and, with a
+    ``token_budget``, before a batch's padded tokens (rows x its longest length) would exceed it
+    (a single longer sequence still gets a batch). The caller writes results back by index, so
+    they come out in the original order."""
+    order = torch.argsort(lengths, stable=True)
+    n = len(order)
+    if token_budget is None:
+        return [order[s : s + batch_size] for s in range(0, n, batch_size)]
+    lens = lengths[order].tolist()
+    out, start = [], 0
+    for i in range(n):
+        rows = i - start + 1
+        if i > start and (rows > batch_size or rows * lens[i] > token_budget):
+            out.append(order[start:i])
+            start = i
+    if start < n:
+        out.append(order[start:])
+    return out
+
+
+def padded_token_fraction(counts: Sequence[int]) -> float:
+    """Share of the text tower's tokens that were padding, from ``[real, padded]`` token counts."""
+    real, padded = counts
+    return 1.0 - real / padded if padded else 0.0
+
+
 @dataclass
 class TokenizedTexts:
     """Token ids padded to the context length, and the real length of each sequence (the cut point)."""
@@ -140,6 +167,9 @@ class DualEncoder:
     embed_dim: int
     image_batch_size: int = 32
     text_batch_size: int = 512
+    text_token_budget: int | None = None  # padded tokens per text batch (None: text_batch_size rows only)
+    # [real tokens, padded tokens] over every encode_tokens call (padded_token_fraction)
+    text_token_counts: list[int] = field(default_factory=lambda: [0, 0], repr=False)
     _transform: Any = field(default=None, repr=False)
     _text: TextParts | None = field(default=None, repr=False)
 
@@ -266,12 +296,11 @@ class DualEncoder:
             )
         do_trim = exact if trim is None else bool(trim)
         lengths = tokens.lengths if do_trim else torch.full((n,), tokens.ids.shape[1], dtype=torch.long)
-        # bucket by length: stable sort, then cut every batch to its longest member
-        order = torch.argsort(lengths, stable=True)
         out = torch.empty(n, self.embed_dim, dtype=torch.float32, device=self.device)
-        for start in range(0, n, self.text_batch_size):
-            idx = order[start : start + self.text_batch_size]
+        for idx in text_batches(lengths, self.text_batch_size, self.text_token_budget):
             width = int(lengths[idx].max())
+            self.text_token_counts[0] += int(tokens.lengths[idx].sum())
+            self.text_token_counts[1] += width * len(idx)
             ids = tokens.ids[idx, :width].to(self.device, non_blocking=True)
             feats = self._text_forward(ids) if do_trim else self.model.encode_text(ids)
             feats = feats.float()

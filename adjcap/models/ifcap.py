@@ -485,7 +485,18 @@ class IFCapCaptioner:
             return self.soft_prompt(x, retrieved_feats)
         if len(retrieved_feats) != x.shape[0]:
             raise ValueError(f"{x.shape[0]} images but {len(retrieved_feats)} retrieved-feature sets")
-        return torch.cat([self.soft_prompt(x[i : i + 1], torch.as_tensor(r)[None]) for i, r in enumerate(retrieved_feats)])
+        # one mapping-network call per distinct k (usually one for the whole batch), not per image
+        feats = [torch.as_tensor(r) for r in retrieved_feats]
+        groups: dict[tuple, list[int]] = {}
+        for i, r in enumerate(feats):
+            groups.setdefault(tuple(r.shape), []).append(i)
+        out: list[torch.Tensor | None] = [None] * len(feats)
+        for idx in groups.values():
+            sel = torch.tensor(idx)
+            soft = self.soft_prompt(x[sel], torch.stack([feats[i] for i in idx]))
+            for j, i in enumerate(idx):
+                out[i] = soft[j : j + 1]
+        return torch.cat(out)  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,98 @@
+"""The beam decode as a GPU would see it, counted on the CPU (adjcap.dispatch_audit): the fast beam
+search reads the host at most once per 4 steps and never copies its whole KV cache in a step; the
+audit itself catches the patterns it is there to catch (issue 38 items 1-2)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from adjcap.decoding import CHECK_EVERY, beam_search_fast, beam_search_reference
+from adjcap.demo.tiny_ifcap import build_tiny_ifcap, train_gpt2_tokenizer
+from adjcap.dispatch_audit import DispatchAudit, audit_decode
+from adjcap.models.ifcap import load_ifcap
+
+FIXTURES = Path(__file__).parent / "fixtures" / "data"
+CLIP_DIM = 24
+WORDS = "man woman dog cat surfboard wave beach table pizza plate bus street car tree bench park kite".split()
+
+
+@pytest.fixture(scope="module")
+def cap(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny-audit")
+    data = json.loads((FIXTURES / "coco_test_captions.json").read_text())
+    tok = train_gpt2_tokenizer([c for caps in data.values() for c in caps], root / "tok", vocab_size=400)
+    pt = build_tiny_ifcap(root / "ifcap", tok, clip_dim=CLIP_DIM, seed=42)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield load_ifcap(pt, lm_config=pt.parent, tokenizer=tok, device="cpu", mapping_heads=2)
+    torch.set_num_threads(threads)
+
+
+def prompts_for(cap, n: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    rnd = random.Random(seed)
+    x, r = torch.randn(n, CLIP_DIM, generator=g), torch.randn(n, 5, CLIP_DIM, generator=g)
+    return cap.prompt_embeddings(cap.soft_prompt(x, r), [rnd.sample(WORDS, rnd.randint(0, 4)) for _ in range(n)])
+
+
+@pytest.mark.parametrize("width, max_len, batch", [(20, 20, 8), (5, 14, 6), (3, 30, None)])
+def test_fast_beam_reads_the_host_once_per_4_steps_and_moves_no_whole_cache(cap, width, max_len, batch):
+    ps = prompts_for(cap, 16, seed=width)
+    got = {}
+    a = audit_decode(cap.gpt, lambda: got.setdefault("beams", beam_search_fast(
+        cap.gpt, ps, beam_width=width, max_len=max_len, stop_ids=cap.stop_ids, batch_size=batch)))
+    n_batches = -(-16 // (batch or 16))
+    assert a["steps"] >= n_batches * 4
+    assert a["host_reads_per_step"] <= 1 / CHECK_EVERY, a["host_reads_by_site"]
+    assert a["host_reads_once_per_batch"] <= 4 * n_batches, a["host_reads_by_site"]  # prompt pass + one gather
+    assert a["kv_cache_bytes"] > 0
+    assert a["kv_bytes_moved_max_step"] < a["kv_cache_bytes"], a  # no whole-cache copy in any step
+    assert a["kv_bytes_moved_per_step"] <= a["kv_cache_bytes"] / 8, a
+    # and the audited run is the ordinary search
+    ref = [beam_search_reference(cap.gpt, p, beam_width=width, max_len=max_len, stop_ids=cap.stop_ids) for p in ps[:3]]
+    assert [[b.tokens for b in bs] for bs in got["beams"][:3]] == [[b.tokens for b in bs] for bs in ref]
+
+
+def test_audit_catches_host_reads_and_a_reordered_growing_cache():
+    """The decode before issue 38 in miniature: a [rows, heads, positions, head_dim] cache
+    reordered by index_select and grown by cat, a bool() and a tolist() per step."""
+    rows, heads, dh = 6, 2, 4
+    lm_steps = 5
+    audit = DispatchAudit(kv_layout=(heads, dh))
+    cache = torch.randn(rows, heads, 3, dh)
+    with audit:
+        for _ in range(lm_steps):
+            audit.mark_step()
+            done = torch.rand(rows) > 2
+            if bool(done.any()):  # one _local_scalar_dense
+                pass
+            done.tolist()
+            logp = torch.randn(rows, 10)
+            logp[done] = float("-inf")  # a boolean-mask index_put_: a sync on a GPU
+            cache = cache.index_select(0, torch.randperm(rows))
+            cache = torch.cat([cache, torch.randn(rows, heads, 1, dh)], dim=2)
+    s = audit.summary()
+    assert s["host_reads_by_op"] == {"_local_scalar_dense.default": lm_steps, "Tensor.tolist": lm_steps,
+                                     "index_put_.default[bool mask]": lm_steps}
+    assert s["host_reads_per_step"] == 3
+    assert s["kv_bytes_moved_per_step"] > s["kv_cache_bytes"]  # the whole cache, twice, each step
+
+
+def test_the_beam_step_is_captured_whole_by_torch_compile(cap, monkeypatch):
+    """No graph break in a decode step (a host read or data-dependent Python would be one): the
+    step compiles with ``fullgraph=True`` (dynamic shapes; a graph for the first, the middle and
+    the last position) and returns the eager beams."""
+    import adjcap.decoding as decoding
+
+    torch._dynamo.reset()
+    ps = prompts_for(cap, 3, seed=4)
+    want = beam_search_fast(cap.gpt, ps, beam_width=3, max_len=6, stop_ids=cap.stop_ids)
+    monkeypatch.setattr(decoding, "_gpt_step", torch.compile(decoding._gpt_step, fullgraph=True, backend="eager", dynamic=True))
+    got = beam_search_fast(cap.gpt, ps, beam_width=3, max_len=6, stop_ids=cap.stop_ids)
+    assert [[b.tokens for b in bs] for bs in got] == [[b.tokens for b in bs] for bs in want]
+    torch._dynamo.reset()
