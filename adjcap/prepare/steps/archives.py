@@ -6,12 +6,27 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from adjcap.prepare.errors import PrepareError
 from adjcap.prepare.extract import extract, place, single_root
 from adjcap.prepare.steps.base import Context, Planned
 from adjcap.prepare.verify import zip_problem
+
+
+def expected_files(src: dict[str, Any], check: Callable[[Path, int], str | None]) -> Callable[[Path], list[str]]:
+    """``problems(root)`` for an archive source whose ``expect`` table maps files (relative to the laid-out
+    root) to an expected count: each file present and ``check(path, count)`` None (else its problem)."""
+    def problems(root: Path) -> list[str]:
+        out = []
+        for rel, n in src.get("expect", {}).items():
+            p = root / rel
+            if not p.is_file():
+                out.append(f"{rel} missing")
+            elif bad := check(p, int(n)):
+                out.append(bad.replace(f"{root}/", ""))
+        return out
+    return problems
 
 
 def archive_plan(ctx: Context, what: str, url: str, final: Path, approx: int | None, size: int | None = None) -> Planned:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from adjcap.prepare.errors import PrepareError
-from adjcap.prepare.steps.archives import archive_plan, install_archive
+from adjcap.prepare.steps.archives import archive_plan, expected_files, install_archive
 from adjcap.prepare.steps.base import Context, Planned
 from adjcap.prepare.verify import count_problem, zip_problem
 
@@ -16,21 +16,12 @@ Problems = Callable[[Path], list[str]]
 
 def annotation_problems(src: dict[str, Any]) -> Problems:
     """Every expected annotation file present with its published image count."""
-    def problems(root: Path) -> list[str]:
-        out = []
-        for rel, n in src.get("expect", {}).items():
-            p = root / rel
-            if not p.is_file():
-                out.append(f"{rel} missing")
-                continue
-            try:
-                bad = count_problem(p, int(n))
-            except PrepareError as e:
-                bad = str(e)
-            if bad:
-                out.append(bad.replace(f"{root}/", ""))
-        return out
-    return problems
+    def count(p: Path, n: int) -> str | None:
+        try:
+            return count_problem(p, n)
+        except PrepareError as e:
+            return str(e)
+    return expected_files(src, count)
 
 
 def checkpoint_problems(src: dict[str, Any]) -> Problems:

@@ -10,30 +10,21 @@ import json
 from pathlib import Path
 from typing import Any
 
-from adjcap.prepare.steps.archives import archive_plan, install_archive
+from adjcap.prepare.steps.archives import archive_plan, expected_files, install_archive
 from adjcap.prepare.steps.base import Context, Planned
 
 
 def instance_problems(src: dict[str, Any]):
     """Every expected instances file present, and a COCO instances file: its images count as published
     (the file is parsed: ~160 MB for val2014, a few seconds)."""
-    def problems(root: Path) -> list[str]:
-        out = []
-        for rel, n in src.get("expect", {}).items():
-            p = root / rel
-            if not p.is_file():
-                out.append(f"{rel} missing")
-                continue
-            try:
-                data = json.loads(p.read_text(encoding="utf-8"))
-                images, ok = len(data["images"]), isinstance(data["annotations"], list) and bool(data["categories"])
-            except (ValueError, KeyError, TypeError) as e:
-                out.append(f"{rel}: not a COCO instances file ({type(e).__name__})")
-                continue
-            if not ok or (int(n) and images != int(n)):
-                out.append(f"{rel}: {images} images, expected {n}")
-        return out
-    return problems
+    def check(p: Path, n: int) -> str | None:
+        try:
+            data = json.loads(p.read_text(encoding="utf-8"))
+            images, ok = len(data["images"]), isinstance(data["annotations"], list) and bool(data["categories"])
+        except (ValueError, KeyError, TypeError) as e:
+            return f"{p.name}: not a COCO instances file ({type(e).__name__})"
+        return None if ok and (not n or images == n) else f"{p.name}: {images} images, expected {n}"
+    return expected_files(src, check)
 
 
 class CocoInstancesStep:
