@@ -1,7 +1,12 @@
 """The cluster recipes in deploy/ against the schemas their tools publish: the Ray cluster launcher config
 against the installed Ray's own ray/autoscaler/ray-schema.json, the Grafana dashboard's queries against
 the metrics the job exports (actors.metrics; tests/test_dashboard_metrics.py checks those names on a
-real scrape), and the container recipe against the pins and the wheel it installs."""
+real scrape), and the container recipe against the pins and the wheel it installs.
+
+The KubeRay manifests are checked against the field names and types of KubeRay's v1 API (ray.io/v1
+RayCluster and RayJob, as KubeRay's API reference documents them) for the fields they use, written out
+below: KubeRay's own CRD files are not installable from a package registry here (no PyPI or npm package
+ships them), so a change of KubeRay's API is not caught by this test."""
 
 from __future__ import annotations
 
@@ -77,12 +82,88 @@ def test_container_recipe_pins_ray_and_python_and_installs_the_wheel():
     assert "adjcap" in eps
 
 
-@pytest.mark.parametrize("doc", ["ray-cluster-aws-l4.yaml", "Dockerfile"])
+def _map(values: dict) -> dict:
+    return {"type": "object", "additionalProperties": values}
+
+
+STR = {"type": "string"}
+QUANTITY = {"anyOf": [{"type": "string"}, {"type": "integer"}]}
+CONTAINER = {"type": "object", "required": ["name", "image"], "additionalProperties": False, "properties": {
+    "name": STR, "image": STR,
+    "env": {"type": "array", "items": {"type": "object", "required": ["name"], "additionalProperties": False,
+                                       "properties": {"name": STR, "value": STR}}},
+    "resources": {"type": "object", "additionalProperties": False,
+                  "properties": {"requests": _map(QUANTITY), "limits": _map(QUANTITY)}},
+    "ports": {"type": "array", "items": {"type": "object", "required": ["containerPort"], "additionalProperties": False,
+                                         "properties": {"containerPort": {"type": "integer"}, "name": STR}}},
+    "volumeMounts": {"type": "array", "items": {"type": "object", "required": ["name", "mountPath"],
+                                                "additionalProperties": False,
+                                                "properties": {"name": STR, "mountPath": STR}}}}}
+POD_TEMPLATE = {"type": "object", "required": ["spec"], "additionalProperties": False, "properties": {
+    "spec": {"type": "object", "required": ["containers"], "additionalProperties": False, "properties": {
+        "containers": {"type": "array", "minItems": 1, "items": CONTAINER},
+        "nodeSelector": _map(STR),
+        "tolerations": {"type": "array", "items": {"type": "object", "additionalProperties": False, "properties": {
+            "key": STR, "operator": {"enum": ["Exists", "Equal"]}, "value": STR,
+            "effect": {"enum": ["NoSchedule", "PreferNoSchedule", "NoExecute"]}}}},
+        "volumes": {"type": "array", "items": {"type": "object", "required": ["name"], "properties": {"name": STR}}}}}}}
+RAY_START_PARAMS = _map(STR)  # KubeRay: map[string]string (a number there is refused by the API server)
+METADATA = {"type": "object", "required": ["name"], "properties": {"name": STR, "labels": _map(STR)}}
+KUBERAY_V1 = {
+    "RayCluster": {"type": "object", "required": ["apiVersion", "kind", "metadata", "spec"], "additionalProperties": False,
+                   "properties": {
+        "apiVersion": {"const": "ray.io/v1"}, "kind": {"const": "RayCluster"}, "metadata": METADATA,
+        "spec": {"type": "object", "required": ["headGroupSpec"], "additionalProperties": False, "properties": {
+            "rayVersion": STR, "enableInTreeAutoscaling": {"type": "boolean"},
+            "headGroupSpec": {"type": "object", "required": ["template"], "additionalProperties": False, "properties": {
+                "rayStartParams": RAY_START_PARAMS, "template": POD_TEMPLATE}},
+            "workerGroupSpecs": {"type": "array", "items": {
+                "type": "object", "required": ["groupName", "template"], "additionalProperties": False, "properties": {
+                    "groupName": STR, "replicas": {"type": "integer"}, "minReplicas": {"type": "integer"},
+                    "maxReplicas": {"type": "integer"}, "rayStartParams": RAY_START_PARAMS, "template": POD_TEMPLATE}}}}}}},
+    "RayJob": {"type": "object", "required": ["apiVersion", "kind", "metadata", "spec"], "additionalProperties": False,
+               "properties": {
+        "apiVersion": {"const": "ray.io/v1"}, "kind": {"const": "RayJob"}, "metadata": METADATA,
+        "spec": {"type": "object", "required": ["entrypoint"], "additionalProperties": False, "properties": {
+            "entrypoint": STR, "clusterSelector": _map(STR), "activeDeadlineSeconds": {"type": "integer"},
+            "submissionMode": {"enum": ["K8sJobMode", "HTTPMode", "InteractiveMode", "SidecarMode"]}}}}},
+}
+KUBERAY = sorted((DEPLOY / "kuberay").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", KUBERAY, ids=lambda p: p.name)
+def test_kuberay_manifests_use_kuberays_v1_fields(path):
+    doc = yaml.safe_load(path.read_text())
+    jsonschema.validate(doc, KUBERAY_V1[doc["kind"]])
+    ray_pin = _pins()["ray"].split("==")[1].rstrip(".*")
+    if doc["kind"] == "RayCluster":
+        assert doc["spec"]["rayVersion"].startswith(ray_pin)
+        gpu = "amd.com/gpu" if "amd" in path.name else "nvidia.com/gpu"
+        for group in doc["spec"]["workerGroupSpecs"]:
+            (c,) = group["template"]["spec"]["containers"]
+            assert c["resources"]["limits"][gpu] == c["resources"]["requests"][gpu]  # GPUs: requests = limits
+            assert group["minReplicas"] <= group["replicas"] <= group["maxReplicas"]
+    else:  # a RayJob names a RayCluster of this folder
+        clusters = {yaml.safe_load(p.read_text())["metadata"]["name"] for p in KUBERAY if p.name.startswith("raycluster")}
+        assert doc["spec"]["clusterSelector"]["ray.io/cluster"] in clusters
+
+
+def test_kuberay_recipes_cover_nvidia_and_amd():
+    kinds = {(yaml.safe_load(p.read_text())["kind"], "amd" in p.name) for p in KUBERAY}
+    assert kinds == {("RayCluster", False), ("RayCluster", True), ("RayJob", False), ("RayJob", True)}
+    bad = dict(yaml.safe_load((DEPLOY / "kuberay" / "raycluster-nvidia-l4.yaml").read_text()))
+    bad["spec"]["workerGroupSpecs"][0]["rayStartParams"]["num-gpus"] = 1  # an int: KubeRay refuses it
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, KUBERAY_V1["RayCluster"])
+
+
+@pytest.mark.parametrize("doc", ["ray-cluster-aws-l4.yaml", "Dockerfile",
+                                 *(f"kuberay/{p.name}" for p in KUBERAY if p.name.startswith("rayjob"))])
 def test_recipes_run_commands_that_exist(doc):
     """Every `adjcap <command>` a recipe runs is a command of the CLI."""
     from adjcap.cli import app
 
     known = {c.name or c.callback.__name__.replace("_", "-") for c in app.registered_commands}
-    command = r"(?:^\s*(?:-\s+)?|['\"]|&&\s*|CMD\s+|:\S+\s+)adjcap ([a-z][a-z-]+)"  # not prose
+    command = r"(?:^\s*(?:-\s+)?|['\"]|&&\s*|CMD\s+|:\S+\s+|entrypoint:\s+)adjcap ([a-z][a-z-]+)"  # not prose
     used = set(re.findall(command, (DEPLOY / doc).read_text(), re.M))
     assert used and used <= known, used - known
