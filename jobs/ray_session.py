@@ -200,6 +200,9 @@ class ResourceError(RuntimeError):
 # pages (USS) as Ray Data measured them on the demo's actors (Ray 2.60, torch CPU): corpus encoder 597 MiB,
 # retriever 572, verifier 563, captioner 600, scorer 601 (with tiny models of a few MiB), rounded up
 ACTOR_BASE_BYTES = 608 * 2**20
+# the fused actor imports every stage's libraries in one process: 630 MiB measured by Ray Data on the demo's
+# fused actor (tiny models), rounded up
+FUSED_BASE_BYTES = 672 * 2**20
 # working memory on top of what is loaded (activations of a batch, tokenizers, the loading copy); it is
 # also the headroom Ray Data's memory issue detector asks for (it warns when 1.25 x the peak USS exceeds
 # the request), so a request that covers the real use raises no false alarm
@@ -208,9 +211,11 @@ WORKING_FACTOR = 1.25
 MIN_CPU_SHARE = 0.1
 
 
-def actor_memory(model_bytes: int) -> int:
-    """Host memory one actor asks Ray for: the worker process plus its models at run precision."""
-    return int(WORKING_FACTOR * (ACTOR_BASE_BYTES + model_bytes))
+def actor_memory(model_bytes: int, pool: str = "") -> int:
+    """Host memory one actor asks Ray for: the worker process (a fused actor's is larger) plus its models
+    at run precision."""
+    base = FUSED_BASE_BYTES if pool == pool_layout.FUSED else ACTOR_BASE_BYTES
+    return int(WORKING_FACTOR * (base + model_bytes))
 
 
 def _actors_phrase(pools: tuple[str, ...], count: dict[str, int]) -> str:
@@ -275,7 +280,7 @@ def pool_plan(cfg: Config, cluster: dict[str, float], pools: tuple[str, ...] | N
         for p in pools:
             plan[p] = {"num_cpus": pool_layout.cpu_request(cfg, p) or share}
     have = float(cluster.get("memory", 0))
-    mem = {p: actor_memory(budget[p]["bytes"] + (working or {}).get(p, 0)) for p in pools}
+    mem = {p: actor_memory(budget[p]["bytes"] + (working or {}).get(p, 0), p) for p in pools}
     total = sum(count[p] * mem[p] for p in pools)
     if have and total > have:
         per = " + ".join(f"{p} {human_bytes(mem[p])}" for p in pools)

@@ -141,7 +141,7 @@ def test_fused_pool_holds_each_model_once():
     assert b["fused"]["params"] == sum(b[p]["params"] for p in pools.pool_names()) - budget.BLIP_ITM_LARGE
     cluster = {"CPU": 64.0, "memory": 1000 * GiB}
     auto = pool_plan(cfg, cluster)
-    assert set(auto) == {"fused"} and auto["fused"]["memory"] == actor_memory(b["fused"]["bytes"])
+    assert set(auto) == {"fused"} and auto["fused"]["memory"] == actor_memory(b["fused"]["bytes"], "fused")
     split = pool_plan(load_config("headline", ["paths.data_dir=/nonexistent", "ray.pools=split"]).resolved(), cluster)
     assert set(split) == set(pools.pool_names())
     assert auto["fused"]["memory"] < sum(r["memory"] for r in split.values())
