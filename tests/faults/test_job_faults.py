@@ -158,7 +158,7 @@ def scenario(demo_cfg, tmp_path_factory):
     data = Path(victim.image_path).read_bytes()
     Path(victim.image_path).write_bytes(data[: len(data) // 3])
     run_dir = base / "run"
-    # split pools (auto would fuse them on this GPU-less machine): the captioner's own actor is killed below
+    # split pools (auto would fuse them on this GPU-less machine): the scorer's own actor is killed below
     args = ["run-job", BENCH, "--workers", "1", "--limit", str(LIMIT), "--run-dir", str(run_dir),
             "--set", "ray.pools=split"]
     for s in sets:
@@ -179,19 +179,21 @@ def interrupted(scenario):
         ev["b_rc"] = b.wait(180)
         ev["b_err"] = b.stderr()
 
-        def captioner_actor():
-            return [p for p in a.track() if "CaptionerActor" in _cmdline(p) and p != a.pid]
+        def scorer_actor():
+            return [p for p in a.track() if "ScorerActor" in _cmdline(p) and p != a.pid]
 
-        # past model loading (a part means every pool has processed a batch), kill the captioner
+        # past model loading (a part means every pool has processed a batch), kill the scorer: the last
+        # pool, so it surely has images left (an earlier pool may already have run through every image
+        # while the scorer, the slowest, works on: then its death needs no restart and tests nothing)
         _wait_for(lambda: _n_parts(run) >= 1, 600, "A's first feature part", a)
-        victims = _wait_for(captioner_actor, 60, "a captioner actor process", a)
+        victims = _wait_for(scorer_actor, 60, "a scorer actor process", a)
         for pid in victims:
             os.kill(pid, signal.SIGKILL)
         ev["killed_actor"] = victims
-        # Ray starts a new captioner actor; SIGINT while it loads, so the job is surely mid-way. (Waiting
+        # Ray starts a new scorer actor; SIGINT while it loads, so the job is surely mid-way. (Waiting
         # for parts instead raced the job's end on a quiet machine: Ray Data keeps output order, so the
         # rows after the killed block arrive in one burst when it is redone, and A finished first.)
-        _wait_for(lambda: [p for p in captioner_actor() if p not in victims], 300, "A's restarted captioner", a)
+        _wait_for(lambda: [p for p in scorer_actor() if p not in victims], 300, "A's restarted scorer", a)
         os.kill(a.pid, signal.SIGINT)
         ev["a_rc"] = a.wait(180)
         ev["a_err"] = a.stderr()
