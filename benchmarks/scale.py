@@ -287,7 +287,8 @@ def count_rows(run_dir: Path) -> tuple[int, int]:
     return rows, len(unique)
 
 
-def one(work: Path, n: int, m: int, workers: int, fresh: bool, batch_size: int, pools: str = "auto") -> dict:
+def one(work: Path, n: int, m: int, workers: int, fresh: bool, batch_size: int, pools: str = "auto",
+        features_only: bool = False) -> dict:
     t0 = time.perf_counter()
     cache, world = build_inputs(work, n, m)
     world_s = time.perf_counter() - t0
@@ -316,6 +317,8 @@ def one(work: Path, n: int, m: int, workers: int, fresh: bool, batch_size: int, 
         ("evaluate", ["evaluate", "--run", str(run_dir), "--no-spice"], n, "images"),
         ("report", ["report", "--run", str(run_dir)], n, "images"),
     ]
+    if features_only:
+        steps = steps[:2]
     for name, args, count, unit in steps:
         phases[name] = r = run_phase(name, args, env, [run_dir, index_root], count, unit, logs)
         print(f"{name:9s} {r['wall_s']:8.1f} s wall {r['cpu_s']:8.1f} s CPU {r[f'{unit}_per_s']:9.1f} {unit}/s  "
@@ -334,7 +337,7 @@ def one(work: Path, n: int, m: int, workers: int, fresh: bool, batch_size: int, 
         "index_bytes_on_disk": du(index_root), "rows": rows, "rows_unique": unique,
         "framework_ms_per_image": 1000 * feats["framework_cpu_s"] / images,
         "driver_ms_per_image": None if driver_cpu is None else 1000 * driver_cpu / images,
-        "report_html_bytes": du(run_dir / "report.html"),
+        "report_html_bytes": du(run_dir / "report.html") if not features_only else None,
     }
 
 
@@ -421,6 +424,7 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="reuse a finished index and features (default: fresh)")
     ap.add_argument("--pools", choices=("auto", "split", "fused"), default="auto",
                     help="ray.pools (auto: fused on this CPU-only machine)")
+    ap.add_argument("--features-only", action="store_true", help="only encode-corpus and the features phase")
     ap.add_argument("--batch-size", type=int, default=BATCH, help="ray.batch_size (images per Ray Data batch; "
                     "default: the headline's)")
     args = ap.parse_args()
@@ -430,7 +434,7 @@ def main() -> None:
     for n, m in shapes:
         print(f"== {n:,} + {n:,} images, {m:,} captions, --workers {args.workers}", flush=True)
         results.append(one(work, n, m, args.workers, fresh=not args.keep, batch_size=args.batch_size,
-                           pools=args.pools))
+                           pools=args.pools, features_only=args.features_only))
         r = results[-1]
         print(f"rows {r['rows']} unique {r['rows_unique']}; driver peak {r['driver_peak_rss_gib']:.2f} GiB; "
               f"index resident per node {r['index_resident_gib_per_node']:.2f} GiB; framework "
