@@ -18,7 +18,8 @@ searched corpus and index by content). Outputs live in
 written atomically like feature parts (a part is complete or absent; an unreadable part is set aside).
 Before extraction every image gets the outputs of its deepest cached stage prefix (:meth:`StageCache.prefill`);
 the stage functions skip a stage an image already has (``ImageState.done``) and mark the stages they
-computed (``ImageState.computed``), which :meth:`StageCache.store` then writes back. Rows that differ
+computed (``ImageState.computed``), which :meth:`StageCache.store` then writes back (in a Ray job the last
+pool's actors, batch by batch: :meth:`StageCache.write_batch`). Rows that differ
 only after extraction (picker, protocol, alpha/beta) have identical identities at every stage.
 """
 
