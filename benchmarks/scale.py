@@ -206,7 +206,7 @@ class Sampler(threading.Thread):
                 pools[role] = pools.get(role, 0) + private + shared
                 self.pool_actor_peak[role] = max(self.pool_actor_peak.get(role, 0), private + shared)
                 self.pool_pids.setdefault(role, set()).add(pid)
-                if role == "retriever":
+                if role in ("retriever", "fused"):  # the actors that hold the index
                     retr_private += private
                     retr_shared = max(retr_shared, shared)
         self.tree_peak = max(self.tree_peak, tree)
@@ -266,7 +266,7 @@ def run_phase(name: str, args: list[str], env: dict, watch: list[Path], count: i
         "wall_s": wall, "cpu_s": sum(cpu.values()), "cpu_s_by_role": cpu, f"{unit}_per_s": count / wall,
         "count": count, "unit": unit, "driver_peak_rss_gib": sampler.driver_peak / GIB,
         "peak_rss_gib": sampler.tree_peak / GIB, "pools": pools, "framework_cpu_s": framework,
-        "index_resident_gib_per_node": sampler.index_node_peak / GIB if "retriever" in pools else None,
+        "index_resident_gib_per_node": sampler.index_node_peak / GIB if {"retriever", "fused"} & set(pools) else None,
         "bytes_written": du(*watch) - before, "spilled_bytes": spilled,
     }
 
@@ -437,7 +437,7 @@ def main() -> None:
                            pools=args.pools, features_only=args.features_only))
         r = results[-1]
         print(f"rows {r['rows']} unique {r['rows_unique']}; driver peak {r['driver_peak_rss_gib']:.2f} GiB; "
-              f"index resident per node {r['index_resident_gib_per_node']:.2f} GiB; framework "
+              f"index resident per node {r['index_resident_gib_per_node'] or float('nan'):.2f} GiB; framework "
               f"{r['framework_ms_per_image']:.1f} ms CPU/image; driver "
               f"{r['driver_ms_per_image'] if r['driver_ms_per_image'] is not None else float('nan'):.2f} ms CPU/image",
               flush=True)
