@@ -328,7 +328,8 @@ def one(work: Path, n: int, m: int, workers: int, fresh: bool, batch_size: int, 
                         for p, v in r["pools"].items()), flush=True)
     rows, unique = count_rows(run_dir)
     feats = phases["features"]
-    driver_cpu = json.loads((run_dir / "features" / "summary.json").read_text()).get("driver_cpu_s")
+    fsum = json.loads((run_dir / "features" / "summary.json").read_text())
+    driver_cpu, driver_main = fsum.get("driver_cpu_s"), fsum.get("driver_main_thread_cpu_s")
     return {
         "images": n, "corpus": corpus_n, "workers": workers, "batch_size": batch_size, "pools": pools, "nodes": 1,
         "world_s": world_s,
@@ -337,6 +338,8 @@ def one(work: Path, n: int, m: int, workers: int, fresh: bool, batch_size: int, 
         "index_bytes_on_disk": du(index_root), "rows": rows, "rows_unique": unique,
         "framework_ms_per_image": 1000 * feats["framework_cpu_s"] / images,
         "driver_ms_per_image": None if driver_cpu is None else 1000 * driver_cpu / images,
+        "driver_main_thread_ms_per_image": None if driver_main is None else 1000 * driver_main / images,
+        "extraction_s": fsum.get("seconds"),
         "report_html_bytes": du(run_dir / "report.html") if not features_only else None,
     }
 
