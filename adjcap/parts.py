@@ -1,5 +1,7 @@
 """Parquet parts: a folder of ``part-*.parquet`` files, each written atomically (complete or absent)
-under a name no other writer takes, read in the order they were written; a part that cannot be read
+under a name no other writer takes (time-ordered: read in the order they were written) or a name
+derived from its content (:func:`content_part_name`: a batch written again replaces its part; these
+sort after the time-ordered ones, by hash); a part that cannot be read
 is set aside as ``<name>.corrupt`` (kept for inspection, never read again) so that its images are
 recomputed. The one part writer of a run's feature parts (:class:`adjcap.rundir.RunDir`) and of the
 stage cache (:mod:`adjcap.stage_cache`)."""
@@ -23,7 +25,7 @@ PART_GLOB = "part-*.parquet"
 
 
 def part_paths(folder: Path) -> list[Path]:
-    """The complete parts in ``folder``, in the order they were written (none when it is absent)."""
+    """The complete parts in ``folder``, sorted by name (see the module docstring; none when it is absent)."""
     return sorted(p for p in folder.glob(PART_GLOB) if not is_temp_name(p.name)) if folder.is_dir() else []
 
 

@@ -190,7 +190,7 @@ class RunDir:
         return self.path / "features" / f"{benchmark}-{split}"
 
     def parts(self, benchmark: str, split: str) -> list[Path]:
-        """Complete feature parts, in the order they were written."""
+        """Complete feature parts, sorted by name (:mod:`adjcap.parts`)."""
         return part_paths(self.features_dir(benchmark, split))
 
     def has_features(self, benchmark: str, split: str) -> bool:
