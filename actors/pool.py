@@ -1,6 +1,8 @@
 """The one pool actor (docs/architecture.md, "Pools"): loads the model families of its stages once
 (:mod:`adjcap.stage_registry`) and runs their batch functions, in order, on every batch of states.
-A split pool runs one stage; the fused pool runs every stage an image needs in this one process."""
+A split pool runs one stage; the fused pool runs every stage an image needs in this one process. The
+last pool's actors write each finished batch themselves (:func:`adjcap.batch_sink.write_batch`) and
+return only what the driver counts (:func:`adjcap.batch_sink.done_columns`)."""
 
 from __future__ import annotations
 
@@ -11,18 +13,21 @@ import ray
 
 from adjcap import stage_registry
 from adjcap.actors.progress import StageMeter
-from adjcap.actors.transport import pack, unpack
+from adjcap.actors.transport import columns, pack, unpack
+from adjcap.batch_sink import Sink, done_columns, write_batch
 from adjcap.config import Config
 
 
 class PoolActor:
     def __init__(self, cfg: Config, stages: tuple[str, ...], given: dict[str, Any] | None = None,
-                 board: Any = None, last: bool = True):
+                 board: Any = None, last: bool = True, sink: Sink | None = None):
         """``cfg`` resolved; ``stages``: the stage names this pool runs; ``given``: what the job hands the
         families instead of files (object refs are fetched here: the caption index the job put once, whose
         arrays are then read-only views of this node's object store); ``last``: this pool's states are final
-        (images and intermediate encodings are dropped)."""
-        self.cfg, self.last = cfg, last
+        (images and intermediate encodings are dropped); ``sink``: where the last pool writes its batches
+        (then only :func:`adjcap.batch_sink.done_columns` go back, never a state)."""
+        self.cfg, self.last, self.sink = cfg, last, sink
+        self.cache = sink.cache() if sink is not None else None
         self.stages = [stage_registry.stage(s) for s in stages]
         given = {k: ray.get(v) if isinstance(v, ray.ObjectRef) else v for k, v in (given or {}).items()}
         self.models = stage_registry.load_families(cfg, stage_registry.families_of(stages), given)
@@ -33,6 +38,9 @@ class PoolActor:
         for stage, meter in zip(self.stages, self.meters):
             with meter.batch(states):
                 stage.run(states, self.models, self.cfg)
+        if self.sink is not None:
+            write_batch(states, self.sink, self.cache)
+            return columns(done_columns(states))
         return pack(states, drop_image=self.last)
 
 

@@ -1,4 +1,4 @@
-"""Packing per-image states into Ray Data batches (numpy format) and back."""
+"""Packing per-image states into Ray Data batches (numpy format) and back, and small per-image columns."""
 
 from __future__ import annotations
 
@@ -23,3 +23,13 @@ def pack(states: list[ImageState], drop_image: bool = False) -> dict[str, np.nda
     out_state[:] = [pickle.dumps(s, protocol=pickle.HIGHEST_PROTOCOL) for s in states]
     ids = np.array([s.image_id for s in states], dtype=object)
     return {"image_id": ids, "state": out_state}
+
+
+def columns(cols: dict[str, list]) -> dict[str, np.ndarray]:
+    """Plain per-image columns (strings) as a numpy-format batch."""
+    out = {}
+    for k, v in cols.items():
+        a = np.empty(len(v), dtype=object)
+        a[:] = v
+        out[k] = a
+    return out

@@ -1,11 +1,14 @@
 """Parquet parts: a folder of ``part-*.parquet`` files, each written atomically (complete or absent)
-under a name no other writer takes, read in the order they were written; a part that cannot be read
+under a name no other writer takes (time-ordered: read in the order they were written) or a name
+derived from its content (:func:`content_part_name`: a batch written again replaces its part; these
+sort after the time-ordered ones, by hash); a part that cannot be read
 is set aside as ``<name>.corrupt`` (kept for inspection, never read again) so that its images are
 recomputed. The one part writer of a run's feature parts (:class:`adjcap.rundir.RunDir`) and of the
 stage cache (:mod:`adjcap.stage_cache`)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 import sys
@@ -22,7 +25,7 @@ PART_GLOB = "part-*.parquet"
 
 
 def part_paths(folder: Path) -> list[Path]:
-    """The complete parts in ``folder``, in the order they were written (none when it is absent)."""
+    """The complete parts in ``folder``, sorted by name (see the module docstring; none when it is absent)."""
     return sorted(p for p in folder.glob(PART_GLOB) if not is_temp_name(p.name)) if folder.is_dir() else []
 
 
@@ -32,9 +35,20 @@ def new_part_name() -> str:
     return f"part-{time.time_ns():020d}-{host}-{os.getpid()}-{uuid.uuid4().hex[:8]}.parquet"
 
 
-def write_part(folder: Path, table: pa.Table) -> Path:
-    """``table`` as a new part of ``folder``, written atomically."""
-    return atomic_write_parquet(folder / new_part_name(), table)
+def content_part_name(key: str, image_ids) -> str:
+    """A part name decided by what the part holds: ``key`` (whose rows: the run or stage identity, the
+    split) and the sorted image ids. A batch computed again (a retried task, a restarted actor) writes
+    the same name, so it replaces its own part instead of adding a second copy of its images."""
+    h = hashlib.sha256(key.encode())
+    for i in sorted(str(i) for i in image_ids):
+        h.update(b"\0" + i.encode())
+    return f"part-c{h.hexdigest()[:32]}.parquet"
+
+
+def write_part(folder: Path, table: pa.Table, name: str | None = None) -> Path:
+    """``table`` as a part of ``folder``, written atomically: under ``name`` (from
+    :func:`content_part_name`, replacing a part of that name) or a new name no other writer takes."""
+    return atomic_write_parquet(folder / (name or new_part_name()), table)
 
 
 def read_part(part: Path, columns: list[str] | None = None) -> pa.Table | None:

@@ -190,7 +190,7 @@ class RunDir:
         return self.path / "features" / f"{benchmark}-{split}"
 
     def parts(self, benchmark: str, split: str) -> list[Path]:
-        """Complete feature parts, in the order they were written."""
+        """Complete feature parts, sorted by name (:mod:`adjcap.parts`)."""
         return part_paths(self.features_dir(benchmark, split))
 
     def has_features(self, benchmark: str, split: str) -> bool:
@@ -215,8 +215,10 @@ class RunDir:
         """A part name no other writer can take (:func:`adjcap.parts.new_part_name`)."""
         return self.features_dir(benchmark, split) / new_part_name()
 
-    def write_part(self, benchmark: str, split: str, table: pa.Table) -> Path:
-        return write_part(self.features_dir(benchmark, split), table)
+    def write_part(self, benchmark: str, split: str, table: pa.Table, name: str | None = None) -> Path:
+        """``table`` as a feature part, atomically; ``name`` (:func:`adjcap.parts.content_part_name`)
+        makes a batch written again replace its own part."""
+        return write_part(self.features_dir(benchmark, split), table, name)
 
     def clear_features(self, benchmark: str, split: str) -> None:
         for p in self.features_dir(benchmark, split).glob(PART_GLOB):

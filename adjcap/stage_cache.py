@@ -18,7 +18,8 @@ searched corpus and index by content). Outputs live in
 written atomically like feature parts (a part is complete or absent; an unreadable part is set aside).
 Before extraction every image gets the outputs of its deepest cached stage prefix (:meth:`StageCache.prefill`);
 the stage functions skip a stage an image already has (``ImageState.done``) and mark the stages they
-computed (``ImageState.computed``), which :meth:`StageCache.store` then writes back. Rows that differ
+computed (``ImageState.computed``), which :meth:`StageCache.store` then writes back (in a Ray job the last
+pool's actors, batch by batch: :meth:`StageCache.write_batch`). Rows that differ
 only after extraction (picker, protocol, alpha/beta) have identical identities at every stage.
 """
 
@@ -35,7 +36,7 @@ from adjcap.identity import content_id, stage_identities, stage_settings  # noqa
 from adjcap import stage_registry
 from adjcap.io import atomic_write_json
 from adjcap.image_state import ImageState
-from adjcap.parts import part_paths, read_part, write_part
+from adjcap.parts import content_part_name, part_paths, read_part, write_part
 
 
 def apply_outputs(state: ImageState, outputs: Mapping[str, dict[str, Any]]) -> ImageState:
@@ -120,17 +121,22 @@ class StageCache:
                 apply_outputs(s, found[s.image_id])
         return states
 
-    def add(self, states: Iterable[ImageState]) -> None:
-        """Buffer the outputs of the stages each state computed in this run (failed images: none)."""
+    @staticmethod
+    def _computed_rows(states: Iterable[ImageState]) -> Iterable[tuple[str, dict[str, Any]]]:
+        """(stage, row) for every stage each state computed in this run (failed images: none)."""
         for s in states:
             if not s.ok:
                 continue
             for st in stage_registry.stages():
                 if st.name in s.computed:
-                    self._buffers[st.name].append({"image_id": s.image_id, **st.output.take(s)})
-            for stage in list(self._buffers):
-                if len(self._buffers[stage]) >= self.rows_per_part:
-                    self._flush(stage)
+                    yield st.name, {"image_id": s.image_id, **st.output.take(s)}
+
+    def add(self, states: Iterable[ImageState]) -> None:
+        """Buffer the outputs of the stages each state computed in this run (failed images: none)."""
+        for stage, row in self._computed_rows(states):
+            self._buffers[stage].append(row)
+            if len(self._buffers[stage]) >= self.rows_per_part:
+                self._flush(stage)
 
     def flush(self) -> None:
         for stage in list(self._buffers):
@@ -140,13 +146,25 @@ class StageCache:
         self.add(states)
         self.flush()
 
+    def write_batch(self, states: Iterable[ImageState]) -> None:
+        """The outputs of the stages each state computed, now, one part per stage named for its images
+        (:func:`adjcap.parts.content_part_name`): what a pool's last actor writes for its batch, so a
+        batch computed again replaces its own parts. Nothing is buffered."""
+        batch: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for stage, row in self._computed_rows(states):
+            batch[stage].append(row)
+        for stage, rows in batch.items():
+            self._write(stage, rows, content_part_name(self.identities[stage], (r["image_id"] for r in rows)))
+
     def _flush(self, stage: str) -> None:
         rows = self._buffers.pop(stage, [])
-        if not rows:
-            return
+        if rows:
+            self._write(stage, rows)
+
+    def _write(self, stage: str, rows: list[dict[str, Any]], name: str | None = None) -> None:
         d = self.stage_dir(stage)
         if self.settings is not None and not (d / "identity.json").exists():
             names = stage_registry.names()
             upto = names[: names.index(stage) + 1]
             atomic_write_json(d / "identity.json", {s: dict(self.settings[s]) for s in upto})
-        write_part(d, pa.Table.from_pylist(rows, schema=stage_registry.stage(stage).output.schema))
+        write_part(d, pa.Table.from_pylist(rows, schema=stage_registry.stage(stage).output.schema), name)

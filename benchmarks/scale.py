@@ -24,6 +24,9 @@ every 0.5 s for the subprocess and everything below it (the raylet and Ray's wor
 * ``framework_cpu_s``: CPU of the driver and of Ray's own processes (raylet, GCS, idle workers), not of
   the pools' actors or the decode tasks; ``framework_ms_per_image`` is that over the features phase per
   image: what would cap a GPU run, where the actors' compute shrinks and this does not;
+* ``driver_ms_per_image``: the driver process's own CPU (all its threads) while it extracted features
+  (``driver_cpu_s`` of the run's ``features/summary.json``, taken by the job itself around feature
+  extraction, so the CLI's start and Ray's start do not count) per image;
 * ``index_resident_gib_per_node``: the retriever actors' private memory summed plus the shared pages of
   the index once (adjcap.index.shared), at the phase's peak;
 * ``bytes_written``: growth of the run directory and the index; ``spilled_bytes``: what Ray reports.
@@ -122,7 +125,7 @@ def widen_encoder(src: Path, out: Path) -> Path:
     return weights
 
 
-def overrides(cache: Path, world: Path, workers: int, batch_size: int = BATCH) -> list[str]:
+def overrides(cache: Path, world: Path, workers: int, batch_size: int = BATCH, pools: str = "auto") -> list[str]:
     """The run's settings: the demo preset's models on the scale world, with the headline's Ray batch
     and ``numerics = "fast"`` (a real run's: the demo's portable mode computes one image at a time, so
     that its figures are the same on every CPU, and would measure that instead of the job's speed)."""
@@ -137,6 +140,7 @@ def overrides(cache: Path, world: Path, workers: int, batch_size: int = BATCH) -
         "retrieval.encoder.pretrained": cache / "retrieval-clip-1280" / "open_clip_model.safetensors",
         "retrieval.index_precision": "fp16", "retrieval.shard_size": 16384,
         "cache.share_stages": "false", "ray.workers": workers, "ray.batch_size": batch_size, "numerics": "fast",
+        "ray.pools": pools,
     }
     out = []
     for k, v in sets.items():
@@ -202,7 +206,7 @@ class Sampler(threading.Thread):
                 pools[role] = pools.get(role, 0) + private + shared
                 self.pool_actor_peak[role] = max(self.pool_actor_peak.get(role, 0), private + shared)
                 self.pool_pids.setdefault(role, set()).add(pid)
-                if role == "retriever":
+                if role in ("retriever", "fused"):  # the actors that hold the index
                     retr_private += private
                     retr_shared = max(retr_shared, shared)
         self.tree_peak = max(self.tree_peak, tree)
@@ -262,7 +266,7 @@ def run_phase(name: str, args: list[str], env: dict, watch: list[Path], count: i
         "wall_s": wall, "cpu_s": sum(cpu.values()), "cpu_s_by_role": cpu, f"{unit}_per_s": count / wall,
         "count": count, "unit": unit, "driver_peak_rss_gib": sampler.driver_peak / GIB,
         "peak_rss_gib": sampler.tree_peak / GIB, "pools": pools, "framework_cpu_s": framework,
-        "index_resident_gib_per_node": sampler.index_node_peak / GIB if "retriever" in pools else None,
+        "index_resident_gib_per_node": sampler.index_node_peak / GIB if {"retriever", "fused"} & set(pools) else None,
         "bytes_written": du(*watch) - before, "spilled_bytes": spilled,
     }
 
@@ -283,14 +287,15 @@ def count_rows(run_dir: Path) -> tuple[int, int]:
     return rows, len(unique)
 
 
-def one(work: Path, n: int, m: int, workers: int, fresh: bool, batch_size: int) -> dict:
+def one(work: Path, n: int, m: int, workers: int, fresh: bool, batch_size: int, pools: str = "auto",
+        features_only: bool = False) -> dict:
     t0 = time.perf_counter()
     cache, world = build_inputs(work, n, m)
     world_s = time.perf_counter() - t0
     from adjcap.data.corpus import load_corpus
 
     corpus_n = len(load_corpus(world / "annotations" / "train_captions.json", fmt="ifcap").texts)
-    run_dir = work / "runs" / f"scale-{n}-{m}-w{workers}"
+    run_dir = work / "runs" / f"scale-{n}-{m}-w{workers}-{pools}"
     if fresh and run_dir.exists():
         shutil.rmtree(run_dir)
     index_root = cache / "index"
@@ -299,7 +304,7 @@ def one(work: Path, n: int, m: int, workers: int, fresh: bool, batch_size: int) 
             shutil.rmtree(d)
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "TOKENIZERS_PARALLELISM": "false",
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    sets = overrides(cache, world, workers, batch_size)
+    sets = overrides(cache, world, workers, batch_size, pools)
     logs = work / "logs" / run_dir.name
     logs.mkdir(parents=True, exist_ok=True)
     images = 2 * n
@@ -312,6 +317,8 @@ def one(work: Path, n: int, m: int, workers: int, fresh: bool, batch_size: int) 
         ("evaluate", ["evaluate", "--run", str(run_dir), "--no-spice"], n, "images"),
         ("report", ["report", "--run", str(run_dir)], n, "images"),
     ]
+    if features_only:
+        steps = steps[:2]
     for name, args, count, unit in steps:
         phases[name] = r = run_phase(name, args, env, [run_dir, index_root], count, unit, logs)
         print(f"{name:9s} {r['wall_s']:8.1f} s wall {r['cpu_s']:8.1f} s CPU {r[f'{unit}_per_s']:9.1f} {unit}/s  "
@@ -321,13 +328,19 @@ def one(work: Path, n: int, m: int, workers: int, fresh: bool, batch_size: int) 
                         for p, v in r["pools"].items()), flush=True)
     rows, unique = count_rows(run_dir)
     feats = phases["features"]
+    fsum = json.loads((run_dir / "features" / "summary.json").read_text())
+    driver_cpu, driver_main = fsum.get("driver_cpu_s"), fsum.get("driver_main_thread_cpu_s")
     return {
-        "images": n, "corpus": corpus_n, "workers": workers, "batch_size": batch_size, "nodes": 1, "world_s": world_s,
+        "images": n, "corpus": corpus_n, "workers": workers, "batch_size": batch_size, "pools": pools, "nodes": 1,
+        "world_s": world_s,
         "phases": phases, "driver_peak_rss_gib": max(p["driver_peak_rss_gib"] for p in phases.values()),
         "index_resident_gib_per_node": feats["index_resident_gib_per_node"],
         "index_bytes_on_disk": du(index_root), "rows": rows, "rows_unique": unique,
         "framework_ms_per_image": 1000 * feats["framework_cpu_s"] / images,
-        "report_html_bytes": du(run_dir / "report.html"),
+        "driver_ms_per_image": None if driver_cpu is None else 1000 * driver_cpu / images,
+        "driver_main_thread_ms_per_image": None if driver_main is None else 1000 * driver_main / images,
+        "extraction_s": fsum.get("seconds"),
+        "report_html_bytes": du(run_dir / "report.html") if not features_only else None,
     }
 
 
@@ -412,6 +425,9 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
     ap.add_argument("--sweep", action="store_true", help=f"N in {SWEEP_N} x M in {SWEEP_M}, with exponents")
     ap.add_argument("--keep", action="store_true", help="reuse a finished index and features (default: fresh)")
+    ap.add_argument("--pools", choices=("auto", "split", "fused"), default="auto",
+                    help="ray.pools (auto: fused on this CPU-only machine)")
+    ap.add_argument("--features-only", action="store_true", help="only encode-corpus and the features phase")
     ap.add_argument("--batch-size", type=int, default=BATCH, help="ray.batch_size (images per Ray Data batch; "
                     "default: the headline's)")
     args = ap.parse_args()
@@ -420,11 +436,14 @@ def main() -> None:
     results = []
     for n, m in shapes:
         print(f"== {n:,} + {n:,} images, {m:,} captions, --workers {args.workers}", flush=True)
-        results.append(one(work, n, m, args.workers, fresh=not args.keep, batch_size=args.batch_size))
+        results.append(one(work, n, m, args.workers, fresh=not args.keep, batch_size=args.batch_size,
+                           pools=args.pools, features_only=args.features_only))
         r = results[-1]
         print(f"rows {r['rows']} unique {r['rows_unique']}; driver peak {r['driver_peak_rss_gib']:.2f} GiB; "
-              f"index resident per node {r['index_resident_gib_per_node']:.2f} GiB; framework "
-              f"{r['framework_ms_per_image']:.1f} ms CPU/image", flush=True)
+              f"index resident per node {r['index_resident_gib_per_node'] or float('nan'):.2f} GiB; framework "
+              f"{r['framework_ms_per_image']:.1f} ms CPU/image; driver "
+              f"{r['driver_ms_per_image'] if r['driver_ms_per_image'] is not None else float('nan'):.2f} ms CPU/image",
+              flush=True)
     out = results[0] if not args.sweep else {"runs": results, "exponents": fit_sweep(results)}
     out["machine"] = machine()
     out["command"] = " ".join(["python", "benchmarks/scale.py", *sys.argv[1:]])

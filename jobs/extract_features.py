@@ -1,6 +1,9 @@
 """Feature extraction, the Ray part of the main job: records -> image decode (CPU tasks) -> the stage
 pools (retriever -> verifier -> captioner -> scorer, or one fused pool: :mod:`adjcap.pools`) -> Parquet
-feature parts in the run directory.
+feature parts in the run directory, written by the last pool's actors (:mod:`adjcap.batch_sink`); the
+driver gets back only each image's id, split, error and computed stages (docs/architecture.md, "Data
+flow of one image"). Images that need no model (every stage stored, or refused by the reader) never
+enter Ray: the driver writes them.
 
 Resume: image ids already written (in complete part files) are skipped; parts are written to a temp
 name and renamed, so a crash never leaves a part that looks complete."""
@@ -20,6 +23,7 @@ from adjcap import stage_registry
 from adjcap.actors.decode import decode_batch
 from adjcap.actors.lavis import LavisScorerActor, LavisVerifierActor
 from adjcap.actors.pool import actor_class
+from adjcap.batch_sink import Sink
 from adjcap.config import Config
 from adjcap.data.benchmarks import read_benchmark, split_annotations
 from adjcap.data.records import Record
@@ -153,11 +157,15 @@ def extract_features(cfg: Config, run: RunDir, records: dict[str, list[Record]],
         gpu = has_gpus()
         print("pools: " + ", ".join(f"{p.pool} x{pool_layout.actors(cfg, p.pool)} ({' + '.join(p.meters)})"
                                     for p in pools(cfg, first, gpu)))
+        sink = Sink.for_run(run, cfg.benchmark, cache)
         with tracked(cfg.ray, "features", stream_stages(cfg, first, gpu), len(rest)) as board:
-            ds = _stream(cfg, corpus, rest, found, first, gpu, board)
+            ds = _stream(cfg, corpus, rest, found, first, gpu, board, sink)
+            # the workers wrote the parts and the stage cache; the driver only counts
             for batch in ds.iter_batches(batch_format="numpy", batch_size=None):
-                for blob in batch["state"]:
-                    emit(pickle.loads(blob))
+                for split, error, stages in zip(batch["split"], batch["error"], batch["computed"]):
+                    summary[split]["failed" if error else "done"] += 1
+                    for stage in stages.split(",") if stages else ():
+                        computed[stage] += 1
     for split in list(buffers):
         flush(split)
     if cache is not None:
@@ -179,8 +187,10 @@ def decode_tasks(cfg: Config) -> int:
     return cfg.ray.decode_tasks or 2 * cfg.ray.workers
 
 
-def _stream(cfg: Config, corpus, todo: list[Record], found: dict, first: int, gpu: bool, board=None):
-    """decode -> the pools from stage index ``first`` on, as a Ray dataset of packed states."""
+def _stream(cfg: Config, corpus, todo: list[Record], found: dict, first: int, gpu: bool, board=None,
+            sink: Sink | None = None):
+    """decode -> the pools from stage index ``first`` on, as a Ray dataset: of packed states, or, with
+    ``sink``, of what the last pool's actors wrote (:func:`adjcap.batch_sink.done_columns`)."""
     bs = cfg.ray.batch_size
     exif = cfg.benchmark_cfg().applies_exif()
     items = [
@@ -198,6 +208,8 @@ def _stream(cfg: Config, corpus, todo: list[Record], found: dict, first: int, gp
     index_ref = None
     for p in pools(cfg, first, gpu):
         kwargs = {"cfg": cfg, "board": board, **p.kwargs}
+        if sink is not None and p.kwargs.get("last"):
+            kwargs["sink"] = sink
         if "index" in stage_registry.families_of(p.kwargs.get("stages", ())):
             # once per job; each node's retriever actors share one read-only copy (adjcap.index.shared)
             if index_ref is None:
@@ -212,11 +224,14 @@ def _stream(cfg: Config, corpus, todo: list[Record], found: dict, first: int, gp
 
 def main(cfg: Config, run: RunDir, records: dict[str, list[Record]], resume: bool = True) -> dict:
     """Inside a Ray session: extract what is missing, write and print the summary."""
-    t0 = time.time()
+    t0, cpu0, main0 = time.time(), time.process_time(), time.thread_time()
     stage_stats: dict = {}
     summary = extract_features(cfg, run, records, resume=resume, stage_stats=stage_stats)
     dt = time.time() - t0
-    run.write_summary({"splits": summary, "seconds": dt, "stages": stage_stats})
+    # the driver process's own CPU (every thread: Ray Data's executor too) while it extracted features
+    # (and of its main thread alone: what it does per image itself, without Ray's threads)
+    run.write_summary({"splits": summary, "seconds": dt, "driver_cpu_s": time.process_time() - cpu0,
+                       "driver_main_thread_cpu_s": time.thread_time() - main0, "stages": stage_stats})
     for split, s in summary.items():
         print(f"features {cfg.benchmark}-{split}: {s['images']} images, {s['done']} done, "
               f"{s['failed']} failed, {s['skipped']} already written")
