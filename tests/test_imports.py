@@ -74,16 +74,6 @@ def _imports(path: Path) -> set[str]:
     return {mod.split(".")[0] for mod, _ in _import_nodes(path)}
 
 
-def _internal_edges(mods: dict[str, Path]) -> dict[str, set[str]]:
-    """module -> project modules it imports (``from a.b import c`` counts a.b.c when c is a module)."""
-    edges: dict[str, set[str]] = {m: set() for m in mods}
-    for m, path in mods.items():
-        for mod, names in _import_nodes(path):
-            targets = [f"{mod}.{n}" for n in names if f"{mod}.{n}" in mods] or ([mod] if mod in mods else [])
-            edges[m].update(t for t in targets if t != m)
-    return edges
-
-
 def _module_level_imports(path: Path) -> set[str]:
     """Top-level names imported outside any function (what importing the module runs)."""
     out: set[str] = set()
@@ -138,34 +128,6 @@ def test_entry_points_import_only_their_layer_and_nothing_imports_them():
             if "adjcap.jobs.api" in full and m != "adjcap":
                 bad.append(f"{path.relative_to(ROOT)} imports adjcap.jobs.api")
     assert not bad, "\n".join(bad)
-
-
-def test_no_import_cycles_between_modules():
-    """A package's __init__ re-exporting its submodules is not a cycle; everything else is."""
-    mods = _sources()
-    edges = _internal_edges(mods)
-    for m in mods:  # a package may import its own submodules (re-exports)
-        edges[m] = {t for t in edges[m] if not t.startswith(m + ".")}
-    # an importer of a package really depends on the submodule it names; follow through __init__
-    state: dict[str, int] = {}
-    stack: list[str] = []
-    cycles: list[list[str]] = []
-
-    def visit(m: str) -> None:
-        state[m] = 1
-        stack.append(m)
-        for t in sorted(edges[m]):
-            if state.get(t) == 1:
-                cycles.append(stack[stack.index(t):] + [t])
-            elif t not in state:
-                visit(t)
-        stack.pop()
-        state[m] = 2
-
-    for m in sorted(mods):
-        if m not in state:
-            visit(m)
-    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
 
 
 def test_only_the_demo_wing_imports_the_demo():
