@@ -4,40 +4,22 @@ audit itself catches the patterns it is there to catch (issue 38 items 1-2)."""
 
 from __future__ import annotations
 
-import json
-import random
-from pathlib import Path
 
 import pytest
 import torch
 
 from adjcap.decoding import CHECK_EVERY, beam_search_fast, beam_search_reference
-from adjcap.demo.tiny_ifcap import build_tiny_ifcap, train_gpt2_tokenizer
 from adjcap.dispatch_audit import DispatchAudit, audit_decode
-from adjcap.models.ifcap import load_ifcap
-
-FIXTURES = Path(__file__).parent / "fixtures" / "data"
-CLIP_DIM = 24
-WORDS = "man woman dog cat surfboard wave beach table pizza plate bus street car tree bench park kite".split()
-
+from tiny_decoder import make_inputs, tiny_captioner
 
 @pytest.fixture(scope="module")
 def cap(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny-audit")
-    data = json.loads((FIXTURES / "coco_test_captions.json").read_text())
-    tok = train_gpt2_tokenizer([c for caps in data.values() for c in caps], root / "tok", vocab_size=400)
-    pt = build_tiny_ifcap(root / "ifcap", tok, clip_dim=CLIP_DIM, seed=42)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield load_ifcap(pt, lm_config=pt.parent, tokenizer=tok, device="cpu", mapping_heads=2)
-    torch.set_num_threads(threads)
+    yield from tiny_captioner(tmp_path_factory.mktemp("tiny-audit"))
 
 
 def prompts_for(cap, n: int, seed: int):
-    g = torch.Generator().manual_seed(seed)
-    rnd = random.Random(seed)
-    x, r = torch.randn(n, CLIP_DIM, generator=g), torch.randn(n, 5, CLIP_DIM, generator=g)
-    return cap.prompt_embeddings(cap.soft_prompt(x, r), [rnd.sample(WORDS, rnd.randint(0, 4)) for _ in range(n)])
+    x, r, ents = make_inputs(n, seed)
+    return cap.prompt_embeddings(cap.soft_prompt(x, r), ents)
 
 
 @pytest.mark.parametrize("width, max_len, batch", [(20, 20, 8), (5, 14, 6), (3, 30, None)])

@@ -4,10 +4,7 @@ what spec 5.4 says (checked against teacher-forced log-probs)."""
 
 from __future__ import annotations
 
-import json
 import math
-import random
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,35 +19,14 @@ from adjcap.decoding import (
     greedy_fast,
     greedy_reference,
 )
-from adjcap.demo.tiny_ifcap import build_tiny_ifcap, train_gpt2_tokenizer
-from adjcap.models.ifcap import load_ifcap
+from tiny_decoder import CLIP_DIM, make_inputs, tiny_captioner
 
-FIXTURES = Path(__file__).parent / "fixtures" / "data"
-CLIP_DIM = 24
 MAX_LEN = 14
-WORDS = "man woman dog cat surfboard wave beach table pizza plate bus street car tree bench park kite".split()
 
 
 @pytest.fixture(scope="module")
 def cap(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny-decode")
-    data = json.loads((FIXTURES / "coco_test_captions.json").read_text())
-    texts = [c for caps in data.values() for c in caps]
-    tok = train_gpt2_tokenizer(texts, root / "tok", vocab_size=400)
-    pt = build_tiny_ifcap(root / "ifcap", tok, clip_dim=CLIP_DIM, seed=42)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matrices: threading only adds overhead
-    yield load_ifcap(pt, lm_config=pt.parent, tokenizer=tok, device="cpu", mapping_heads=2)
-    torch.set_num_threads(threads)
-
-
-def make_inputs(n: int, seed: int):
-    g = torch.Generator().manual_seed(seed)
-    rnd = random.Random(seed)
-    x = torch.randn(n, CLIP_DIM, generator=g)
-    r = torch.randn(n, 5, CLIP_DIM, generator=g)
-    ents = [rnd.sample(WORDS, rnd.randint(0, 4)) for _ in range(n)]
-    return x, r, ents
+    yield from tiny_captioner(tmp_path_factory.mktemp("tiny-decode"))
 
 
 @pytest.fixture(scope="module")
