@@ -56,9 +56,10 @@ def stage_of(cfg: Config, key: str) -> str | None:
 def config_identity(cfg: Config) -> dict[str, dict[str, Any]]:
     """stage -> {dotted key: value} of the settings it reads (not for speed), as configured."""
     out: dict[str, dict[str, Any]] = {s: {} for s in stage_registry.names()}
+    added = {st.name: dict(st.reads.added) for st in stage_registry.stages()}
     for key, value in sorted(config_view(cfg).items()):
         stage = stage_of(cfg, key)
-        if stage is not None:
+        if stage is not None and not (key in added[stage] and added[stage][key] == value):
             out[stage][key] = value
     return out
 

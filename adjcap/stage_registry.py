@@ -47,6 +47,9 @@ class Reads:
     settings: tuple[str, ...]
     speed: tuple[str, ...] = ()
     by_content: tuple[str, ...] = ()  # read, but identified by what they lead to (an input below)
+    # settings added after runs were recorded, each with the value those runs implied: left out of the
+    # identity while they hold it, so the earlier runs keep their identities (docs/architecture.md, "Identity")
+    added: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -360,7 +363,8 @@ register(
     ),
     Stage(
         "verify", "verifier", ("verifier",),
-        Reads(("numerics", "verifier"), speed=("verifier.batch_size",)),
+        Reads(("numerics", "verifier"), speed=("verifier.batch_size",),
+              added=(("verifier.family", "blip_itm"), ("verifier.pretrained", None))),
         StageOutput(
             pa.schema([("image_id", pa.string()), ("retrieved", pa.list_(RETRIEVED)),
                        ("verified", pa.list_(VERIFIED)), ("verifier_backend", pa.string())]),

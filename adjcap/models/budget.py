@@ -30,6 +30,8 @@ CLIP_TOWERS: dict[str, dict[str, int]] = {
     "RN50x64": {"image": 420_380_352, "text": 202_877_953},
     "ViT-L-14": {"image": 303_966_208, "text": 123_650_305},
     "ViT-B-16": {"image": 86_192_640, "text": 63_428_097},
+    # SigLIP (the clip verifier family's): open_clip's timm ViT-SO400M/14 at 384 px; text with scale and bias
+    "ViT-SO400M-14-SigLIP-384": {"image": 428_225_600, "text": 449_734_898},
 }
 # Hugging Face BlipForImageTextRetrieval, ViT-L/16 at 384 px + BERT-base with cross-attention
 BLIP_ITM_LARGE = 446_128_642
@@ -41,6 +43,9 @@ BLIP_PARAMS: dict[str, int] = {
     "Salesforce/blip-itm-base-coco": BLIP_ITM_BASE,
     "Salesforce/blip-itm-base-flickr": BLIP_ITM_BASE,
 }
+# Hugging Face Blip2ForImageTextRetrieval: EVA ViT-g/14 at 224 px + the BERT-base Q-Former with 32 queries
+# (counted on the meta device from Blip2Config's defaults, the Q-Former vocabulary with [DEC]: 30,523)
+BLIP2_PARAMS: dict[str, int] = {"Salesforce/blip2-itm-vit-g": 1_115_344_642}
 # IFCap without its CLIP: GPT-2 small (124,439,808) + the mapping network (46,864,128; both counted on
 # the meta device from the released layout, spec/ifcap.md); the checkpoint file's size is used when on disk
 IFCAP_PARAMS = 124_439_808 + 46_864_128
@@ -114,10 +119,15 @@ def encoder_params(encoder: Any, towers: Iterable[str] = ("image", "text")) -> i
 
 
 def verifier_params(verifier: Any) -> int:
+    """The verifier section's model, by its family (``verifier.family``; a section without one is BLIP ITM)."""
     if not verifier.enabled:
         return 0
+    family = getattr(verifier, "family", "blip_itm")
+    if family == "clip":  # an open_clip model: verifier.model is the architecture, verifier.pretrained the weights
+        return encoder_params(verifier)
     local = local_params(verifier.model)
-    return local if local is not None else BLIP_PARAMS.get(verifier.model, 0)
+    table = BLIP2_PARAMS if family == "blip2_itm" else BLIP_PARAMS
+    return local if local is not None else table.get(verifier.model, 0)
 
 
 def captioner_params(captioner: Any) -> int:

@@ -422,7 +422,11 @@ def weights_of(cfg: Any, checkpoint: bool = True) -> list[Weights]:
         out.append(Weights(role, "file" if _is_local(value) else "hf", value, None if _is_local(value) else files))
 
     clip("retrieval encoder", cfg.retrieval.encoder)
-    if cfg.verifier.enabled:
+    if cfg.verifier.enabled and cfg.verifier.family == "clip":  # an open_clip model (and its hub tokenizer)
+        clip("verifier", cfg.verifier)
+        if tok := hf_tokenizer_of(cfg.verifier.model):
+            hub("verifier tokenizer", tok, "tokenizer")
+    elif cfg.verifier.enabled:
         hub("verifier", cfg.verifier.model, "verifier")
         if cfg.verifier.backend == "lavis":
             hub("verifier tokenizer", cfg.verifier.tokenizer, "tokenizer")
@@ -441,6 +445,13 @@ def weights_of(cfg: Any, checkpoint: bool = True) -> list[Weights]:
             seen.add((w.kind, w.key))
             uniq.append(w)
     return uniq
+
+
+def hf_tokenizer_of(model: str) -> str | None:
+    """The Hugging Face tokenizer an open_clip architecture's text tower reads (SigLIP's), or None."""
+    import open_clip
+
+    return ((open_clip.get_model_config(model) or {}).get("text_cfg") or {}).get("hf_tokenizer_name")
 
 
 def _locate_file(w: Weights, cache_dir: str | None) -> str | None:
@@ -463,8 +474,8 @@ def _locate_open_clip(w: Weights, cache_dir: str | None) -> str | None:
 
 
 # the files a hub repo must hold locally, per what it is used as (any one of each group)
-HUB_FILES = {"verifier": (("config.json",), ("model.safetensors", "pytorch_model.bin")),
-             "tokenizer": (("tokenizer.json", "vocab.json"),)}
+HUB_FILES = {"verifier": (("config.json",), ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")),
+             "tokenizer": (("tokenizer.json", "vocab.json", "spiece.model"),)}
 
 
 def _locate_hf(w: Weights, cache_dir: str | None) -> str | None:
