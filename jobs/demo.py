@@ -12,6 +12,7 @@ from pathlib import Path
 from adjcap import lavis_env
 from adjcap.config import Config, load_config
 from adjcap.demo.tiny import QUALITY, build_tiny_world
+from adjcap.demo.tiny_judges import JUDGE_DIRS, build_tiny_judge, judge_config, judge_ready
 from adjcap.demo.tiny_lavis import build_tiny_lavis
 from adjcap.demo.world import build_demo_world, demo_corpus_texts
 from adjcap.rundir import RunDir
@@ -64,7 +65,23 @@ def prepare(cfg: Config) -> Config:
     print(f"demo judges on {q['images']} held-out scenes: retrieval CLIP recall@1/5 {r['i2t_r@1']:.2f}/{r['i2t_r@5']:.2f} "
           f"(captioner CLIP {q['captioner_clip']['i2t_r@1']:.2f}/{q['captioner_clip']['i2t_r@5']:.2f}), "
           f"BLIP ITM accuracy {v['accuracy']:.2f}")
+    tiny_judge(cfg)
     return _lavis_judge(cfg, paths["blip"])
+
+
+def tiny_judge(cfg: Config) -> None:
+    """The demo's tiny judge of ``verifier.family`` (BLIP-2 ITM, SigLIP), built on first use when the
+    config's verifier is it (the tiny world must be built: :func:`prepare`)."""
+    v = cfg.resolved().verifier
+    if not v.enabled or v.family not in JUDGE_DIRS:
+        return
+    cache = Path(cfg.resolved().paths.cache_dir)
+    if judge_config(cache, v.family) != {"family": v.family, **({"pretrained": v.pretrained} if v.pretrained else {}),
+                                         "model": v.model}:
+        return  # the user's own judge
+    if not judge_ready(cache, v.family):
+        with _step(f"tiny {v.family} judge"):
+            build_tiny_judge(cache, v.family, seed=cfg.seed)
 
 
 def _lavis_judge(cfg: Config, demo_blip: Path) -> Config:

@@ -177,7 +177,11 @@ ALTERNATIVES: dict[str, typing.Callable[[World], list[str]]] = {
     "scorer.encoder.pretrained": lambda w: [f"scorer.encoder.model={w.cfg.retrieval.encoder.model}",
                                             f"scorer.encoder.pretrained={w.copy(w.cfg.retrieval.encoder.pretrained)}"],
     "splits": lambda w: ['splits=["test"]'],
+    # another family: the captioner's tiny CLIP as an open_clip judge (verifier.family = clip)
+    "verifier.family": lambda w: [("verifier.family", "clip"), f"verifier.model={w.cfg.captioner.clip.model}",
+                                  f"verifier.pretrained={w.cfg.captioner.clip.pretrained}"],
     "verifier.model": lambda w: [f"verifier.model={w.copy(w.cfg.verifier.model)}"],
+    "verifier.pretrained": lambda w: ["verifier.pretrained=webli"],
     "verifier.tokenizer": lambda w: ["verifier.tokenizer=bert-base-cased"],
 }
 

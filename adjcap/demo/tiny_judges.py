@@ -38,12 +38,12 @@ class JudgeSettings:
 
 
 def judge_config(cache_dir: str | Path, family: str) -> dict[str, Any]:
-    """The ``verifier`` settings that load the tiny judge of ``family`` (paths under ``cache_dir``,
-    or with the ``{cache}`` placeholder when ``cache_dir`` is ``"{cache}"``)."""
-    root = f"{cache_dir}/tiny/{JUDGE_DIRS[family]}"
-    if family == "clip":
-        return {"family": "clip", "model": "adjcap-tiny-sigmoid", "pretrained": f"{root}/open_clip_model.safetensors"}
-    return {"family": family, "model": root}
+    """The ``verifier`` settings that load the tiny judge of ``family`` (``adjcap/reproduce/demo.toml``,
+    which maps a row's verifier onto it), paths under ``cache_dir``."""
+    from adjcap.reproduce.plan import demo_mapping
+
+    return {"family": family, **{k: v.replace("{cache}", str(cache_dir))
+                                 for k, v in demo_mapping()["verifier"][family].items()}}
 
 
 def _fingerprint(world: str, family: str, settings: JudgeSettings) -> str:
