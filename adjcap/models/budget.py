@@ -43,9 +43,10 @@ BLIP_PARAMS: dict[str, int] = {
     "Salesforce/blip-itm-base-coco": BLIP_ITM_BASE,
     "Salesforce/blip-itm-base-flickr": BLIP_ITM_BASE,
 }
-# Hugging Face Blip2ForImageTextRetrieval: EVA ViT-g/14 at 224 px + the BERT-base Q-Former with 32 queries
-# (counted on the meta device from Blip2Config's defaults, the Q-Former vocabulary with [DEC]: 30,523)
-BLIP2_PARAMS: dict[str, int] = {"Salesforce/blip2-itm-vit-g": 1_115_344_642}
+# Hugging Face Blip2ForImageTextRetrieval: EVA ViT-g/14 at 224 px + the BERT-base Q-Former with 32 queries and
+# its text feed-forward (counted on the meta device from Blip2Config's defaults with use_qformer_text_input and
+# the Q-Former vocabulary with [DEC], 30,523, as the ITM checkpoint's config)
+BLIP2_PARAMS: dict[str, int] = {"Salesforce/blip2-itm-vit-g": 1_172_032_258}
 # IFCap without its CLIP: GPT-2 small (124,439,808) + the mapping network (46,864,128; both counted on
 # the meta device from the released layout, spec/ifcap.md); the checkpoint file's size is used when on disk
 IFCAP_PARAMS = 124_439_808 + 46_864_128
