@@ -46,8 +46,14 @@ def judge_config(cache_dir: str | Path, family: str) -> dict[str, Any]:
                                  for k, v in demo_mapping()["verifier"][family].items()}}
 
 
+_OWN = {"blip2_itm": "blip2_", "clip": "siglip_"}  # the settings' prefix of each judge's own training
+
+
 def _fingerprint(world: str, family: str, settings: JudgeSettings) -> str:
-    doc = json.dumps({"v": VERSION, "world": world, "family": family, "settings": asdict(settings)}, sort_keys=True)
+    """The tiny world's fingerprint and the settings this judge's build reads (not the other judge's)."""
+    mine = {k: v for k, v in asdict(settings).items()
+            if not any(k.startswith(p) for f, p in _OWN.items() if f != family)}
+    doc = json.dumps({"v": VERSION, "world": world, "family": family, "settings": mine}, sort_keys=True)
     return hashlib.sha256(doc.encode()).hexdigest()[:16]
 
 
