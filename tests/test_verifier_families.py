@@ -174,3 +174,36 @@ def test_the_verifier_sweep_maps_each_family_onto_its_tiny_judge():
             == judge_config("{cache}", family)
         assert f"/tiny/{JUDGE_DIRS[family]}" in (v.pretrained or v.model)
     assert len({p.run_dir for p in plans}) == 4
+
+
+def test_a_tiny_judge_is_trained_from_the_tiny_world_and_built_once(demo_cfg, tmp_path):
+    """The demo's tiny judges (built on first use, never by make demo): BLIP-2's Q-Former trains against
+    the tiny BLIP's frozen vision tower, SigLIP's text tower against the tiny retrieval CLIP's locked
+    image tower; a second call reuses them; another training setting of one judge rebuilds that one only."""
+    from safetensors.torch import load_file
+
+    from adjcap.demo.tiny_judges import JudgeSettings, build_tiny_judge, judge_ready
+
+    shared = Path(demo_cfg.resolved().paths.cache_dir) / "tiny"
+    (tmp_path / "tiny").mkdir()
+    for entry in shared.iterdir():  # the session's tiny world, read only: the judges go beside it
+        (tmp_path / "tiny" / entry.name).symlink_to(entry)
+    small = JudgeSettings(pool_images=48, blip2_steps=3, blip2_batch=16, siglip_steps=3, siglip_batch=16,
+                          heldout_images=6)
+    blip2 = build_tiny_judge(tmp_path, "blip2_itm", settings=small)
+    siglip = build_tiny_judge(tmp_path, "clip", settings=small) / "open_clip_model.safetensors"
+    got = load_file(blip2 / "model.safetensors")
+    blip = load_file(shared / "blip-itm" / "model.safetensors")
+    vision = [k for k in blip if k.startswith("vision_model.")]
+    assert vision and all(torch.equal(got[k], blip[k]) for k in vision)  # frozen, the tiny BLIP's
+    assert not torch.equal(got["itm_head.weight"], blip["itm_head.weight"])  # trained from BLIP's start
+    sig, clip = load_file(siglip), load_file(shared / "retrieval-clip" / "open_clip_model.safetensors")
+    assert all(torch.equal(sig[k], clip[k]) for k in clip if k.startswith("visual."))  # locked image tower
+    marker = json.loads((tmp_path / "tiny" / "siglip.READY.json").read_text())
+    assert marker["training"]["steps"] == 3 and 0 <= marker["quality"]["accuracy"] <= 1
+    stamp = siglip.stat().st_mtime_ns, (blip2 / "model.safetensors").stat().st_mtime_ns
+    build_tiny_judge(tmp_path, "clip", settings=small)
+    build_tiny_judge(tmp_path, "blip2_itm", settings=small)
+    assert (siglip.stat().st_mtime_ns, (blip2 / "model.safetensors").stat().st_mtime_ns) == stamp
+    longer = JudgeSettings(**{**small.__dict__, "blip2_steps": 4})
+    assert judge_ready(tmp_path, "clip", longer) and not judge_ready(tmp_path, "blip2_itm", longer)
