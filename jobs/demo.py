@@ -22,7 +22,7 @@ from adjcap.jobs import run
 # the demo preset's model and data keys: what `on_demo_world` swaps into another preset
 DEMO_WORLD_KEYS = (
     "benchmark", "retrieval.encoder", "retrieval.shard_size", "retrieval.index_precision",
-    "verifier.model", "verifier.batch_size",
+    "verifier.family", "verifier.model", "verifier.pretrained", "verifier.batch_size",
     "captioner.checkpoint", "captioner.tokenizer", "captioner.lm_config", "captioner.mapping_heads",
     "captioner.max_len", "captioner.batch_size", "captioner.clip",
     "captioner.entities.tagger", "captioner.entities.vocabulary",
