@@ -545,7 +545,7 @@ def run_stages(cfg, n_images: int) -> dict:
     from adjcap.data.corpus import load_corpus
     from adjcap.index import CaptionIndex
     from adjcap.models.roles import load_captioner, load_retrieval_encoder, load_verifier
-    from adjcap.jobs.extract_features import read_records
+    from adjcap.run_plan import read_records
 
     recs = read_records(cfg)["test"][:n_images]
     states = [image_state.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path) for r in recs]
@@ -616,7 +616,7 @@ def run_side_by_side(cfg, n_images: int) -> dict:
     from adjcap.index import CaptionIndex
     from adjcap.models.roles import load_captioner, load_retrieval_encoder, load_verifier
     from benchmarks.paper_way import side_by_side
-    from adjcap.jobs.extract_features import read_records
+    from adjcap.run_plan import read_records
 
     recs = read_records(cfg)["test"][:n_images]
     states = [image_state.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path) for r in recs]

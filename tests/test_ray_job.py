@@ -13,7 +13,7 @@ from rows_agree import assert_rows_agree
 from adjcap.pipeline import run_pipeline
 from adjcap.rundir import RunDir
 from adjcap.jobs import run
-from adjcap.jobs.extract_features import read_records
+from adjcap.run_plan import read_records
 
 pytestmark = pytest.mark.slow
 
@@ -83,7 +83,7 @@ def test_a_gpu_less_job_runs_one_fused_pool(job):
 
 def test_one_row_per_image_no_duplicates(job):
     cfg, run_dir, _ = job
-    records = read_records(cfg)
+    records = read_records(cfg.resolved())
     assert (run_dir / "config.toml").exists()
     for split, recs in records.items():
         ids = _ids(run_dir, cfg, split)
@@ -118,7 +118,7 @@ def test_rerun_does_no_work_and_deleting_a_part_restores_exactly_it(job):
 
 def test_ray_output_equals_single_process_pipeline(job):
     cfg, run_dir, _ = job
-    recs = read_records(cfg)["test"]
+    recs = read_records(cfg.resolved())["test"]
     expected = {r["image_id"]: r for r in run_pipeline(recs, cfg)}
     got = {r["image_id"]: r for r in RunDir(run_dir).read_features(cfg.benchmark, "test").to_pylist()}
     assert set(got) == set(expected)
