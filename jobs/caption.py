@@ -56,10 +56,9 @@ def demo_world_mismatch(cfg: Config, folder: Path, benchmark: str | None = None)
     images that are not the demo world's: every image must be a file of the world's manifest
     (``images/<name>`` at the same byte size). None when they all are, or the config is not on the demo
     world. ``cfg`` resolved; ``benchmark``: the benchmark it was given for (default: its own)."""
-    rcfg = cfg
-    if (benchmark or rcfg.benchmark) != DEMO_BENCHMARK:
+    if (benchmark or cfg.benchmark) != DEMO_BENCHMARK:
         return None
-    manifest = Path(rcfg.benchmark_cfg(DEMO_BENCHMARK).images).parent / "manifest.json"
+    manifest = Path(cfg.benchmark_cfg(DEMO_BENCHMARK).images).parent / "manifest.json"
     try:
         files = json.loads(manifest.read_text()).get("files", {})
     except (OSError, ValueError):
