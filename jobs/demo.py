@@ -55,7 +55,8 @@ def prepare(cfg: Config) -> Config:
     step took (wall and this process's CPU seconds) and the judges' held-out quality. Returns ``cfg``,
     with the tiny LAVIS judge as its verifier when it asks for the ``lavis`` backend on the demo's own
     (transformers) judge."""
-    cache = Path(cfg.resolved().paths.cache_dir)
+    rcfg = cfg.resolved()  # an edge of its own: the world is built before any job plans its run
+    cache = Path(rcfg.paths.cache_dir)
     with _step("demo world"):
         build_demo_world(cache / "demo", seed=cfg.seed)
     with _step("tiny models"):
@@ -66,16 +67,17 @@ def prepare(cfg: Config) -> Config:
           f"(captioner CLIP {q['captioner_clip']['i2t_r@1']:.2f}/{q['captioner_clip']['i2t_r@5']:.2f}), "
           f"BLIP ITM accuracy {v['accuracy']:.2f}")
     tiny_judge(cfg)
-    return _lavis_judge(cfg, paths["blip"])
+    return _lavis_judge(cfg, rcfg, paths["blip"])
 
 
 def tiny_judge(cfg: Config) -> None:
     """The demo's tiny judge of ``verifier.family`` (BLIP-2 ITM, SigLIP), built on first use when the
     config's verifier is it (the tiny world must be built: :func:`prepare`)."""
-    v = cfg.resolved().verifier
+    rcfg = cfg.resolved()
+    v = rcfg.verifier
     if not v.enabled or v.family not in JUDGE_DIRS:
         return
-    cache = Path(cfg.resolved().paths.cache_dir)
+    cache = Path(rcfg.paths.cache_dir)
     if judge_config(cache, v.family) != {"family": v.family, **({"pretrained": v.pretrained} if v.pretrained else {}),
                                          "model": v.model}:
         return  # the user's own judge
@@ -84,13 +86,14 @@ def tiny_judge(cfg: Config) -> None:
             build_tiny_judge(cache, v.family, seed=cfg.seed)
 
 
-def _lavis_judge(cfg: Config, demo_blip: Path) -> Config:
+def _lavis_judge(cfg: Config, rcfg: Config, demo_blip: Path) -> Config:
     """``verifier.backend = "lavis"`` needs a LAVIS ``.pth``; on the demo's transformers judge it gets the
-    demo's tiny LAVIS BlipITM (built once in the LAVIS environment, which is built first if needed)."""
+    demo's tiny LAVIS BlipITM (built once in the LAVIS environment, which is built first if needed).
+    ``rcfg``: ``cfg`` resolved."""
     v = cfg.verifier
-    if not (v.enabled and v.backend == "lavis") or Path(cfg.resolved().verifier.model) != demo_blip:
+    if not (v.enabled and v.backend == "lavis") or Path(rcfg.verifier.model) != demo_blip:
         return cfg
-    cache = Path(cfg.resolved().paths.cache_dir)
+    cache = Path(rcfg.paths.cache_dir)
     with _step("LAVIS environment"):
         lavis_env.build(cache)
     with _step("tiny LAVIS judge"):
