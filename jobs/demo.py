@@ -66,14 +66,13 @@ def prepare(cfg: Config) -> Config:
     print(f"demo judges on {q['images']} held-out scenes: retrieval CLIP recall@1/5 {r['i2t_r@1']:.2f}/{r['i2t_r@5']:.2f} "
           f"(captioner CLIP {q['captioner_clip']['i2t_r@1']:.2f}/{q['captioner_clip']['i2t_r@5']:.2f}), "
           f"BLIP ITM accuracy {v['accuracy']:.2f}")
-    tiny_judge(cfg)
+    tiny_judge(rcfg)
     return _lavis_judge(cfg, rcfg, paths["blip"])
 
 
-def tiny_judge(cfg: Config) -> None:
+def tiny_judge(rcfg: Config) -> None:
     """The demo's tiny judge of ``verifier.family`` (BLIP-2 ITM, SigLIP), built on first use when the
-    config's verifier is it (the tiny world must be built: :func:`prepare`)."""
-    rcfg = cfg.resolved()
+    config's verifier is it (the tiny world must be built: :func:`prepare`). ``rcfg``: resolved."""
     v = rcfg.verifier
     if not v.enabled or v.family not in JUDGE_DIRS:
         return
@@ -83,7 +82,7 @@ def tiny_judge(cfg: Config) -> None:
         return  # the user's own judge
     if not judge_ready(cache, v.family):
         with _step(f"tiny {v.family} judge"):
-            build_tiny_judge(cache, v.family, seed=cfg.seed)
+            build_tiny_judge(cache, v.family, seed=rcfg.seed)
 
 
 def _lavis_judge(cfg: Config, rcfg: Config, demo_blip: Path) -> Config:

@@ -75,7 +75,7 @@ def main(table_key: str, benchmark: str | None = None, sets: list[str] | tuple[s
         demo.prepare(runs[0].cfg)
         for p in runs:  # each row's tiny judge of its verifier family, built on first use
             if p.benchmark == DEMO:
-                demo.tiny_judge(p.cfg)
+                demo.tiny_judge(p.resolved)
     for p in runs:  # rows that cannot run here are said before Ray starts, and skipped
         why = preflight.problems(p.resolved)
         if why:
