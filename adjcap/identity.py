@@ -52,17 +52,17 @@ def stage_of(cfg: Config, key: str) -> str | None:
         stage, reads = st.name, st.reads
         names = [p.replace("{benchmark}", cfg.benchmark) for p in reads.settings]
         if any(_covers(p, key) for p in names):
-            return None if any(_covers(p, key) for p in reads.speed + reads.by_content) else stage
+            skip = reads.speed + reads.by_content + (reads.unread(cfg) if reads.unread else ())
+            return None if any(_covers(p, key) for p in skip) else stage
     return None
 
 
 def config_identity(cfg: Config) -> dict[str, dict[str, Any]]:
     """stage -> {dotted key: value} of the settings it reads (not for speed), as configured."""
     out: dict[str, dict[str, Any]] = {s: {} for s in stage_registry.names()}
-    added = {st.name: dict(st.reads.added) for st in stage_registry.stages()}
     for key, value in sorted(config_view(cfg).items()):
         stage = stage_of(cfg, key)
-        if stage is not None and not (key in added[stage] and added[stage][key] == value):
+        if stage is not None:
             out[stage][key] = value
     return out
 

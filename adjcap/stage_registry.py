@@ -47,9 +47,8 @@ class Reads:
     settings: tuple[str, ...]
     speed: tuple[str, ...] = ()
     by_content: tuple[str, ...] = ()  # read, but identified by what they lead to (an input below)
-    # settings added after runs were recorded, each with the value those runs implied: left out of the
-    # identity while they hold it, so the earlier runs keep their identities (docs/architecture.md, "Identity")
-    added: tuple[tuple[str, Any], ...] = ()
+    # the keys under ``settings`` this config does not read (another family's settings): not in its identity
+    unread: Callable[["Config"], tuple[str, ...]] | None = None
 
 
 @dataclass(frozen=True)
@@ -339,6 +338,13 @@ def _score(states: list[ImageState], m: Mapping[str, Any], cfg: "Config") -> Non
 
 _ENC_SPEED = ("image_batch_size", "text_batch_size")
 
+
+def _verifier_unread(cfg: "Config") -> tuple[str, ...]:
+    """The verifier keys its family does not read: BLIP ITM neither ``family`` nor ``pretrained`` (so the
+    runs from before verifier families keep their identities), BLIP-2 not ``pretrained``."""
+    return {"blip_itm": ("verifier.family", "verifier.pretrained"), "blip2_itm": ("verifier.pretrained",),
+            "clip": ()}[cfg.verifier.family]
+
 register(
     Family("retrieval", _load_retrieval, _size_retrieval),
     Family("index", _load_index, _nothing),
@@ -363,8 +369,7 @@ register(
     ),
     Stage(
         "verify", "verifier", ("verifier",),
-        Reads(("numerics", "verifier"), speed=("verifier.batch_size",),
-              added=(("verifier.family", "blip_itm"), ("verifier.pretrained", None))),
+        Reads(("numerics", "verifier"), speed=("verifier.batch_size",), unread=_verifier_unread),
         StageOutput(
             pa.schema([("image_id", pa.string()), ("retrieved", pa.list_(RETRIEVED)),
                        ("verified", pa.list_(VERIFIED)), ("verifier_backend", pa.string())]),
