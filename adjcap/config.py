@@ -125,7 +125,32 @@ class EntityCfg(_Strict):
     classifier_temperature: float = Field(0.01, description="clip_classifier: softmax temperature over the vocabulary")
 
 
+class HfCaptionerCfg(_Strict):
+    """captioner.family = hf: a transformers image-to-text model that beam-searches."""
+
+    model: str = Field("Salesforce/blip-image-captioning-large",
+                       description="hub id or save_pretrained directory of a BlipForConditionalGeneration, "
+                       "GitForCausalLM or VisionEncoderDecoderModel")
+    prompt: str | None = Field(None, description="text the caption continues (BLIP: 'a picture of'); None: "
+                               "the model's own start; the caption is the continuation only")
+
+
+class CandidatesCfg(_Strict):
+    """captioner.family = candidates: captions from any system, read from a file (adjcap.data.candidates)."""
+
+    file: str | None = Field(None, description="JSONL or Parquet: one row per image {image, candidates, "
+                             "logprobs (optional)}; `adjcap caption DIR --candidates FILE` sets it")
+    lm: str = Field("gpt2", description="the LM judge where a row has no logprobs: a text-only causal LM "
+                    "(hub id or directory) scoring each candidate")
+    lm_batch_size: int = Field(32, gt=0, description="candidates per forward pass of the LM judge")
+
+
 class CaptionerCfg(_Strict):
+    family: Literal["ifcap", "hf", "candidates"] = Field(
+        "ifcap", description="which captioner makes the candidates: IFCap (the settings below), a transformers "
+        "model (captioner.hf) or a file of candidates (captioner.candidates); adjcap.captioners")
+    hf: HfCaptionerCfg = Field(default_factory=HfCaptionerCfg)
+    candidates: CandidatesCfg = Field(default_factory=CandidatesCfg)
     checkpoint: str = Field("{data}/ifcap/checkpoints/train_coco/coco-indomain-004.pt",
                             description="the released IFCap checkpoint (.pt), loaded strictly")
     clip: EncoderCfg = Field(default_factory=lambda: EncoderCfg(model="ViT-B-32", pretrained="openai"))

@@ -190,9 +190,11 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("index", ("adjcap.index",)),
     # one image through the stages: its state, the stage functions, the stage registry (stages and model
     # families as data) and the pools it lays out, identities, the stage cache, the in-process pipeline
-    # and what made a run (provenance), and where a pool's last actor writes its batch (batch_sink)
+    # and what made a run (provenance), and where a pool's last actor writes its batch (batch_sink); the
+    # captioner families stage 3 picks from (captioners)
     ("stages", ("adjcap.image_state", "adjcap.stages", "adjcap.stage_registry", "adjcap.pools", "adjcap.identity",
-                "adjcap.stage_cache", "adjcap.pipeline", "adjcap.provenance", "adjcap.batch_sink")),
+                "adjcap.stage_cache", "adjcap.pipeline", "adjcap.provenance", "adjcap.batch_sink",
+                "adjcap.captioners")),
     # the learned rerankers over the feature table
     ("rerank", ("adjcap.rerank",)),
     # Java and the jars it runs: found and trusted, shared by needs, prepare and the metrics
