@@ -184,3 +184,13 @@ def match_records(table: CandidateTable, records: Iterable[Any], images_root: st
             raise CandidatesError(f"{table.source}:{s.line}: image '{s.image}' is not in the benchmark (its images "
                                   "are named by their path under the image folder or their id)")
     return out
+
+
+def write_candidates(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> Path:
+    """Rows ``{image, candidates, logprobs?, n_tokens?, logprob_means?}`` as a JSONL candidates file
+    (floats written in full: read back, they are the same numbers)."""
+    from adjcap.io import atomic_write_text
+
+    p = Path(path)
+    atomic_write_text(p, "".join(json.dumps(dict(r), ensure_ascii=False) + "\n" for r in rows))
+    return p
