@@ -185,7 +185,7 @@ def caption(
 
 @app.command("reproduce")
 def reproduce(
-    table: Optional[str] = typer.Argument(None, help="reproduction | scoreboard | protocols | ablation | "
+    table: Optional[str] = typer.Argument(None, help="reproduction | scoreboard | protocols | ablation | captioner-sweep | "
                                           "verifier-substrate | xdomain | chair | clipscore"),
     benchmark: Optional[str] = typer.Option(None, help="run every row on this benchmark (demo: the demo world, "
                                             "tiny models, CPU); default: the paper's"),

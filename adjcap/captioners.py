@@ -152,3 +152,18 @@ def unread(cfg: "Config") -> tuple[str, ...]:
 
     own = set(family(cfg.captioner.family).settings)
     return tuple(f"captioner.{k}" for k in CaptionerCfg.model_fields if k not in own)
+
+
+def describe(cfg: "Config") -> str:
+    """One line for a run's report on where its candidates came from (empty for IFCap, the default);
+    for a candidates file, which LM judged the candidates that came without log-probs."""
+    c = cfg.captioner
+    if c.family == "hf":
+        width = 1 if c.decoder == "greedy" else c.beam_width
+        return f"Captioner: {c.hf.model} (hf family, N-best beam of {width}" + \
+            (f", prompt '{c.hf.prompt}')" if c.hf.prompt else ")")
+    if c.family == "candidates":
+        judge = f"LM judge {c.candidates.lm} (text only) for the candidates without log-probs" \
+            if judge_needed(c) else "their log-probs from the file"
+        return f"Captioner: candidates from {c.candidates.file}; {judge}"
+    return ""

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from adjcap.captioners import describe
 from adjcap.config import load_config
 from adjcap.data.candidates import CandidatesError, CandidateTable, read_candidates
 from adjcap.image_state import ImageState
@@ -87,6 +88,9 @@ def test_the_lm_judge_scores_what_the_models_own_loss_says(judge, tmp_path):
     pq.write_table(pa.Table.from_pylist(rows), path)  # Parquet: the same columns (missing ones null)
     table = CandidateTable(read_candidates(path), str(path))
     assert table.needs_lm
+    cfg = load_config("demo", ["captioner.family=candidates", f"captioner.candidates.file={path}",
+                               f"captioner.candidates.lm={judge.model_id}"])
+    assert f"LM judge {judge.model_id} (text only)" in describe(cfg)  # what the run's report says
     states = [ImageState("a.png", "x", "test"), ImageState("b.png", "x", "test")]
     caption_candidates(states, table, judge, load_config("demo").captioner)
     assert all(s.error is None for s in states), [s.error for s in states]

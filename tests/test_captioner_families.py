@@ -61,6 +61,7 @@ def test_exported_candidates_give_the_same_picks(demo_cfg, tmp_path):
     assert fed.captioner.judge is None  # the file has every log-prob: no LM judge
     back = _run(again, fed, tmp_path / "candidates")
 
+    assert f"Captioner: candidates from {file}; their log-probs from the file" in back.report_md.read_text()
     picks, picks_back = _picks(made), _picks(back)
     assert len(picks) >= 5 and picks == picks_back
     for split in ("val", "test"):
