@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -104,3 +105,25 @@ def test_the_lm_judge_scores_what_the_models_own_loss_says(judge, tmp_path):
     assert [(c["lm_logprob_sum"], c["n_tokens"], c["lm_logprob_mean"]) for c in b.candidates] == \
         [(-2.5, 4, -0.625), (-7.0, 7, -1.0)]
     assert all(math.isnan(c["verifier"]) for s in states for c in s.candidates)  # stage 4's, still to come
+
+
+def test_caption_with_a_bad_candidates_file_is_refused_before_ray(demo_cfg, tmp_path):
+    import shutil
+
+    import ray
+    from typer.testing import CliRunner
+
+    from adjcap.cli import app
+
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    src = next(Path(demo_cfg.resolved().benchmark_cfg().images).glob("demo-test-*.png"))
+    shutil.copyfile(src, folder / "photo.png")
+    bad = _jsonl(tmp_path / "c.jsonl", [{"image": "photo.png", "candidates": ["a red ball."]},
+                                        {"image": "elsewhere.png", "candidates": ["a dog."]}])
+    res = CliRunner().invoke(app, ["caption", str(folder), "--preset", "demo", "--candidates", str(bad),
+                                   "--set", f"paths.cache_dir={demo_cfg.paths.cache_dir}"])
+    lines = [x for x in res.output.strip().splitlines() if x.startswith("error:")]
+    assert res.exit_code == 2 and len(lines) == 1, res.output
+    assert f"{bad}:2: image 'elsewhere.png' is not in the benchmark" in lines[0]
+    assert not ray.is_initialized()
