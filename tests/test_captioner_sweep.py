@@ -1,6 +1,6 @@
 """`adjcap reproduce captioner-sweep`: its rows as data (IFCap and the hf family, each LM-only /
 training-free / inductive ensemble, same judges), on the demo world the hf rows on the tiny BLIP
-captioner of the demo cache; and the paired bootstrap interval of a same-run difference."""
+captioner of the demo cache; and the paired bootstrap interval of a difference against the LM-only pick."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def test_the_sweep_runs_two_families_with_the_same_judges(tmp_path):
     assert res.exit_code == 0 and "\ncaptioner-sweep  " in res.output and "BLIP large captioning" in res.output
 
 
-def test_a_same_run_difference_gets_its_paired_interval(tmp_path):
+def test_a_difference_against_the_lm_pick_gets_its_paired_interval(tmp_path):
     table = get_table("captioner-sweep")
     run = tmp_path / "run"
     (run / "metrics").mkdir(parents=True)
@@ -45,6 +45,6 @@ def test_a_same_run_difference_gets_its_paired_interval(tmp_path):
                RowResult(rows["BLIP large captioning, LM-only pick"], "demo", "inductive", "lm", run_dir="a"),
                RowResult(rows["BLIP large captioning, inductive ensemble"], "demo", "inductive", "ensemble", run_dir="b")]
     out = paired_intervals(table, results)
-    assert [d["label"] for d in out] == ["IFCap: ensemble - LM-only"]  # the BLIP rows read two runs: no pairing
+    assert [d["label"] for d in out] == ["IFCap: ensemble - LM-only"]  # the BLIP rows' runs are not there
     d = out[0]
     assert abs(d["delta"] - 10.0) < 1e-9 and abs(d["low"] - 10.0) < 1e-9 and d["excludes_zero"] and d["images"] == 50
