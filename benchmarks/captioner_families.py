@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from adjcap import image_state, stage_registry  # noqa: E402
 from adjcap.config import load_config  # noqa: E402
 from adjcap.data.candidates import write_candidates  # noqa: E402
-from adjcap.jobs.extract_features import read_records  # noqa: E402
+from adjcap.run_plan import read_records  # noqa: E402
 from adjcap.pipeline import load_models  # noqa: E402
 
 

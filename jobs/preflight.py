@@ -73,7 +73,7 @@ def candidates_problem(cfg: Config) -> str | None:
         return None
     from adjcap.captioners import candidates_table
     from adjcap.data.candidates import CandidatesError, match_records
-    from adjcap.jobs.extract_features import read_records
+    from adjcap.run_plan import read_records
 
     try:
         table = candidates_table(cfg.captioner)

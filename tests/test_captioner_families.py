@@ -16,6 +16,7 @@ from adjcap.jobs import extract_features, fit, preflight
 from adjcap.jobs.run import finish
 from adjcap.pipeline import Models, load_models, run_pipeline
 from adjcap.rundir import RunDir
+from adjcap.run_plan import read_records
 from adjcap.samples import candidates_of
 from adjcap.stage_cache import stage_identities
 from adjcap import stage_registry
@@ -27,14 +28,14 @@ def _run(cfg, models, path) -> RunDir:
     """What `adjcap run-job` does, with the features from the in-process pipeline."""
     rcfg = cfg.resolved()
     run = RunDir(path)
-    records = extract_features.read_records(rcfg)
+    records = read_records(rcfg)
     with run.lock():
         run.write_config(cfg.to_toml())
         extract_features.write_references(run, rcfg.benchmark, records)
         for split, recs in records.items():
             run.write_part(rcfg.benchmark, split, rows_to_table(run_pipeline(recs, rcfg, models)))
         fit.main(rcfg, run)
-        finish(cfg, rcfg, run, records)
+        finish(rcfg, run, records)
     return run
 
 
@@ -81,7 +82,7 @@ def test_an_hf_captioner_runs_through_the_pipeline(demo_cfg, tmp_path):
     hf = load_config("demo", [*base, "captioner.family=hf", f"captioner.hf.model={model}"]).resolved()
     models = load_models(ifcap)
     models.captioner = stage_registry.family("captioner").load(hf, None)
-    rows = run_pipeline(extract_features.read_records(hf)["test"], hf, models)
+    rows = run_pipeline(read_records(hf)["test"], hf, models)
     assert all(r["error"] is None for r in rows), [r["error"] for r in rows]
     for r in rows:
         assert [c["beam_rank"] for c in r["candidates"]] == [0, 1, 2] and r["entities"] == []
