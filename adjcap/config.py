@@ -144,6 +144,15 @@ class CandidatesCfg(_Strict):
                     "(hub id or directory) scoring each candidate")
     lm_batch_size: int = Field(32, gt=0, description="candidates per forward pass of the LM judge")
 
+    @field_validator("file")
+    @classmethod
+    def _absolute(cls, v: str | None) -> str | None:
+        """A relative path is taken from the working directory, once: the run's identity then counts the
+        file by its content (adjcap.identity.content_id reads paths, not bare names)."""
+        if v and "{" not in v and not v.startswith("~") and not os.path.isabs(v):
+            return os.path.abspath(v)
+        return v
+
 
 class CaptionerCfg(_Strict):
     family: Literal["ifcap", "hf", "candidates"] = Field(

@@ -127,3 +127,13 @@ def test_caption_with_a_bad_candidates_file_is_refused_before_ray(demo_cfg, tmp_
     assert res.exit_code == 2 and len(lines) == 1, res.output
     assert f"{bad}:2: image 'elsewhere.png' is not in the benchmark" in lines[0]
     assert not ray.is_initialized()
+
+
+def test_a_relative_candidates_file_is_made_absolute_so_its_identity_is_its_content(tmp_path, monkeypatch):
+    from adjcap.identity import content_id
+
+    monkeypatch.chdir(tmp_path)
+    _jsonl(tmp_path / "mine.jsonl", [GOOD])
+    cfg = load_config("demo", ["captioner.family=candidates", "captioner.candidates.file=mine.jsonl"])
+    assert cfg.captioner.candidates.file == str(tmp_path / "mine.jsonl")
+    assert content_id(cfg.captioner.candidates.file).startswith("file:")  # a rewritten file changes the identity

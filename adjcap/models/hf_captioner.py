@@ -27,7 +27,7 @@ CLASSES = {"blip": "BlipForConditionalGeneration", "git": "GitForCausalLM",
            "vision-encoder-decoder": "VisionEncoderDecoderModel"}
 # the beam search's mean log-prob against the teacher-forced one: more apart is a model whose generate
 # scores something else (a logits processor this module does not know): refused, not reported wrong
-SCORE_TOLERANCE = 1e-3
+SCORE_TOLERANCE = {torch.float32: 1e-3, torch.float16: 3e-2, torch.bfloat16: 3e-2}  # relative, by precision
 
 
 class BeamScoreMismatch(RuntimeError):
@@ -130,7 +130,8 @@ class HfCaptioner:
                         length -= 1
                 total = float(logp[k, p - 1 : p - 1 + length].double().sum())
                 mean = total / max(length, 1)
-                if scores is not None and abs(float(scores[k]) - mean) > SCORE_TOLERANCE * max(1.0, abs(mean)):
+                tol = SCORE_TOLERANCE.get(self.dtype, 3e-2) * max(1.0, abs(mean))
+                if scores is not None and abs(float(scores[k]) - mean) > tol:
                     raise BeamScoreMismatch(
                         f"{self.model_id}: the teacher-forced mean log-prob {mean:.5f} of beam {r} differs from "
                         f"the beam search's score {float(scores[k]):.5f}; its generation config scores beams "
