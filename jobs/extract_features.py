@@ -10,7 +10,6 @@ name and renamed, so a crash never leaves a part that looks complete."""
 
 from __future__ import annotations
 
-import pickle
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -20,10 +19,11 @@ from ray.data import ActorPoolStrategy, TaskPoolStrategy
 
 from adjcap import pools as pool_layout
 from adjcap import stage_registry
+from adjcap.actors import transport
 from adjcap.actors.decode import decode_batch
 from adjcap.actors.lavis import LavisScorerActor, LavisVerifierActor
 from adjcap.actors.pool import actor_class
-from adjcap.batch_sink import Sink
+from adjcap.batch_sink import Sink, count_done
 from adjcap.config import Config
 from adjcap.data.benchmarks import read_benchmark, split_annotations
 from adjcap.data.records import Record
@@ -37,6 +37,9 @@ from adjcap.image_state import ImageState, decode_state
 from adjcap.jobs.encode_corpus import index_for
 from adjcap.jobs.progress_display import tracked
 from adjcap.jobs.ray_session import check_pools, has_gpus
+
+
+BLOCK_BATCHES = 4  # the most batches in one block (block_rows)
 
 
 @dataclass(frozen=True)
@@ -160,12 +163,9 @@ def extract_features(cfg: Config, run: RunDir, records: dict[str, list[Record]],
         sink = Sink.for_run(run, cfg.benchmark, cache)
         with tracked(cfg.ray, "features", stream_stages(cfg, first, gpu), len(rest)) as board:
             ds = _stream(cfg, corpus, rest, found, first, gpu, board, sink)
-            # the workers wrote the parts and the stage cache; the driver only counts
-            for batch in ds.iter_batches(batch_format="numpy", batch_size=None):
-                for split, error, stages in zip(batch["split"], batch["error"], batch["computed"]):
-                    summary[split]["failed" if error else "done"] += 1
-                    for stage in stages.split(",") if stages else ():
-                        computed[stage] += 1
+            # the workers wrote the parts and the stage cache; the driver only counts, with Arrow
+            for table in ds.iter_batches(batch_format="pyarrow", batch_size=None):
+                count_done(table, summary, computed)
     for split in list(buffers):
         flush(split)
     if cache is not None:
@@ -187,22 +187,32 @@ def decode_tasks(cfg: Config) -> int:
     return cfg.ray.decode_tasks or 2 * cfg.ray.workers
 
 
+def block_rows(images: int, batch_size: int, slots: int) -> int:
+    """Rows per Ray Data block: a multiple of the batch size (every batch full but the job's last), up
+    to ``BLOCK_BATCHES`` batches, so the job's blocks number at least twice the tasks that can run at
+    once (``slots``: decode tasks or pool actors). Fewer, larger blocks cost the driver's executor less
+    per image (BENCHMARKS.md, "The driver off the image path")."""
+    k = max(1, min(BLOCK_BATCHES, images // (batch_size * 2 * max(slots, 1))))
+    return k * batch_size
+
+
 def _stream(cfg: Config, corpus, todo: list[Record], found: dict, first: int, gpu: bool, board=None,
             sink: Sink | None = None):
     """decode -> the pools from stage index ``first`` on, as a Ray dataset: of packed states, or, with
     ``sink``, of what the last pool's actors wrote (:func:`adjcap.batch_sink.done_columns`)."""
     bs = cfg.ray.batch_size
-    exif = cfg.benchmark_cfg().applies_exif()
-    items = [
-        {"image_id": r.image_id, "image_path": r.image_path or "", "error": r.error or "", "split": r.split,
-         "domain": r.domain or "", "benchmark": cfg.benchmark, "exif": exif,
-         "cached": pickle.dumps(found[r.image_id]) if r.image_id in found else b""}
-        for r in todo
-    ]
-    ds = ray.data.from_items(items, override_num_blocks=max(1, min(len(items) // bs, 200)))
+    n = len(todo)
+    table = transport.records(
+        {"image_id": [r.image_id for r in todo], "benchmark": [cfg.benchmark] * n,
+         "split": [r.split for r in todo], "domain": [r.domain or None for r in todo],
+         "error": [r.error or None for r in todo], "image_path": [r.image_path for r in todo],
+         "exif": [cfg.benchmark_cfg().applies_exif()] * n},
+        [found.get(r.image_id) for r in todo] if found else None)
+    rows = block_rows(n, bs, max(decode_tasks(cfg), sum(pool_layout.actors(cfg, p.pool) for p in pools(cfg, first, gpu))))
+    ds = ray.data.from_arrow([table.slice(i, rows) for i in range(0, n, rows)])
     # bounded: unbounded, Ray Data starts one decode process per free decode_cpus of the cluster (23 on
     # two 8-CPU nodes, ~0.8 GiB each), far more than the pools can take images from
-    ds = ds.map_batches(decode_batch, fn_kwargs={"board": board}, batch_size=bs, batch_format="numpy",
+    ds = ds.map_batches(decode_batch, fn_kwargs={"board": board}, batch_size=bs, batch_format="pyarrow",
                         num_cpus=cfg.ray.decode_cpus, compute=TaskPoolStrategy(size=decode_tasks(cfg)))
     plan = check_pools(cfg, first)
     index_ref = None
@@ -216,7 +226,7 @@ def _stream(cfg: Config, corpus, todo: list[Record], found: dict, first: int, gp
                 index_ref = ray.put(shared_index(index_for(cfg, corpus), corpus.texts))
             kwargs["given"] = {**kwargs["given"], "index": index_ref}
         ds = ds.map_batches(
-            p.actor, fn_constructor_kwargs=kwargs, batch_size=bs, batch_format="numpy",
+            p.actor, fn_constructor_kwargs=kwargs, batch_size=bs, batch_format="pyarrow",
             compute=ActorPoolStrategy(size=pool_layout.actors(cfg, p.pool)), **plan[p.pool], **p.options,
         )
     return ds
