@@ -26,7 +26,8 @@ every 0.5 s for the subprocess and everything below it (the raylet and Ray's wor
   image: what would cap a GPU run, where the actors' compute shrinks and this does not;
 * ``driver_ms_per_image``: the driver process's own CPU (all its threads) while it extracted features
   (``driver_cpu_s`` of the run's ``features/summary.json``, taken by the job itself around feature
-  extraction, so the CLI's start and Ray's start do not count) per image;
+  extraction, so the CLI's start and Ray's start do not count) per image, and by thread
+  (``driver_ms_per_image_by_thread``: ``driver_cpu_s_by_thread`` of the same summary);
 * ``index_resident_gib_per_node``: the retriever actors' private memory summed plus the shared pages of
   the index once (adjcap.index.shared), at the phase's peak;
 * ``bytes_written``: growth of the run directory and the index; ``spilled_bytes``: what Ray reports.
@@ -339,6 +340,8 @@ def one(work: Path, n: int, m: int, workers: int, fresh: bool, batch_size: int, 
         "framework_ms_per_image": 1000 * feats["framework_cpu_s"] / images,
         "driver_ms_per_image": None if driver_cpu is None else 1000 * driver_cpu / images,
         "driver_main_thread_ms_per_image": None if driver_main is None else 1000 * driver_main / images,
+        # the same CPU by thread (Ray Data's executor, Ray's C++ threads, the main thread), in ms per image
+        "driver_ms_per_image_by_thread": {k: 1000 * v / images for k, v in fsum.get("driver_cpu_s_by_thread", {}).items()},
         "extraction_s": fsum.get("seconds"),
         "report_html_bytes": du(run_dir / "report.html") if not features_only else None,
     }

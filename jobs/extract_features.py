@@ -34,6 +34,7 @@ from adjcap.lavis_env import runtime_env as lavis_runtime_env
 from adjcap.rundir import RunDir
 from adjcap.stage_cache import StageCache, apply_outputs
 from adjcap.image_state import ImageState, decode_state
+from adjcap.jobs.driver_threads import ThreadCPU
 from adjcap.jobs.encode_corpus import index_for
 from adjcap.jobs.progress_display import tracked
 from adjcap.jobs.ray_session import check_pools, has_gpus
@@ -236,12 +237,14 @@ def main(cfg: Config, run: RunDir, records: dict[str, list[Record]], resume: boo
     """Inside a Ray session: extract what is missing, write and print the summary."""
     t0, cpu0, main0 = time.time(), time.process_time(), time.thread_time()
     stage_stats: dict = {}
-    summary = extract_features(cfg, run, records, resume=resume, stage_stats=stage_stats)
+    with ThreadCPU() as threads:
+        summary = extract_features(cfg, run, records, resume=resume, stage_stats=stage_stats)
     dt = time.time() - t0
     # the driver process's own CPU (every thread: Ray Data's executor too) while it extracted features
-    # (and of its main thread alone: what it does per image itself, without Ray's threads)
+    # (and of its main thread alone: what it does per image itself, without Ray's threads; and by thread)
     run.write_summary({"splits": summary, "seconds": dt, "driver_cpu_s": time.process_time() - cpu0,
-                       "driver_main_thread_cpu_s": time.thread_time() - main0, "stages": stage_stats})
+                       "driver_main_thread_cpu_s": time.thread_time() - main0,
+                       "driver_cpu_s_by_thread": threads.by_name(), "stages": stage_stats})
     for split, s in summary.items():
         print(f"features {cfg.benchmark}-{split}: {s['images']} images, {s['done']} done, "
               f"{s['failed']} failed, {s['skipped']} already written")
