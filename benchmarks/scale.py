@@ -62,7 +62,7 @@ GIB = float(2**30)
 WIDTH = 1280  # ViT-bigG-14's embedding width
 COCO_CORPUS = 566_747
 BENCH = "scale"
-BATCH = 16  # ray.batch_size of a real run (the headline preset's)
+BATCH = 16  # ray.batch_size of a real run without GPUs (unset: 16 without GPUs, 64 with)
 SWEEP_N = (500, 1500, 5000)
 SWEEP_M = (50_000, COCO_CORPUS)
 

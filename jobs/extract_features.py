@@ -10,6 +10,7 @@ name and renamed, so a crash never leaves a part that looks complete."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -189,10 +190,11 @@ def decode_tasks(cfg: Config) -> int:
 
 
 def block_rows(images: int, batch_size: int, slots: int) -> int:
-    """Rows per Ray Data block: a multiple of the batch size (every batch full but the job's last), up
-    to ``BLOCK_BATCHES`` batches, so the job's blocks number at least twice the tasks that can run at
-    once (``slots``: decode tasks or pool actors). Fewer, larger blocks cost the driver's executor less
-    per image (BENCHMARKS.md, "The driver off the image path")."""
+    """Rows per Ray Data block: a multiple of ``batch_size`` (the least common multiple of the pools'
+    batch sizes: every batch full but the job's last), up to ``BLOCK_BATCHES`` of them, so the job's
+    blocks number at least twice the tasks that can run at once (``slots``: decode tasks or pool actors).
+    Fewer, larger blocks cost the driver's executor less per image (BENCHMARKS.md, "The driver off the
+    image path")."""
     k = max(1, min(BLOCK_BATCHES, images // (batch_size * 2 * max(slots, 1))))
     return k * batch_size
 
@@ -201,7 +203,9 @@ def _stream(cfg: Config, corpus, todo: list[Record], found: dict, first: int, gp
             sink: Sink | None = None):
     """decode -> the pools from stage index ``first`` on, as a Ray dataset: of packed states, or, with
     ``sink``, of what the last pool's actors wrote (:func:`adjcap.batch_sink.done_columns`)."""
-    bs = cfg.ray.batch_size
+    layout = pools(cfg, first, gpu)
+    sizes = {p.pool: pool_layout.batch_size(cfg, p.pool, gpu) for p in layout}
+    bs = pool_layout.batch_size(cfg, None, gpu)  # the decode tasks'
     n = len(todo)
     table = transport.records(
         {"image_id": [r.image_id for r in todo], "benchmark": [cfg.benchmark] * n,
@@ -209,7 +213,8 @@ def _stream(cfg: Config, corpus, todo: list[Record], found: dict, first: int, gp
          "error": [r.error or None for r in todo], "image_path": [r.image_path for r in todo],
          "exif": [cfg.benchmark_cfg().applies_exif()] * n},
         [found.get(r.image_id) for r in todo] if found else None)
-    rows = block_rows(n, bs, max(decode_tasks(cfg), sum(pool_layout.actors(cfg, p.pool) for p in pools(cfg, first, gpu))))
+    rows = block_rows(n, math.lcm(bs, *sizes.values()),
+                      max(decode_tasks(cfg), sum(pool_layout.actors(cfg, p.pool) for p in layout)))
     ds = ray.data.from_arrow([table.slice(i, rows) for i in range(0, n, rows)])
     # bounded: unbounded, Ray Data starts one decode process per free decode_cpus of the cluster (23 on
     # two 8-CPU nodes, ~0.8 GiB each), far more than the pools can take images from
@@ -217,7 +222,7 @@ def _stream(cfg: Config, corpus, todo: list[Record], found: dict, first: int, gp
                         num_cpus=cfg.ray.decode_cpus, compute=TaskPoolStrategy(size=decode_tasks(cfg)))
     plan = check_pools(cfg, first)
     index_ref = None
-    for p in pools(cfg, first, gpu):
+    for p in layout:
         kwargs = {"cfg": cfg, "board": board, **p.kwargs}
         if sink is not None and p.kwargs.get("last"):
             kwargs["sink"] = sink
@@ -227,7 +232,7 @@ def _stream(cfg: Config, corpus, todo: list[Record], found: dict, first: int, gp
                 index_ref = ray.put(shared_index(index_for(cfg, corpus), corpus.texts))
             kwargs["given"] = {**kwargs["given"], "index": index_ref}
         ds = ds.map_batches(
-            p.actor, fn_constructor_kwargs=kwargs, batch_size=bs, batch_format="pyarrow",
+            p.actor, fn_constructor_kwargs=kwargs, batch_size=sizes[p.pool], batch_format="pyarrow",
             compute=ActorPoolStrategy(size=pool_layout.actors(cfg, p.pool)), **plan[p.pool], **p.options,
         )
     return ds
