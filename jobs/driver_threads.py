@@ -1,5 +1,5 @@
 """Where the driver's CPU goes, by thread (BENCHMARKS.md, "The driver off the image path"): a sampler
-reads ``/proc/self/task/*/stat`` once a second while a phase runs and keeps each thread's last CPU
+reads ``/proc/self/task/*/stat`` every 5 s while a phase runs and keeps each thread's last CPU
 seconds, so threads that end before the phase does (Ray Data's executor) still count. Python threads
 are named by their ``threading`` name, Ray's C++ threads by their kernel name; digits are dropped, so
 threads of one kind add up. Linux only (elsewhere: empty)."""
@@ -35,7 +35,7 @@ def _tasks() -> dict[int, tuple[str, float]]:
 class ThreadCPU(threading.Thread):
     """``with ThreadCPU() as t: ...`` then ``t.by_name()``: CPU seconds per kind of thread in the block."""
 
-    def __init__(self, every: float = 1.0):
+    def __init__(self, every: float = 5.0):
         super().__init__(daemon=True, name="adjcap-thread-cpu")
         self.every, self.halt = every, threading.Event()
         self.start_cpu = {tid: cpu for tid, (_, cpu) in _tasks().items()}
@@ -63,5 +63,6 @@ class ThreadCPU(threading.Thread):
     def by_name(self) -> dict[str, float]:
         out: dict[str, float] = defaultdict(float)
         for tid, (name, cpu) in self.seen.items():
-            out[re.sub(r"[-_ ]?\d+$", "", re.sub(r"\d", "", name)) or name] += cpu - self.start_cpu.get(tid, 0.0)
+            kind = re.sub(r"\d", "", name.split("-dataset_")[0])  # StreamingExecutor-dataset_<id>: its kind
+            out[kind or name] += cpu - self.start_cpu.get(tid, 0.0)
         return {k: round(v, 3) for k, v in sorted(out.items(), key=lambda kv: -kv[1]) if v > 0}
