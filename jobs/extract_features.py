@@ -22,6 +22,7 @@ from adjcap import pools as pool_layout
 from adjcap import stage_registry
 from adjcap.actors import transport
 from adjcap.actors.decode import decode_batch
+from adjcap.actors.index_task import put_index
 from adjcap.actors.lavis import LavisScorerActor, LavisVerifierActor
 from adjcap.actors.pool import actor_class
 from adjcap.batch_sink import Sink, count_done
@@ -29,7 +30,6 @@ from adjcap.config import Config
 from adjcap.data.benchmarks import read_benchmark, split_annotations
 from adjcap.data.records import Record
 from adjcap.features import rows_to_table
-from adjcap.index import shared_index
 from adjcap.index.lifecycle import search_corpus
 from adjcap.lavis_env import runtime_env as lavis_runtime_env
 from adjcap.rundir import RunDir
@@ -229,7 +229,11 @@ def _stream(cfg: Config, corpus, todo: list[Record], found: dict, first: int, gp
         if "index" in stage_registry.families_of(p.kwargs.get("stages", ())):
             # once per job; each node's retriever actors share one read-only copy (adjcap.index.shared)
             if index_ref is None:
-                index_ref = ray.put(shared_index(index_for(cfg, corpus), corpus.texts))
+                # read and put by a worker (the driver's CPU stays off the index: BENCHMARKS.md, "The
+                # driver off the image path"); its worker (torch imported) exits after it; lost with its
+                # node, Ray runs the task again
+                index_ref = ray.remote(put_index).options(num_cpus=cfg.ray.decode_cpus, max_calls=1).remote(
+                    str(index_for(cfg, corpus)), corpus.texts)
             kwargs["given"] = {**kwargs["given"], "index": index_ref}
         ds = ds.map_batches(
             p.actor, fn_constructor_kwargs=kwargs, batch_size=sizes[p.pool], batch_format="pyarrow",
