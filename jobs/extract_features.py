@@ -232,7 +232,7 @@ def _stream(cfg: Config, corpus, todo: list[Record], found: dict, first: int, gp
                 # read and put by a worker (the driver's CPU stays off the index: BENCHMARKS.md, "The
                 # driver off the image path"); its worker (torch imported) exits after it; lost with its
                 # node, Ray runs the task again
-                index_ref = ray.remote(put_index).options(num_cpus=cfg.ray.decode_cpus, max_calls=1).remote(
+                index_ref = ray.remote(num_cpus=cfg.ray.decode_cpus, max_calls=1)(put_index).remote(
                     str(index_for(cfg, corpus)), corpus.texts)
             kwargs["given"] = {**kwargs["given"], "index": index_ref}
         ds = ds.map_batches(
