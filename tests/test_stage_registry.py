@@ -15,7 +15,8 @@ from adjcap.actors import transport
 from adjcap.image_state import ImageState
 from adjcap.stage_cache import StageCache, apply_outputs, stage_identities
 from adjcap.stage_registry import Family, Reads, Stage, StageOutput
-from adjcap.jobs.extract_features import read_records, stream_stages
+from adjcap.jobs.extract_features import stream_stages
+from adjcap.run_plan import read_records
 
 LOADS: list[str] = []  # the toy family's loads, in this process
 
