@@ -137,7 +137,41 @@ class EntityCfg(_Strict):
     classifier_temperature: float = Field(0.01, description="clip_classifier: softmax temperature over the vocabulary")
 
 
+class HfCaptionerCfg(_Strict):
+    """captioner.family = hf: a transformers image-to-text model that beam-searches."""
+
+    model: str = Field("Salesforce/blip-image-captioning-large",
+                       description="hub id or save_pretrained directory of a BlipForConditionalGeneration, "
+                       "GitForCausalLM or VisionEncoderDecoderModel")
+    prompt: str | None = Field(None, description="text the caption continues (BLIP: 'a picture of'); None: "
+                               "the model's own start; the caption is the continuation only")
+
+
+class CandidatesCfg(_Strict):
+    """captioner.family = candidates: captions from any system, read from a file (adjcap.data.candidates)."""
+
+    file: str | None = Field(None, description="JSONL or Parquet: one row per image {image, candidates, "
+                             "logprobs (optional)}; `adjcap caption DIR --candidates FILE` sets it")
+    lm: str = Field("gpt2", description="the LM judge where a row has no logprobs: a text-only causal LM "
+                    "(hub id or directory) scoring each candidate")
+    lm_batch_size: int = Field(32, gt=0, description="candidates per forward pass of the LM judge")
+
+    @field_validator("file")
+    @classmethod
+    def _absolute(cls, v: str | None) -> str | None:
+        """A relative path is taken from the working directory, once: the run's identity then counts the
+        file by its content (adjcap.identity.content_id reads paths, not bare names)."""
+        if v and "{" not in v and not v.startswith("~") and not os.path.isabs(v):
+            return os.path.abspath(v)
+        return v
+
+
 class CaptionerCfg(_Strict):
+    family: Literal["ifcap", "hf", "candidates"] = Field(
+        "ifcap", description="which captioner makes the candidates: IFCap (the settings below), a transformers "
+        "model (captioner.hf) or a file of candidates (captioner.candidates); adjcap.captioners")
+    hf: HfCaptionerCfg = Field(default_factory=HfCaptionerCfg)
+    candidates: CandidatesCfg = Field(default_factory=CandidatesCfg)
     checkpoint: str = Field("{data}/ifcap/checkpoints/train_coco/coco-indomain-004.pt",
                             description="the released IFCap checkpoint (.pt), loaded strictly")
     clip: EncoderCfg = Field(default_factory=lambda: EncoderCfg(model="ViT-B-32", pretrained="openai"))
@@ -260,6 +294,8 @@ class PoolCfg(_Strict):
                                "fused: the sum of the split pools' shares)")
     cpus: float | None = Field(None, gt=0.0, description="CPUs per actor (None: 1 with GPUs, else ray.cpu_share "
                                "shrunk so that every actor fits)")
+    batch_size: int | None = Field(None, gt=0, description="images per Ray Data batch of this pool (None: "
+                                   "ray.batch_size)")
 
 
 class RayCfg(_Strict):
@@ -279,8 +315,12 @@ class RayCfg(_Strict):
     decode_cpus: float = Field(0.25, gt=0.0, description="CPUs per image-decoding task")
     decode_tasks: int | None = Field(None, gt=0, description="image-decoding tasks at once, cluster-wide (each is "
                                      "a worker process holding torch); None: 2 x workers")
-    batch_size: int = Field(16, gt=0, description="images per Ray Data batch")
+    batch_size: int | None = Field(None, gt=0, description="images per Ray Data batch of every pool (ray.pool.<pool>."
+                                   "batch_size overrides one pool's); None: 64 on a cluster with GPUs, 16 without")
     rows_per_part: int = Field(256, gt=0, description="feature rows per Parquet part file")
+    data_poll_s: float = Field(0.5, gt=0.0, le=5.0, description="seconds Ray Data's scheduler on the driver waits "
+                               "for running tasks before it looks again (Ray's own: 0.1); each look costs the "
+                               "driver CPU, whatever the images")
     verbose: bool = Field(False, description="Ray's own console output: Ray Data's operator progress and Ray's "
                           "INFO log lines, and the workers' output forwarded to the driver (--verbose)")
     progress_interval: float = Field(10.0, gt=0.0, description="seconds between progress lines when the output "

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 import numpy as np
 import pyarrow as pa
 
+from adjcap import captioners
 from adjcap.features import CANDIDATE, RETRIEVED, VERIFIED
 from adjcap.image_state import ImageState
 from adjcap.models import budget
@@ -53,12 +54,22 @@ class Reads:
 
 @dataclass(frozen=True)
 class StageOutput:
-    """What the stage cache stores of a stage: its columns (``image_id`` first), how to take them
-    from a state the stage filled and how to put them back into a fresh state."""
+    """A stage's output columns (``image_id`` first): what the stage cache stores and what travels
+    between pools (``actors/transport.py``); how to take them from a state the stage filled and how to
+    put them back into a fresh state. ``blank``: struct fields of list columns that a later stage fills
+    in the same state, stored as NaN (:meth:`stored`) but carried between pools as they are."""
 
     schema: pa.Schema
     take: Callable[[ImageState], dict[str, Any]]
     give: Callable[[ImageState, dict[str, Any]], None]
+    blank: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def stored(self, s: ImageState) -> dict[str, Any]:
+        """The columns the stage cache stores: :attr:`take`'s, with the ``blank`` fields set to NaN."""
+        out = self.take(s)
+        for col, keys in self.blank.items():
+            out[col] = _nan_scores(out[col], keys)
+        return out
 
 
 @dataclass(frozen=True)
@@ -226,16 +237,12 @@ def _size_verifier(cfg: "Config", gpu: bool, holds: frozenset[str]) -> tuple[int
 
 
 def _load_captioner(cfg: "Config", ld: Loading):
-    from adjcap.models.roles import load_captioner
-
-    return load_captioner(cfg.captioner, cfg.device)
+    """The configured captioner family's model (:mod:`adjcap.captioners`: ifcap, hf, candidates)."""
+    return captioners.family(cfg.captioner.family).load(cfg, cfg.device)
 
 
 def _size_captioner(cfg: "Config", gpu: bool, holds: frozenset[str]) -> tuple[int, int]:
-    cap = cfg.captioner
-    clip = budget.encoder_params(cap.clip)
-    own = budget.captioner_params(cap) - clip
-    return own + clip, own * _precision(cap.precision, gpu) + clip * _precision(cap.clip.precision, gpu)
+    return captioners.family(cfg.captioner.family).size(cfg, gpu)
 
 
 def _load_scorer(cfg: "Config", ld: Loading):
@@ -323,10 +330,7 @@ def _verify(states: list[ImageState], m: Mapping[str, Any], cfg: "Config") -> No
 
 
 def _caption(states: list[ImageState], m: Mapping[str, Any], cfg: "Config") -> None:
-    from adjcap import stages
-
-    c = m["captioner"]
-    stages.caption(states, c.captioner, c.clip, cfg.captioner, c.vocabulary)
+    captioners.family(cfg.captioner.family).run(states, m["captioner"], cfg)
 
 
 def _score(states: list[ImageState], m: Mapping[str, Any], cfg: "Config") -> None:
@@ -360,11 +364,11 @@ register(
         StageOutput(
             pa.schema([("image_id", pa.string()), ("retrieved", pa.list_(RETRIEVED)),
                        ("retrieval_embedding", pa.list_(pa.float32()))]),
-            # the verifier fills the retrieved captions' scores later in the same state: stored without them
-            lambda s: {"retrieved": _nan_scores(s.retrieved, ("verifier",)),
+            lambda s: {"retrieved": s.retrieved,
                        "retrieval_embedding": None if s.retrieval_embedding is None
                        else np.asarray(s.retrieval_embedding, dtype=np.float32).tolist()},
-            _give_retrieve),
+            # the verifier fills the retrieved captions' scores later in the same state: stored without them
+            _give_retrieve, blank={"retrieved": ("verifier",)}),
         _retrieve, searches_index=True,
     ),
     Stage(
@@ -381,14 +385,15 @@ register(
         "caption", "captioner", ("captioner",),
         # captioner.search is not speed-only: the reference search's beams differ (the property test)
         Reads(("numerics", "captioner"),
-              speed=("captioner.batch_size", *(f"captioner.clip.{k}" for k in _ENC_SPEED))),
+              speed=("captioner.batch_size", "captioner.candidates.lm_batch_size",
+                     *(f"captioner.clip.{k}" for k in _ENC_SPEED)),
+              unread=captioners.unread),  # the other captioner families' settings
         StageOutput(
             pa.schema([("image_id", pa.string()), ("entities", pa.list_(pa.string())), ("prompt", pa.string()),
                        ("candidates", pa.list_(CANDIDATE))]),
+            lambda s: {"entities": list(s.entities), "prompt": s.prompt, "candidates": s.candidates},
             # stage 4 fills the candidates' scores later in the same state: stored without them
-            lambda s: {"entities": list(s.entities), "prompt": s.prompt,
-                       "candidates": _nan_scores(s.candidates, SCORE_FIELDS)},
-            _give_caption),
+            _give_caption, blank={"candidates": SCORE_FIELDS}),
         _caption,
     ),
     Stage(

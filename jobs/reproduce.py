@@ -16,7 +16,7 @@ from typing import Any
 from adjcap.io import atomic_write_json, atomic_write_text
 from adjcap.report.collect import load_run
 from adjcap.report.page import table_page
-from adjcap.report.reproduced import RowResult, build_table
+from adjcap.report.reproduced import RowResult, build_table, paired_intervals
 from adjcap.reproduce import distinct_runs, get_table, plan_table
 from adjcap.reproduce.plan import DEMO, RowPlan
 from adjcap.rundir import RunDir
@@ -73,7 +73,8 @@ def main(table_key: str, benchmark: str | None = None, sets: list[str] | tuple[s
         from adjcap.jobs import demo
 
         demo.prepare(runs[0].cfg)
-        for p in runs:  # each row's tiny judge of its verifier family, built on first use
+        for p in runs:  # a second captioner family's tiny model and each row's tiny judge of its verifier
+            demo.second_captioner(p.cfg, p.resolved)  # family, built on first use (not by `make demo`)
             if p.benchmark == DEMO:
                 demo.tiny_judge(p.resolved)
     for p in runs:  # rows that cannot run here are said before Ray starts, and skipped
@@ -106,6 +107,7 @@ def main(table_key: str, benchmark: str | None = None, sets: list[str] | tuple[s
         "html": atomic_write_text(out_dir / f"{stem}.html", table_page(out_table, f"adjcap reproduce {table.key}")),
     }
     work = stage_work(plans)
+    paired = paired_intervals(table, results)
     doc = {
         "table": table.key, "benchmark": bench, "seconds": time.time() - t0,
         "rows": [{"label": r.row.label, "preset": r.row.preset, "protocol": r.protocol, "picker": r.picker,
@@ -113,10 +115,14 @@ def main(table_key: str, benchmark: str | None = None, sets: list[str] | tuple[s
                   "measured": {c.header: v for c, v in zip(table.columns, out_table.rows[i][3::3])}}
                  for i, r in enumerate(results)],
         "stage_work": work,
+        "paired_differences": paired,
         "runs": len(runs),
     }
     paths["json"] = atomic_write_json(out_dir / f"{stem}.json", doc)
     print(out_table.to_markdown())
+    for d in paired:
+        print(f"{d['label']}: CIDEr {d['delta']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}] (95% paired bootstrap over "
+              f"{d['images']} images{', excludes zero' if d['excludes_zero'] else ''})")
     print("stage work (images): computed " + ", ".join(f"{k} {v}" for k, v in work["computed"].items())
           + "; reused " + ", ".join(f"{k} {v}" for k, v in work["reused"].items()))
     print(f"table: {paths['markdown']} (.tex, .html, .json beside it)")

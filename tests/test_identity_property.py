@@ -106,7 +106,7 @@ class World:
                                                       cfg.verifier, dev, loaded={"retrieval": enc, "verifier": ver}))
             stages.score(states, sc.output, sc.verifier, sc.clipscore, reuse_image_embedding=sc.reuse_stage1)
         assert all(s.error is None for s in states), [s.error for s in states]
-        return {stage: [json.dumps(stage_registry.stage(stage).output.take(s), sort_keys=True, default=str) for s in states]
+        return {stage: [json.dumps(stage_registry.stage(stage).output.stored(s), sort_keys=True, default=str) for s in states]
                 for stage in STAGES[:n_stages]}
 
 
@@ -144,7 +144,11 @@ ALTERNATIVES: dict[str, typing.Callable[[World], list[str]]] = {
     "captioner.clip.model": lambda w: ["captioner.clip.model=adjcap-tiny-clip-large"],
     # alone: without the open_clip_config.json beside it, the file loads as another model
     "captioner.clip.pretrained": lambda w: [f"captioner.clip.pretrained={w.copy(w.cfg.captioner.clip.pretrained, alone=True)}"],
+    "captioner.candidates.file": lambda w: [f"captioner.candidates.file={w.root}/candidates.jsonl"],
+    "captioner.candidates.lm": lambda w: ["captioner.candidates.lm=distilgpt2"],
     "captioner.entities.tagger": lambda w: ["captioner.entities.tagger=nltk"],
+    "captioner.hf.model": lambda w: ["captioner.hf.model=Salesforce/blip-image-captioning-base"],
+    "captioner.hf.prompt": lambda w: ["captioner.hf.prompt=a picture of"],
     "captioner.entities.vocabulary": lambda w: [f"captioner.entities.vocabulary={w.copy(w.cfg.captioner.entities.vocabulary)}"],
     "captioner.lm_config": lambda w: [f"captioner.lm_config={w.copy(w.cfg.captioner.lm_config)}"],
     "captioner.tokenizer": lambda w: [f"captioner.tokenizer={w.copy(w.cfg.captioner.tokenizer)}"],

@@ -51,6 +51,14 @@ BLIP2_PARAMS: dict[str, int] = {"Salesforce/blip2-itm-vit-g": 1_172_032_258}
 # the meta device from the released layout, spec/ifcap.md); the checkpoint file's size is used when on disk
 IFCAP_PARAMS = 124_439_808 + 46_864_128
 
+# hf captioners (BlipForConditionalGeneration, ViT-L/16 or ViT-B/16 at 384 px + the BERT-base decoder) and
+# the LM judge of a candidates file, counted on the meta device from their configs
+HF_CAPTIONER_PARAMS: dict[str, int] = {
+    "Salesforce/blip-image-captioning-large": 446_290_492,
+    "Salesforce/blip-image-captioning-base": 223_971_644,
+}
+CAUSAL_LM_PARAMS: dict[str, int] = {"gpt2": 124_439_808, "openai-community/gpt2": 124_439_808}
+
 BYTES_PER_PARAM = {"fp32": 4, "fp16": 2, "bf16": 2}
 _SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
                       "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
@@ -136,6 +144,18 @@ def captioner_params(captioner: Any) -> int:
     local = local_params(captioner.checkpoint)
     own = local if local is not None else IFCAP_PARAMS
     return own + encoder_params(captioner.clip)
+
+
+def hf_captioner_params(model: str) -> int:
+    """A transformers captioner (``captioner.hf.model``): its local weights, else the table (0: unknown)."""
+    local = local_params(model)
+    return local if local is not None else HF_CAPTIONER_PARAMS.get(model, 0)
+
+
+def causal_lm_params(model: str) -> int:
+    """The LM judge (``captioner.candidates.lm``): its local weights, else the table (0: unknown)."""
+    local = local_params(model)
+    return local if local is not None else CAUSAL_LM_PARAMS.get(model, 0)
 
 
 def precision_bytes(precision: str, gpu: bool) -> int:

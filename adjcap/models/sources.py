@@ -430,14 +430,20 @@ def weights_of(cfg: Any, checkpoint: bool = True) -> list[Weights]:
         hub("verifier", cfg.verifier.model, "verifier")
         if cfg.verifier.backend == "lavis":
             hub("verifier tokenizer", cfg.verifier.tokenizer, "tokenizer")
-    if checkpoint:
-        out.append(Weights("IFCap checkpoint", "file", cfg.captioner.checkpoint))
-    clip("IFCap CLIP", cfg.captioner.clip)
+    cap = cfg.captioner
+    ifcap = cap.family == "ifcap"
+    if checkpoint and ifcap:
+        out.append(Weights("IFCap checkpoint", "file", cap.checkpoint))
+    if ifcap:
+        clip("IFCap CLIP", cap.clip)
+    elif cap.family == "hf":
+        hub("captioner", cap.hf.model, "verifier")  # config + weights, as the verifier's
     clip("output scorer", cfg.scorer_encoder())
     clip("CLIPScore encoder", cfg.eval.clipscore)
-    hub("GPT-2 tokenizer", cfg.captioner.tokenizer, "tokenizer")
-    if cfg.captioner.lm_config != "gpt2":
-        out.append(Weights("GPT-2 config", "file", cfg.captioner.lm_config))
+    if ifcap:
+        hub("GPT-2 tokenizer", cap.tokenizer, "tokenizer")
+        if cap.lm_config != "gpt2":
+            out.append(Weights("GPT-2 config", "file", cap.lm_config))
     seen: set[tuple[str, str]] = set()
     uniq = []
     for w in out:

@@ -416,6 +416,9 @@ def write_report(
         if run.description:
             md.append(f"{run.description}\n")
             body.append(f"<p>{html.escape(run.description)}</p>")
+        if run.captioner:
+            md.append(f"{run.captioner}\n")
+            body.append(f"<p>{html.escape(run.captioner)}</p>")
         ivs = run_intervals(run)
         add(metrics_table(run, lab, ivs), f"{lab}-metrics")
         add(peers_table(run, lab, base), "published-" + (run.benchmark or "") if len(runs) == 1
