@@ -7,7 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any, Sequence
 
-from adjcap import image_state, stage_registry
+from adjcap import gpu_errors, image_state, stage_registry
 from adjcap.config import Config
 from adjcap.data.records import Record
 from adjcap.index import CaptionIndex, encode_shards_in_process, encoder_identity, ensure_index
@@ -44,7 +44,10 @@ def process_states(states: list[image_state.ImageState], models: Models, cfg: Co
     """Every registered stage, in order, on decoded states (``cfg`` resolved)."""
     m = vars(models)
     for stage in stage_registry.stages():
-        stage.run(states, m, cfg)
+        try:
+            stage.run(states, m, cfg)
+        except gpu_errors.GpuFailure as e:
+            raise e.in_pool(stage.pool) from None
     return states
 
 

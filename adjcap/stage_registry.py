@@ -233,7 +233,9 @@ def _size_captioner(cfg: "Config", gpu: bool, holds: frozenset[str]) -> tuple[in
     cap = cfg.captioner
     clip = budget.encoder_params(cap.clip)
     own = budget.captioner_params(cap) - clip
-    return own + clip, own * _precision(cap.precision, gpu) + clip * _precision(cap.clip.precision, gpu)
+    # IFCap's loader keeps fp32 at precision "auto" (adjcap.models.ifcap): counted as it loads
+    lm = budget.precision_bytes(cap.precision, gpu, auto_half=False)
+    return own + clip, own * lm + clip * _precision(cap.clip.precision, gpu)
 
 
 def _load_scorer(cfg: "Config", ld: Loading):

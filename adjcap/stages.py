@@ -3,7 +3,8 @@
 Each stage takes a list of :class:`ImageState` plus the models it needs and fills in its part. A stage
 never raises for one bad image: the batch is retried image by image and the failing image gets its
 ``error`` set (its row is still written, so reports count it). Images whose ``error`` is already set
-are passed through untouched.
+are passed through untouched. Out of GPU memory a batch is retried in halves; a GPU failure is never
+an image's error but the job's end (:mod:`adjcap.gpu_errors`).
 
     retrieve  : retrieval-encoder image tower + caption index   -> retrieved (L), retrieval image embedding
     verify    : BLIP ITM on the L retrieved                     -> verified (k), verifier image memo
@@ -26,7 +27,7 @@ import numpy as np
 import torch
 
 from adjcap import entities as ent
-from adjcap import numerics
+from adjcap import gpu_errors, numerics
 from adjcap.config import CaptionerCfg
 from adjcap.image_state import ImageState
 
@@ -39,24 +40,30 @@ def _guarded(stage: str, fn: Callable[[list[ImageState]], None], states: list[Im
              completes: bool = True) -> list[ImageState]:
     """Run ``fn`` on the ok states that do not hold the stage's output yet (filled from the stage
     cache: ``done``), the whole batch at once or, with portable numerics, one image at a time
-    (:func:`adjcap.numerics.per_image`); if the batch fails, retry one image at a time. Marks the stage
-    done/computed unless ``fn`` is only part of the stage (``completes=False``: a later pool finishes it)."""
+    (:func:`adjcap.numerics.per_image`); out of GPU memory, in halves (:func:`run_batch`). If the batch
+    fails otherwise, retry one image at a time. A GPU failure (:mod:`adjcap.gpu_errors`) is never an
+    image's error: it ends the job. Marks the stage done/computed unless ``fn`` is only part of the
+    stage (``completes=False``: a later pool finishes it)."""
     live = [s for s in states if s.ok and stage not in s.done]
     if not live:
         return states
     try:
         if numerics.per_image():  # portable numerics: an image's outputs do not depend on its batch
             for s in live:
-                fn([s])
+                run_batch(stage, fn, [s])
         else:
-            fn(live)
+            run_batch(stage, fn, live)
+    except gpu_errors.GpuFailure:
+        raise
     except Exception:  # noqa: BLE001 - isolate the failing image(s), keep the others
         if len(live) == 1:
             live[0].error = f"{stage}: {traceback.format_exc(limit=3).strip().splitlines()[-1]}"
         else:
             for s in live:
                 try:
-                    fn([s])
+                    run_batch(stage, fn, [s])
+                except gpu_errors.GpuFailure:
+                    raise
                 except Exception as e:  # noqa: BLE001
                     s.error = f"{stage}: {type(e).__name__}: {e}"
     for s in live if completes else ():
@@ -64,6 +71,34 @@ def _guarded(stage: str, fn: Callable[[list[ImageState]], None], states: list[Im
             s.done.add(stage)
             s.computed.add(stage)
     return states
+
+
+def run_batch(stage: str, fn: Callable[[list[ImageState]], None], batch: list[ImageState]) -> None:
+    """``fn(batch)``; out of GPU memory, the rest of the batch again in halves, down to one image
+    (a halved size holds for the rest of this batch); one image that still does not fit, or any
+    other GPU error, raises :class:`adjcap.gpu_errors.GpuFailure`. Other errors pass through."""
+    size, i = len(batch), 0
+    while i < len(batch):
+        part = batch[i : i + size]
+        try:
+            fn(part)
+        except Exception as e:  # noqa: BLE001 - sorted below: out of memory, a GPU failure, the rest
+            if gpu_errors.is_oom(e):
+                del e  # its traceback holds the frames (and tensors) that filled the memory
+                if len(part) == 1:
+                    raise gpu_errors.oom_failure(stage, len(batch)) from None
+                size = max(1, len(part) // 2)
+                _free_gpu_cache()
+                continue
+            if gpu_errors.is_accelerator_error(e):
+                raise gpu_errors.accelerator_failure(stage, len(part), e) from e
+            raise
+        i += len(part)
+
+
+def _free_gpu_cache() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _images(states: Sequence[ImageState]) -> list:
