@@ -161,6 +161,9 @@ def load_families(cfg: "Config", names_: Iterable[str], given: Mapping[str, Any]
     """Load the families ``names_`` (``cfg`` resolved) in registration order, each once; a later family
     may reuse an earlier one (the scorer reuses the retrieval encoder and the verifier of its process).
     ``preloaded``: families the caller loaded already (returned with the others, seen by their loaders)."""
+    from adjcap.models.precision import set_tf32
+
+    set_tf32(cfg.tf32, cfg.device)  # TF32 for this process's fp32 matmuls on CUDA (the gpu preset's)
     models: dict[str, Any] = dict(preloaded or {})
     holds = frozenset(names_) | frozenset(models)
     for name in (f for f in _FAMILIES if f in holds and f not in models):
@@ -347,7 +350,7 @@ register(
     Stage(
         "retrieve", "retriever", ("retrieval", "index"),
         Reads(("benchmark", "benchmarks.{benchmark}.images", "benchmarks.{benchmark}.format",
-               "benchmarks.{benchmark}.exif_transpose", "device", "precision", "numerics", "retrieval"),
+               "benchmarks.{benchmark}.exif_transpose", "device", "precision", "numerics", "tf32", "retrieval"),
               by_content=("retrieval.index_dir",),  # the searched index: identity.searched_index()
               speed=("retrieval.shard_size", *(f"retrieval.encoder.{k}" for k in _ENC_SPEED))),
         StageOutput(
@@ -362,7 +365,7 @@ register(
     ),
     Stage(
         "verify", "verifier", ("verifier",),
-        Reads(("numerics", "verifier"), speed=("verifier.batch_size",)),
+        Reads(("numerics", "tf32", "verifier"), speed=("verifier.batch_size",)),
         StageOutput(
             pa.schema([("image_id", pa.string()), ("retrieved", pa.list_(RETRIEVED)),
                        ("verified", pa.list_(VERIFIED)), ("verifier_backend", pa.string())]),
@@ -373,7 +376,7 @@ register(
     Stage(
         "caption", "captioner", ("captioner",),
         # captioner.search is not speed-only: the reference search's beams differ (the property test)
-        Reads(("numerics", "captioner"),
+        Reads(("numerics", "tf32", "captioner"),
               speed=("captioner.batch_size", *(f"captioner.clip.{k}" for k in _ENC_SPEED))),
         StageOutput(
             pa.schema([("image_id", pa.string()), ("entities", pa.list_(pa.string())), ("prompt", pa.string()),
@@ -386,7 +389,7 @@ register(
     ),
     Stage(
         "score", "scorer", ("scorer",),
-        Reads(("numerics", "scorer.encoder", "eval.clipscore"),
+        Reads(("numerics", "tf32", "scorer.encoder", "eval.clipscore"),
               speed=(*(f"scorer.encoder.{k}" for k in _ENC_SPEED), *(f"eval.clipscore.{k}" for k in _ENC_SPEED))),
         StageOutput(pa.schema([("image_id", pa.string()), ("candidates", pa.list_(CANDIDATE))]),
                     lambda s: {"candidates": s.candidates}, _give_score),

@@ -103,6 +103,7 @@ class Verifier:
         caption_preprocess: str = "lavis",
         image_batch_size: int = 16,
         pair_batch_size: int = 256,
+        text_token_budget: int | None = None,
     ) -> None:
         if first_token not in ("enc", "cls"):
             raise ValueError(f"first_token must be 'enc' or 'cls'; got {first_token!r}")
@@ -119,6 +120,9 @@ class Verifier:
         self.caption_preprocess = caption_preprocess
         self.image_batch_size = int(image_batch_size)
         self.pair_batch_size = int(pair_batch_size)
+        # padded tokens per ITM chunk (None: pair_batch_size rows only); [real, padded] tokens scored so far
+        self.text_token_budget = text_token_budget or None
+        self.text_token_counts = [0, 0]
         text_cfg = model.config.text_config
         self.pad_id = int(text_cfg.pad_token_id if text_cfg.pad_token_id is not None else 0)
         self.first_token_id = self._resolve_first_token()
@@ -239,12 +243,15 @@ class Verifier:
         starts = np.concatenate([[0], np.cumsum(counts)]).astype(int)
         # images with captions, shortest longest-caption first: a chunk of whole images is padded to
         # its longest caption, and similar lengths share a chunk (bucketing by length)
-        order = sorted((i for i in range(len(memo)) if counts[i]),
-                       key=lambda i: max(len(seqs[j]) for j in range(starts[i], starts[i + 1])))
+        longest = {i: max(len(seqs[j]) for j in range(starts[i], starts[i + 1])) for i in range(len(memo)) if counts[i]}
+        order = sorted(longest, key=lambda i: longest[i])
+        budget = self.text_token_budget
         chunk: list[int] = []
         for i in order:
             width = max([counts[c] for c in chunk] + [counts[i]])
-            if chunk and (len(chunk) + 1) * width > self.pair_batch_size:
+            rows = (len(chunk) + 1) * width
+            # with a token budget, also cut before rows x the longest caption (image i's: in order) exceeds it
+            if chunk and (rows > self.pair_batch_size or (budget is not None and rows * longest[i] > budget)):
                 self._score_chunk(chunk, counts, starts, seqs, memo, probs)
                 chunk = []
             chunk.append(i)
@@ -271,6 +278,8 @@ class Verifier:
                 rows.append([])
                 dest.append(-1)
         ids, mask = self.pad(rows)
+        self.text_token_counts[0] += sum(len(r) for r in rows)
+        self.text_token_counts[1] += int(ids.numel())
         img = torch.as_tensor(chunk, dtype=torch.long, device=self.device)
         got = self._itm_grouped(ids.to(self.device), mask.to(self.device), memo, img, per)
         keep = np.array(dest) >= 0
@@ -360,6 +369,8 @@ def load_verifier(
     pair_batch_size: int = 256,
     cache_dir: str | None = None,
     tokenizer: str = "bert-base-uncased",
+    text_token_budget: int | None = None,
+    attention: str = "eager",
 ) -> Verifier:
     """Load a BLIP ITM verifier from a Hugging Face id, a local save_pretrained directory or a LAVIS
     ``.pth`` checkpoint (converted at load time; ``tokenizer`` is its BERT tokenizer)."""
@@ -373,7 +384,7 @@ def load_verifier(
         net, tok, image_processor, model_id = load_lavis_checkpoint(
             str(model), tokenizer=tokenizer, cache_dir=cache_dir, local_files_only=hf_offline())
         return _verifier(net, tok, image_processor, model_id, dev, dtype, max_text_tokens, first_token,
-                         caption_preprocess, image_batch_size, pair_batch_size)
+                         caption_preprocess, image_batch_size, pair_batch_size, text_token_budget, attention)
     src = hub_or_dir(model, what="BLIP ITM verifier", config_key="verifier.model", cache_dir=cache_dir)
     try:
         with quiet_progress():
@@ -392,12 +403,18 @@ def load_verifier(
             f"`huggingface-cli download {src.source} --local-dir DIR` and set verifier.model=DIR"
         ) from e
     return _verifier(net, tok, image_processor, src.model_id, dev, dtype, max_text_tokens, first_token,
-                     caption_preprocess, image_batch_size, pair_batch_size)
+                     caption_preprocess, image_batch_size, pair_batch_size, text_token_budget, attention)
 
 
 def _verifier(net, tok, image_processor, model_id, dev, dtype, max_text_tokens, first_token, caption_preprocess,
-              image_batch_size, pair_batch_size) -> Verifier:
+              image_batch_size, pair_batch_size, text_token_budget=None, attention="eager") -> Verifier:
+    if attention not in ("eager", "sdpa"):
+        raise ValueError(f"verifier attention must be 'eager' or 'sdpa'; got {attention!r} (verifier.attention)")
     net = net.to(device=dev, dtype=dtype).eval()
+    if attention == "sdpa":
+        from adjcap.models.blip_sdpa import use_sdpa
+
+        use_sdpa(net.vision_model)
     for p in net.parameters():
         p.requires_grad_(False)
     return Verifier(
@@ -412,6 +429,7 @@ def _verifier(net, tok, image_processor, model_id, dev, dtype, max_text_tokens, 
         caption_preprocess=caption_preprocess,
         image_batch_size=image_batch_size,
         pair_batch_size=pair_batch_size,
+        text_token_budget=text_token_budget,
     )
 
 
@@ -429,4 +447,6 @@ def load_verifier_from_config(cfg: VerifierCfg, *, device: str = "auto") -> Veri
         caption_preprocess=cfg.caption_preprocess,
         image_batch_size=cfg.batch_size,
         tokenizer=cfg.tokenizer,
+        text_token_budget=cfg.text_token_budget or None,
+        attention=cfg.attention,
     )
