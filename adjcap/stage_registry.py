@@ -19,6 +19,7 @@ functions when they run, so the decode tasks and the stage cache stay light.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
@@ -32,6 +33,8 @@ from adjcap.models import budget
 
 if TYPE_CHECKING:
     from adjcap.config import Config
+
+log = logging.getLogger(__name__)
 
 # --------------------------------------------------------------------------------------------
 # the records
@@ -227,9 +230,22 @@ def _size_verifier(cfg: "Config", gpu: bool, holds: frozenset[str]) -> tuple[int
 
 
 def _load_captioner(cfg: "Config", ld: Loading):
+    """IFCap, its CLIP and the corpus captions' nouns for the frequency entity filter (tagged once per
+    corpus and kept with the index: :mod:`adjcap.index.nouns`; when they cannot be had, the stage tags
+    each image's captions itself, as before)."""
     from adjcap.models.roles import load_captioner
 
-    return load_captioner(cfg.captioner, cfg.device)
+    role = load_captioner(cfg.captioner, cfg.device)
+    if "nouns" in ld.given:
+        role.nouns = ld.given["nouns"]
+    else:
+        from adjcap.index.nouns import nouns_for
+
+        try:
+            role.nouns = nouns_for(cfg)
+        except (LookupError, OSError, ValueError) as e:  # no NLTK data, no corpus file here: per image
+            log.warning(f"entities: tagging each image's captions (the corpus nouns are unavailable: {e})")
+    return role
 
 
 def _size_captioner(cfg: "Config", gpu: bool, holds: frozenset[str]) -> tuple[int, int]:
@@ -329,7 +345,7 @@ def _caption(states: list[ImageState], m: Mapping[str, Any], cfg: "Config") -> N
     from adjcap import stages
 
     c = m["captioner"]
-    stages.caption(states, c.captioner, c.clip, cfg.captioner, c.vocabulary)
+    stages.caption(states, c.captioner, c.clip, cfg.captioner, c.vocabulary, getattr(c, "nouns", None))
 
 
 def _score(states: list[ImageState], m: Mapping[str, Any], cfg: "Config") -> None:

@@ -152,6 +152,10 @@ def verify(states: list[ImageState], verifier, keep: int) -> list[ImageState]:
         with torch.inference_mode():
             memo = verifier.encode_images(_images(batch))
             probs = verifier.score(memo, [[r["text"] for r in s.retrieved] for s in batch])
+            # only the vision-encoder output travels to stage 4; cross-attention K/V are recomputed
+            # there from it (cheap), which keeps the per-image state small between Ray pools. One copy
+            # to the host for the batch (a read per image would stall a GPU once per image)
+            embeds = memo.image_embeds.detach().cpu()
         for i, s in enumerate(batch):
             p = np.asarray(probs[i], dtype=np.float64)
             for r, v in zip(s.retrieved, p):
@@ -167,9 +171,7 @@ def verify(states: list[ImageState], verifier, keep: int) -> list[ImageState]:
                 }
                 for j in order
             ]
-            # only the vision-encoder output travels to stage 4; cross-attention K/V are recomputed
-            # there from it (cheap), which keeps the per-image state small between Ray pools
-            s.verifier_memo = memo.image_embeds[i].detach().cpu()
+            s.verifier_memo = embeds[i].clone()  # its own storage: a state pickles only its image's
             s.verifier_backend = getattr(verifier, "backend", "transformers")
 
     return _guarded("verify", run, states)
@@ -192,9 +194,11 @@ def caption(
     clip,
     ccfg: CaptionerCfg,
     vocabulary: tuple[list[str], torch.Tensor] | None = None,
+    nouns=None,
 ) -> list[ImageState]:
     """Run the unchanged IFCap captioner on the verified pool; emit a beam of N candidates.
-    ``ccfg`` is the resolved captioner section."""
+    ``ccfg`` is the resolved captioner section; ``nouns``: the corpus captions' noun lemmas tagged
+    once (:class:`adjcap.index.nouns.CorpusNouns`), counted by corpus id (None: tag each image's)."""
     ecfg = ccfg.entities
 
     def run(batch: list[ImageState]) -> None:
@@ -211,7 +215,12 @@ def caption(
                 feats.append(txt[start : start + len(ts)])
                 start += len(ts)
             entity_lists = []
-            if ecfg.mode == "frequency":
+            if ecfg.mode == "frequency" and nouns is not None:
+                for s in batch:
+                    src = s.verified if ecfg.pool == "verified" else s.retrieved
+                    entity_lists.append(ent.filter_entities(nouns.counts([c["corpus_id"] for c in src]),
+                                                            ecfg.threshold))
+            elif ecfg.mode == "frequency":
                 tagger, lemmatize = _tagger(ecfg.tagger)
                 for s in batch:
                     counts = ent.count_nouns(entity_pool(s, ecfg.pool), tagger=tagger, lemmatize=lemmatize)

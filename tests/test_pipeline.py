@@ -289,3 +289,31 @@ def test_a_cuda_error_is_not_an_error_row_but_the_jobs_end(demo_cfg, models, tes
     out = [line for line in res.output.splitlines() if line.strip()]
     assert out == [f"error: {got.value}  (--debug for the traceback)"], res.output
 
+
+
+def test_the_stages_read_the_host_per_batch_not_per_image(demo_cfg, models, test_records, monkeypatch):
+    """The retriever, verifier and scorer as a GPU would see them (adjcap.dispatch_audit, issue 38 item 2):
+    the host reads of a stage's batch do not grow with its images (6 images read as often as 2); the
+    captioner's decode has its own audit (tests/test_decode_audit.py)."""
+    from adjcap import image_state, stage_registry
+    from adjcap.dispatch_audit import DispatchAudit
+
+    monkeypatch.delenv("ADJCAP_NUMERICS", raising=False)  # whole batches
+    cfg = demo_cfg.resolved()
+
+    def reads(n: int) -> dict[str, dict[str, int]]:
+        states = [image_state.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path)
+                  for r in test_records[:n]]
+        out = {}
+        for stage in stage_registry.stages():
+            audit = DispatchAudit()
+            with audit:
+                stage.run(states, vars(models), cfg)
+            out[stage.name] = dict(audit.reads)
+        assert all(s.ok for s in states)
+        return out
+
+    two, six = reads(2), reads(6)
+    for stage in ("retrieve", "verify", "score"):
+        assert sum(six[stage].values()) == sum(two[stage].values()), (stage, two[stage], six[stage])
+        assert sum(six[stage].values()) <= 12, (stage, six[stage])

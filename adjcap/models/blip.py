@@ -281,12 +281,14 @@ class Verifier:
         self.text_token_counts[0] += sum(len(r) for r in rows)
         self.text_token_counts[1] += int(ids.numel())
         img = torch.as_tensor(chunk, dtype=torch.long, device=self.device)
-        got = self._itm_grouped(ids.to(self.device), mask.to(self.device), memo, img, per)
+        whole = chunk == list(range(len(memo)))  # decided on the host: no read of the device
+        got = self._itm_grouped(ids.to(self.device), mask.to(self.device), memo, img, per, whole)
         keep = np.array(dest) >= 0
         probs[np.array(dest)[keep]] = got[keep]
 
     def _itm_grouped(
-        self, ids: torch.Tensor, mask: torch.Tensor, memo: ImageMemo, img: torch.Tensor, per: int
+        self, ids: torch.Tensor, mask: torch.Tensor, memo: ImageMemo, img: torch.Tensor, per: int,
+        whole: bool | None = None,
     ) -> np.ndarray:
         """ITM probabilities for rows ``ids`` [n*per, L] where rows n*per..(n+1)*per-1 belong to image
         ``img[n]``. Cross-attention runs once per image over all of its captions' queries (keys and
@@ -298,7 +300,8 @@ class Verifier:
         rows, width = ids.shape
         n = rows // per
         heads, dh = self.heads, self.head_dim
-        whole = img.numel() == len(memo) and bool((img == torch.arange(len(memo), device=img.device)).all())
+        if whole is None:  # img is every image of the memo, in order: its K/V are used as they are
+            whole = img.numel() == len(memo) and bool((img == torch.arange(len(memo), device=img.device)).all())
         for layer, (k_all, v_all) in zip(self.text_layers, memo.cross_kv, strict=True):
             attn_out, _ = layer.attention(h, attention_mask=self_mask)
             cross = layer.crossattention

@@ -72,6 +72,7 @@ class CaptionerRole:
     captioner: Any
     clip: Any
     vocabulary: tuple[list[str], torch.Tensor] | None = None
+    nouns: Any = None  # the corpus captions' nouns, tagged once (adjcap.index.nouns); None: tag per image
 
 
 def load_captioner(c: CaptionerCfg, device: str) -> CaptionerRole:
