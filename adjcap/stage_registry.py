@@ -241,10 +241,13 @@ def _load_captioner(cfg: "Config", ld: Loading):
     else:
         from adjcap.index.nouns import nouns_for
 
-        try:
-            role.nouns = nouns_for(cfg)
-        except (LookupError, OSError, ValueError) as e:  # no NLTK data, no corpus file here: per image
+        try:  # tagged by the job's index step; never the whole corpus here, in a GPU's actor
+            role.nouns = nouns_for(cfg, tag_missing=False)
+        except (LookupError, OSError, ValueError) as e:  # no corpus file here: tag per image
             log.warning(f"entities: tagging each image's captions (the corpus nouns are unavailable: {e})")
+        if role.nouns is None and cfg.captioner.entities.mode == "frequency":
+            log.warning("entities: the corpus nouns were not tagged by the index step (adjcap encode-corpus); "
+                        "tagging each image's captions")
     return role
 
 

@@ -222,11 +222,11 @@ def test_out_of_gpu_memory_halves_the_batch_and_finishes(demo_cfg, models, test_
     import torch
 
     monkeypatch.delenv("ADJCAP_NUMERICS", raising=False)  # whole batches (portable numerics: one image each)
-    recs = test_records[:5]
-    plain = run_pipeline(recs, demo_cfg, models, batch_size=5)
-    enc = _FailsAbove(models.retrieval, "encode_images", 2, torch.cuda.OutOfMemoryError("CUDA out of memory."))
-    rows = run_pipeline(recs, demo_cfg, _with(models, retrieval=enc), batch_size=5)
-    assert enc.sizes[:4] == [5, 2, 2, 1]  # 5 failed, then halves: 2 + 2 + the last one
+    recs = test_records[:4]
+    plain = run_pipeline(recs, demo_cfg, models, batch_size=4)
+    enc = _FailsAbove(models.retrieval, "encode_images", 1, torch.cuda.OutOfMemoryError("CUDA out of memory."))
+    rows = run_pipeline(recs, demo_cfg, _with(models, retrieval=enc), batch_size=4)
+    assert enc.sizes[:6] == [4, 2, 1, 1, 1, 1]  # 4 and 2 did not fit; halved to 1 for the rest of the batch
     assert all(r["error"] is None for r in rows)
     assert [[x["corpus_id"] for x in r["retrieved"]] for r in rows] == \
         [[x["corpus_id"] for x in r["retrieved"]] for r in plain]
@@ -293,7 +293,7 @@ def test_a_cuda_error_is_not_an_error_row_but_the_jobs_end(demo_cfg, models, tes
 
 def test_the_stages_read_the_host_per_batch_not_per_image(demo_cfg, models, test_records, monkeypatch):
     """The retriever, verifier and scorer as a GPU would see them (adjcap.dispatch_audit, issue 38 item 2):
-    the host reads of a stage's batch do not grow with its images (6 images read as often as 2); the
+    the host reads of a stage's batch do not grow with its images (5 images read as often as 2); the
     captioner's decode has its own audit (tests/test_decode_audit.py)."""
     from adjcap import image_state, stage_registry
     from adjcap.dispatch_audit import DispatchAudit
@@ -306,6 +306,9 @@ def test_the_stages_read_the_host_per_batch_not_per_image(demo_cfg, models, test
                   for r in test_records[:n]]
         out = {}
         for stage in stage_registry.stages():
+            if stage.name == "caption":  # audited apart, per decode step; unaudited here (much faster)
+                stage.run(states, vars(models), cfg)
+                continue
             audit = DispatchAudit()
             with audit:
                 stage.run(states, vars(models), cfg)
@@ -313,7 +316,7 @@ def test_the_stages_read_the_host_per_batch_not_per_image(demo_cfg, models, test
         assert all(s.ok for s in states)
         return out
 
-    two, six = reads(2), reads(6)
+    two, five = reads(2), reads(5)
     for stage in ("retrieve", "verify", "score"):
-        assert sum(six[stage].values()) == sum(two[stage].values()), (stage, two[stage], six[stage])
-        assert sum(six[stage].values()) <= 12, (stage, six[stage])
+        assert sum(five[stage].values()) == sum(two[stage].values()), (stage, two[stage], five[stage])
+        assert sum(five[stage].values()) <= 12, (stage, five[stage])

@@ -104,13 +104,16 @@ class CorpusNouns:
 
 
 def ensure_nouns(index_dir: str | Path, texts: Sequence[str], fingerprint: str, spec: str,
-                 say: Any = None) -> CorpusNouns:
+                 say: Any = None, tag_missing: bool = True) -> CorpusNouns | None:
     """The corpus's nouns under tagger ``spec``: read from the index's directory, else tagged here once
-    and written there (an index directory that cannot be written keeps them in memory only)."""
+    and written there (an index directory that cannot be written keeps them in memory only); with
+    ``tag_missing=False`` (a GPU actor) None instead of tagging."""
     path, key = nouns_file(index_dir, fingerprint, spec)
     got = CorpusNouns.load(path, key)
     if got is not None and len(got) == len(texts):
         return got
+    if not tag_missing:
+        return None
     got = CorpusNouns.tag(texts, spec, key)
     try:
         got.save(path)
@@ -121,14 +124,14 @@ def ensure_nouns(index_dir: str | Path, texts: Sequence[str], fingerprint: str, 
     return got
 
 
-def nouns_for(cfg: Any, say: Any = None) -> CorpusNouns | None:
+def nouns_for(cfg: Any, say: Any = None, tag_missing: bool = True) -> CorpusNouns | None:
     """The nouns of the corpus a run searches (``cfg`` resolved), when stage 3 counts nouns over corpus
     captions (``captioner.entities.mode=frequency``), from the index's directory (tagged there when
-    missing); None for the other entity modes."""
+    missing, unless ``tag_missing`` is false: then None); None for the other entity modes."""
     if cfg.captioner.entities.mode != "frequency":
         return None
     from adjcap.index.lifecycle import encoder_identity, index_location, search_corpus
 
     corpus = search_corpus(cfg.retrieval, cfg.benchmark_cfg(), cfg.benchmark, cfg.paths.cache_dir)
     out = index_location(cfg.retrieval, cfg.paths.cache_dir, encoder_identity(cfg.retrieval.encoder), corpus.fingerprint)
-    return ensure_nouns(out, corpus.texts, corpus.fingerprint, cfg.captioner.entities.tagger, say)
+    return ensure_nouns(out, corpus.texts, corpus.fingerprint, cfg.captioner.entities.tagger, say, tag_missing)
