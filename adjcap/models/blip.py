@@ -239,7 +239,8 @@ class Verifier:
             )
         counts = [len(texts) for texts in texts_per_image]
         seqs = self.tokenize([t for texts in texts_per_image for t in texts])
-        probs = np.zeros(len(seqs), dtype=np.float32)
+        # filled on the device chunk by chunk, read back once (a read per chunk would stall a GPU per chunk)
+        probs = torch.zeros(len(seqs), dtype=torch.float32, device=self.device)
         starts = np.concatenate([[0], np.cumsum(counts)]).astype(int)
         # images with captions, shortest longest-caption first: a chunk of whole images is padded to
         # its longest caption, and similar lengths share a chunk (bucketing by length)
@@ -257,14 +258,15 @@ class Verifier:
             chunk.append(i)
         if chunk:
             self._score_chunk(chunk, counts, starts, seqs, memo, probs)
-        return [probs[starts[i] : starts[i + 1]].copy() for i in range(len(memo))]
+        host = probs.cpu().numpy() if len(seqs) else np.zeros(0, dtype=np.float32)
+        return [host[starts[i] : starts[i + 1]].copy() for i in range(len(memo))]
 
     def score_images(self, images: Sequence[Image.Image], texts_per_image: Sequence[Sequence[str]]) -> list[np.ndarray]:
         """encode_images + score in one call."""
         return self.score(self.encode_images(images), texts_per_image)
 
     def _score_chunk(self, chunk: list[int], counts: list[int], starts: np.ndarray, seqs: list[list[int]],
-                     memo: ImageMemo, probs: np.ndarray) -> None:
+                     memo: ImageMemo, probs: torch.Tensor) -> None:
         """Score every caption of the images in ``chunk``: rows are laid out image-major, each image
         padded to the same caption count (dummy rows are fully masked and dropped)."""
         per = max(counts[i] for i in chunk)
@@ -283,14 +285,15 @@ class Verifier:
         img = torch.as_tensor(chunk, dtype=torch.long, device=self.device)
         whole = chunk == list(range(len(memo)))  # decided on the host: no read of the device
         got = self._itm_grouped(ids.to(self.device), mask.to(self.device), memo, img, per, whole)
-        keep = np.array(dest) >= 0
-        probs[np.array(dest)[keep]] = got[keep]
+        rows_kept = [r for r, d in enumerate(dest) if d >= 0]  # chosen on the host: no device read
+        to = torch.as_tensor([dest[r] for r in rows_kept], dtype=torch.long, device=self.device)
+        probs[to] = got[torch.as_tensor(rows_kept, dtype=torch.long, device=self.device)]
 
     def _itm_grouped(
         self, ids: torch.Tensor, mask: torch.Tensor, memo: ImageMemo, img: torch.Tensor, per: int,
         whole: bool | None = None,
-    ) -> np.ndarray:
-        """ITM probabilities for rows ``ids`` [n*per, L] where rows n*per..(n+1)*per-1 belong to image
+    ) -> torch.Tensor:
+        """ITM probabilities (float32, on the device) for rows ``ids`` [n*per, L] where rows n*per..(n+1)*per-1 belong to image
         ``img[n]``. Cross-attention runs once per image over all of its captions' queries (keys and
         values of the image tokens come from the memo, never recomputed or copied per caption)."""
         enc = self.model.text_encoder
@@ -314,7 +317,7 @@ class Verifier:
             cross_out = cross.output(ctx, attn_out)
             h = layer.feed_forward_chunk(cross_out)
         logits = self.model.itm_head(h[:, 0, :]).float()
-        return logits.softmax(dim=-1)[:, 1].cpu().numpy()
+        return logits.softmax(dim=-1)[:, 1]  # on the device: the caller reads once per score() call
 
     @torch.inference_mode()
     def score_pairs(
