@@ -19,7 +19,8 @@ shares) and ``ray.cpu_share``. Pure: reads the config and the stage registry, ne
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable
+from types import MappingProxyType
+from typing import Any, Iterable, Mapping
 
 from adjcap import gpu_errors, stage_registry
 from adjcap.config import Config, ConfigError
@@ -71,6 +72,34 @@ def layout(cfg: Config, gpu: bool, first: int = 0) -> list[Pool]:
     """The pools a job runs for images that need the stages from index ``first`` on."""
     names = stage_registry.names()[first:]
     return [Pool(FUSED, names)] if is_fused(cfg, gpu) else split_pools(names)
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    """The pools a job may run, decided once from the config (a job's run plan holds it): the layout on a
+    cluster without GPUs and on one with them (which one runs is the connected cluster's to say), and
+    each pool's actor count. ``layout(gpu, first)`` equals :func:`layout`."""
+
+    without_gpus: tuple[Pool, ...]
+    with_gpus: tuple[Pool, ...]
+    actors: Mapping[str, int]
+
+    def layout(self, gpu: bool, first: int = 0) -> list[Pool]:
+        """The pools for images that need the stages from index ``first`` on."""
+        keep = set(stage_registry.names()[first:])
+        out = []
+        for p in self.with_gpus if gpu else self.without_gpus:
+            stages = tuple(s for s in p.stages if s in keep)
+            if stages:
+                out.append(Pool(p.name, stages))
+        return out
+
+
+def plan(cfg: Config) -> PoolPlan:
+    """The pool plan of a (resolved) config; an unknown ``ray.pool.<name>`` is refused here."""
+    lay = {gpu: tuple(layout(cfg, gpu)) for gpu in (False, True)}
+    names = dict.fromkeys(p.name for ps in lay.values() for p in ps)
+    return PoolPlan(lay[False], lay[True], MappingProxyType({p: actors(cfg, p) for p in names}))
 
 
 def _pool_cfg(cfg: Config, name: str):

@@ -548,14 +548,12 @@ def run_ray(sets: list[str], run_dir: Path, env: dict, preset: str = "headline")
     return figures
 
 
-def read_records(cfg) -> dict:
-    """The config's records per split, read by the library alone (jobs/extract_features.read_records
-    without importing Ray: a GPU machine may lack it for ``--mode stages``)."""
+def test_records(cfg) -> list:
+    """The benchmark's test records, read by the library (no Ray: the GPU machine may not have it)."""
     from adjcap.data.benchmarks import read_benchmark, split_annotations
 
     b = cfg.benchmark_cfg(cfg.benchmark)
-    return {split: read_benchmark(b.format, split_annotations(b, split, cfg.benchmark), b.images, split, limit=cfg.limit)
-            for split in cfg.splits}
+    return read_benchmark(b.format, split_annotations(b, "test", cfg.benchmark), b.images, "test", limit=cfg.limit)
 
 
 JUDGES = ("lm_logprob_mean", "retrieval_cosine", "verifier")  # each single judge's top candidate
@@ -596,7 +594,7 @@ def run_stages(cfg, n_images: int) -> dict:
     from adjcap.models.precision import set_tf32
 
     set_tf32(cfg.tf32, cfg.device)  # as the pools do where they load their models
-    recs = read_records(cfg)["test"][:n_images]
+    recs = test_records(cfg)[:n_images]
     states = [image_state.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path) for r in recs]
     corpus = load_corpus(cfg.benchmark_cfg().corpus, cfg.benchmark_cfg().corpus_format)
     dev = cfg.device
@@ -670,7 +668,7 @@ def run_side_by_side(cfg, n_images: int) -> dict:
     from adjcap.models.precision import set_tf32
 
     set_tf32(cfg.tf32, cfg.device)  # as the pools do where they load their models
-    recs = read_records(cfg)["test"][:n_images]
+    recs = test_records(cfg)[:n_images]
     states = [image_state.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path) for r in recs]
     corpus = load_corpus(cfg.benchmark_cfg().corpus, cfg.benchmark_cfg().corpus_format)
     dev = cfg.device

@@ -13,6 +13,7 @@ from __future__ import annotations
 import pickle
 import time
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import ray
@@ -25,14 +26,13 @@ from adjcap.actors.lavis import LavisScorerActor, LavisVerifierActor
 from adjcap.actors.pool import actor_class
 from adjcap.batch_sink import Sink
 from adjcap.config import Config
-from adjcap.data.benchmarks import read_benchmark, split_annotations
 from adjcap.data.records import Record
 from adjcap.features import rows_to_table
 from adjcap.index import shared_index
-from adjcap.index.lifecycle import search_corpus
 from adjcap.lavis_env import runtime_env as lavis_runtime_env
 from adjcap.rundir import RunDir
-from adjcap.stage_cache import StageCache, apply_outputs
+from adjcap.run_plan import RunPlan
+from adjcap.stage_cache import apply_outputs
 from adjcap.image_state import ImageState, decode_state
 from adjcap.jobs.encode_corpus import index_for
 from adjcap.jobs.progress_display import tracked
@@ -74,17 +74,7 @@ def pools(cfg: Config, first: int = 0, gpu: bool = False) -> list[PoolRun]:
     return out
 
 
-def read_records(cfg: Config) -> dict[str, list[Record]]:
-    """Every configured split's records."""
-    b = cfg.resolved().benchmark_cfg(cfg.benchmark)
-    out = {}
-    for split in cfg.splits:
-        ann = split_annotations(b, split, cfg.benchmark)
-        out[split] = read_benchmark(b.format, ann, b.images, split, limit=cfg.limit)
-    return out
-
-
-def write_references(run: RunDir, benchmark: str, records: dict[str, list[Record]]) -> None:
+def write_references(run: RunDir, benchmark: str, records: Mapping[str, Sequence[Record]]) -> None:
     """The references of every image in the run, plus NoCaps domains and COCO ids when present."""
     for split, recs in records.items():
         run.write_references(
@@ -95,17 +85,18 @@ def write_references(run: RunDir, benchmark: str, records: dict[str, list[Record
         )
 
 
-def extract_features(cfg: Config, run: RunDir, records: dict[str, list[Record]], resume: bool = True,
-                     stage_stats: dict | None = None) -> dict:
-    """Inside a Ray session (``cfg`` resolved). Returns {split: {images, skipped, done, failed}}.
+def extract_features(plan: RunPlan, resume: bool = True, stage_stats: dict | None = None) -> dict:
+    """Inside a Ray session: the features of the plan's records in its run directory (its resolved
+    config, corpus, stage identities). Returns {split: {images, skipped, done, failed}}.
 
     With ``cache.share_stages`` every image starts from its deepest stage prefix stored in the stage
     cache (:mod:`adjcap.stage_cache`): an image with every stage stored is written without any
     model, the pools of stages no image needs are not started, and new stage outputs are stored.
     ``stage_stats`` (when given) receives {"computed": {stage: images}, "reused": {stage: images}}."""
+    cfg, run = plan.cfg, plan.run
     todo: list[Record] = []
     summary: dict[str, dict[str, int]] = {}
-    for split, recs in records.items():
+    for split, recs in plan.records.items():
         if not resume:
             run.clear_features(cfg.benchmark, split)
         have = run.done_ids(cfg.benchmark, split)
@@ -121,8 +112,8 @@ def extract_features(cfg: Config, run: RunDir, records: dict[str, list[Record]],
         return summary
 
     check_pools(cfg)  # an impossible --workers / memory request is refused before any model loads
-    corpus = search_corpus(cfg.retrieval, cfg.benchmark_cfg(), cfg.benchmark, cfg.paths.cache_dir)
-    cache = StageCache.for_config(cfg, corpus.fingerprint) if cfg.cache.share_stages else None
+    corpus = plan.corpus
+    cache = plan.stage_cache()
     found = cache.lookup(r.image_id for r in todo if not r.error) if cache else {}
     for outs in found.values():
         for stage in outs:
@@ -155,7 +146,7 @@ def extract_features(cfg: Config, run: RunDir, records: dict[str, list[Record]],
     if rest:
         first = min(len(found.get(r.image_id, ())) for r in rest)  # the first stage some image needs
         gpu = has_gpus()
-        print("pools: " + ", ".join(f"{p.pool} x{pool_layout.actors(cfg, p.pool)} ({' + '.join(p.meters)})"
+        print("pools: " + ", ".join(f"{p.pool} x{plan.pools.actors[p.pool]} ({' + '.join(p.meters)})"
                                     for p in pools(cfg, first, gpu)))
         sink = Sink.for_run(run, cfg.benchmark, cache)
         with tracked(cfg.ray, "features", stream_stages(cfg, first, gpu), len(rest)) as board:
@@ -222,11 +213,12 @@ def _stream(cfg: Config, corpus, todo: list[Record], found: dict, first: int, gp
     return ds
 
 
-def main(cfg: Config, run: RunDir, records: dict[str, list[Record]], resume: bool = True) -> dict:
+def main(plan: RunPlan, resume: bool = True) -> dict:
     """Inside a Ray session: extract what is missing, write and print the summary."""
     t0, cpu0, main0 = time.time(), time.process_time(), time.thread_time()
     stage_stats: dict = {}
-    summary = extract_features(cfg, run, records, resume=resume, stage_stats=stage_stats)
+    cfg, run = plan.cfg, plan.run
+    summary = extract_features(plan, resume=resume, stage_stats=stage_stats)
     dt = time.time() - t0
     # the driver process's own CPU (every thread: Ray Data's executor too) while it extracted features
     # (and of its main thread alone: what it does per image itself, without Ray's threads)

@@ -74,17 +74,17 @@ def main(table_key: str, benchmark: str | None = None, sets: list[str] | tuple[s
 
         demo.prepare(runs[0].cfg)
     for p in runs:  # rows that cannot run here are said before Ray starts, and skipped
-        why = preflight.problems(p.cfg.resolved())
+        why = preflight.problems(p.resolved)
         if why:
             failed[p.run_dir] = why
             print(f"row run {p.run_dir} skipped: {why}")
     ready = [p for p in runs if p.run_dir not in failed]
     if ready:
-        with ray_session(ready[0].cfg.resolved()):
+        with ray_session(ready[0].resolved):
             for i, p in enumerate(ready, 1):
                 print(f"== {table.key} run {i}/{len(ready)}: {p.row.preset} on {p.benchmark} -> {p.run_dir}")
-                try:
-                    run.main(p.cfg, run_dir=p.run_dir)
+                try:  # each row's run plan, from its config resolved once (adjcap.reproduce.plan_table)
+                    run.execute(run.plan_run(p.cfg, p.resolved, p.run_dir))
                 except KeyboardInterrupt:
                     raise
                 except Exception as e:  # noqa: BLE001 - one failing row is reported in its cell, the others run

@@ -22,7 +22,7 @@ from adjcap.index import CaptionIndex, encode_shards_in_process, encoder_identit
 from adjcap.index.lifecycle import index_location, search_corpus
 from adjcap.models import roles
 from adjcap import stage_registry
-from adjcap.jobs.extract_features import read_records
+from adjcap.run_plan import read_records
 
 STAGES = stage_registry.names()
 

@@ -13,7 +13,8 @@ from adjcap.index import benchmark_corpus
 from adjcap.pipeline import load_models, run_pipeline
 from adjcap.stage_cache import StageCache, stage_identities
 from adjcap.stage_registry import Family, Reads, Stage, StageOutput
-from adjcap.jobs.extract_features import read_records, stream_stages
+from adjcap.jobs.extract_features import stream_stages
+from adjcap.run_plan import read_records
 
 LOADS: list[str] = []  # the toy family's loads, in this process
 

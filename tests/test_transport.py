@@ -13,7 +13,7 @@ from adjcap import image_state, stages
 from adjcap.data.images import decode_image
 from adjcap.models.roles import ScorerEncoder
 from adjcap.pipeline import load_models
-from adjcap.jobs.extract_features import read_records
+from adjcap.run_plan import read_records
 
 
 def _same(a, b):

@@ -25,6 +25,7 @@ class RowPlan:
     row: Row
     benchmark: str
     cfg: Config | None = None  # None when the row cannot run (``problem`` says why)
+    resolved: Config | None = None  # ``cfg`` resolved, once, here (the row's own edge)
     run_dir: Path | None = None
     problem: str | None = None
 
@@ -97,6 +98,7 @@ def plan_table(table: TableDef, benchmark: str | None = None, sets: list[str] | 
             plan.problem = f"preset '{row.preset}' is missing"
         else:
             plan.cfg = row_config(row, bench, sets, updates)
+            plan.resolved = plan.cfg.resolved()
             root = Path(runs_dir) if runs_dir else Path(plan.cfg.paths.runs_dir)
             plan.run_dir = root / f"{row.run_key}-{bench}{tag}"
         plans.append(plan)
