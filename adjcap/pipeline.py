@@ -7,7 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any, Sequence
 
-from adjcap import gpu_errors, image_state, stage_registry
+from adjcap import gpu_errors, image_state, pools, stage_registry
 from adjcap.config import Config
 from adjcap.data.records import Record
 from adjcap.index import CaptionIndex, encode_shards_in_process, encoder_identity, ensure_index
@@ -71,7 +71,7 @@ def run_pipeline(records: Sequence[Record], cfg: Config, models: Models | None =
     cfg = cfg.resolved()
     benchmark = benchmark or cfg.benchmark
     models = models or _load_models(cfg, benchmark)
-    bs = batch_size or cfg.ray.batch_size
+    bs = batch_size or pools.batch_size(cfg, pools.FUSED, str(cfg.device).startswith("cuda"))
     rows: list[dict[str, Any]] = []
     known = cfg.benchmarks.get(benchmark)
     exif = known.applies_exif() if known is not None else True  # records of an unconfigured folder: users' photos

@@ -11,9 +11,10 @@ memory each one's models take.
   processes per image), split with GPUs.
 
 The ``lavis`` verifier backend always runs split: its verifier runs in LAVIS's own environment.
-Each pool's actor count and CPU / GPU share is data too: ``ray.pool.<pool>.actors`` / ``.gpus`` /
-``.cpus``, defaulting to ``ray.workers``, ``ray.gpu_share`` (fused: the sum of the split pools'
-shares) and ``ray.cpu_share``. Pure: reads the config and the stage registry, never imports Ray.
+Each pool's actor count, CPU / GPU share and batch size is data too: ``ray.pool.<pool>.actors`` /
+``.gpus`` / ``.cpus`` / ``.batch_size``, defaulting to ``ray.workers``, ``ray.gpu_share`` (fused: the
+sum of the split pools' shares), ``ray.cpu_share`` and ``ray.batch_size`` (unset: 64 images with GPUs,
+16 without). Pure: reads the config and the stage registry, never imports Ray.
 """
 
 from __future__ import annotations
@@ -125,6 +126,20 @@ def gpu_share(cfg: Config, name: str) -> float:
     if name == FUSED:
         return round(sum(gpu_share(cfg, q) for q in pool_names()), 6)
     return float(cfg.ray.gpu_share)
+
+
+GPU_BATCH, CPU_BATCH = 64, 16  # images per Ray Data batch when ray.batch_size is not set
+
+
+def batch_size(cfg: Config, name: str | None, gpu: bool) -> int:
+    """Images per Ray Data batch of pool ``name`` (None: the decode tasks): ``ray.pool.<name>.batch_size``,
+    else ``ray.batch_size``, else 64 on a cluster with GPUs (``gpu``) and 16 without."""
+    p = _pool_cfg(cfg, name) if name is not None else None
+    if p is not None and p.batch_size is not None:
+        return p.batch_size
+    if cfg.ray.batch_size is not None:
+        return cfg.ray.batch_size
+    return GPU_BATCH if gpu else CPU_BATCH
 
 
 def cpu_request(cfg: Config, name: str) -> float | None:

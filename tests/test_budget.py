@@ -190,3 +190,18 @@ def test_gpu_memory_counts_each_model_at_its_load_precision_and_is_checked_per_p
     bf16 = load_config("headline", ["paths.data_dir=/nonexistent", "ray.workers=2", "ray.gpu_share=0.125",
                                     "precision=bf16"]).resolved()
     assert pool_plan(bf16, l4)  # half the bytes: fits
+
+
+def test_batch_sizes_are_data_and_blocks_hold_whole_batches():
+    """Each pool's Ray Data batch: ray.pool.<pool>.batch_size, else ray.batch_size, else 64 images with
+    GPUs and 16 without; a block holds whole batches of every pool (a multiple of their least common
+    multiple), at most 4 of them, and there are at least twice as many blocks as tasks at once."""
+    from adjcap.jobs.extract_features import BLOCK_BATCHES, block_rows
+
+    cfg = load_config("headline", ["paths.data_dir=/nonexistent", "ray.pool.captioner.batch_size=32"])
+    assert pools.batch_size(cfg, "retriever", gpu=True) == 64 and pools.batch_size(cfg, None, gpu=False) == 16
+    assert pools.batch_size(cfg, "captioner", gpu=False) == 32
+    assert pools.batch_size(load_config("demo"), "verifier", gpu=True) == 8  # the demo preset's ray.batch_size
+    assert block_rows(3000, 16, 2) == BLOCK_BATCHES * 16  # 47 blocks of 64: no block of 50 split 16, 16, 16, 2
+    assert block_rows(200, 16, 4) == 16 and block_rows(10, 16, 4) == 16
+    assert block_rows(3000, 48, 8) == 3 * 48 and all(block_rows(n, 24, 3) % 24 == 0 for n in (1, 100, 10_000))

@@ -106,7 +106,7 @@ class World:
                                                       cfg.verifier, dev, loaded={"retrieval": enc, "verifier": ver}))
             stages.score(states, sc.output, sc.verifier, sc.clipscore, reuse_image_embedding=sc.reuse_stage1)
         assert all(s.error is None for s in states), [s.error for s in states]
-        return {stage: [json.dumps(stage_registry.stage(stage).output.take(s), sort_keys=True, default=str) for s in states]
+        return {stage: [json.dumps(stage_registry.stage(stage).output.stored(s), sort_keys=True, default=str) for s in states]
                 for stage in STAGES[:n_stages]}
 
 
