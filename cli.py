@@ -92,6 +92,17 @@ def _no_space(e: BaseException) -> str | None:
             "kept: free some space there or write elsewhere (--run-dir / --out), then rerun")
 
 
+def _gpu_failure(e: BaseException) -> str | None:
+    """A GPU failure in a pool (out of memory at one image, a CUDA error), however Ray wrapped it, as
+    its one line (adjcap.gpu_errors)."""
+    if "torch" not in sys.modules:  # nothing ran on a GPU
+        return None
+    from adjcap import gpu_errors
+
+    found = gpu_errors.find(e)
+    return None if found is None else str(found)
+
+
 def _run(fn: Callable[[], Any]) -> Any:
     """Run a job; any failure is one line naming what to do (``--debug``: the traceback). SIGTERM
     stops it like Ctrl-C: the run lock and Ray are released, completed parts are kept."""
@@ -106,7 +117,7 @@ def _run(fn: Callable[[], Any]) -> Any:
     except Exception as e:  # noqa: BLE001 - the one place user-facing failures are turned into lines
         if STATE["debug"]:
             traceback.print_exc()
-        msg = _no_space(e) or (str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
+        msg = _no_space(e) or _gpu_failure(e) or (str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
         typer.secho(f"error: {msg}" + ("" if STATE["debug"] else "  (--debug for the traceback)"), fg="red", err=True)
         raise typer.Exit(2) from None
 

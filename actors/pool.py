@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow as pa
 import ray
 
-from adjcap import stage_registry
+from adjcap import gpu_errors, pools, stage_registry
 from adjcap.actors.progress import StageMeter
 from adjcap.actors.transport import columns, pack, unpack
 from adjcap.batch_sink import Sink, done_columns, write_batch
@@ -31,6 +31,9 @@ class PoolActor:
         self.cache = sink.cache() if sink is not None else None
         self.stages = [stage_registry.stage(s) for s in stages]
         given = {k: ray.get(v) if isinstance(v, ray.ObjectRef) else v for k, v in (given or {}).items()}
+        name = type(self).__name__  # actor_class names it for its pool: CaptionerActor, FusedActor
+        self.pool = name[:-5].lower() if name.endswith("Actor") and name != "PoolActor" else self.stages[0].pool
+        pools.check_gpu_memory(cfg, self.pool)  # before any model loads: one line when they cannot fit
         self.models = stage_registry.load_families(cfg, stage_registry.families_of(stages), given)
         self.meters = [StageMeter(s.name, board) for s in self.stages]
 
@@ -38,7 +41,10 @@ class PoolActor:
         states = unpack(batch)
         for stage, meter in zip(self.stages, self.meters):
             with meter.batch(states):
-                stage.run(states, self.models, self.cfg)
+                try:
+                    stage.run(states, self.models, self.cfg)
+                except gpu_errors.GpuFailure as e:  # the job's end, in one line naming this pool
+                    raise e.in_pool(self.pool) from None
         if self.sink is not None:
             write_batch(states, self.sink, self.cache)
             return columns(done_columns(states))

@@ -56,13 +56,15 @@ def _size_ifcap(cfg: "Config", gpu: bool) -> tuple[int, int]:
     cap = cfg.captioner
     clip = budget.encoder_params(cap.clip)
     own = budget.captioner_params(cap) - clip
-    return own + clip, own * _bytes(cap.precision, gpu) + clip * _bytes(cap.clip.precision, gpu)
+    # IFCap's loader keeps fp32 at precision "auto" (adjcap.models.ifcap): counted as it loads
+    lm = budget.precision_bytes(cap.precision, gpu, auto_half=False)
+    return own + clip, own * lm + clip * _bytes(cap.clip.precision, gpu)
 
 
 def _run_ifcap(states, c, cfg: "Config"):
     from adjcap import stages
 
-    return stages.caption(states, c.captioner, c.clip, cfg.captioner, c.vocabulary)
+    return stages.caption(states, c.captioner, c.clip, cfg.captioner, c.vocabulary, getattr(c, "nouns", None))
 
 
 # ---- hf ------------------------------------------------------------------------------------------

@@ -64,6 +64,10 @@ class EncoderCfg(_Strict):
     )
     image_batch_size: int = Field(32, gt=0, description="images per forward pass of the image tower")
     text_batch_size: int = Field(512, gt=0, description="captions per forward pass of the text tower (corpus encoding)")
+    text_token_budget: int = Field(
+        0, ge=0, description="token-budget text batches: captions sorted by length, a batch cut before its padded "
+        "tokens (rows x its longest caption) exceed this; 0 = off (batches of text_batch_size rows, the paper "
+        "presets': a batch's make-up moves the embeddings' last bits); the gpu preset sets it")
 
     def same_model(self, other: "EncoderCfg") -> bool:
         """Loads the same model at the same precision as ``other`` (batch sizes aside)."""
@@ -101,6 +105,12 @@ class VerifierCfg(_Strict):
     max_text_tokens: int = Field(35, gt=0, description="LAVIS truncates ITM text at 35 tokens")
     precision: Precision = Field("fp32", description="fp32 as the paper; root `precision` overrides")
     batch_size: int = Field(16, gt=0, description="images per verifier call")
+    text_token_budget: int = Field(
+        0, ge=0, description="the ITM text side's token budget: images' captions in length order, a chunk cut "
+        "before its padded tokens exceed this; 0 = off (chunks of up to 256 caption rows, the paper presets')")
+    attention: Literal["eager", "sdpa"] = Field(
+        "eager", description="BLIP's vision attention: eager (transformers' matmul + softmax, the paper's) or "
+        "sdpa (torch's scaled_dot_product_attention: fused kernels on a GPU, equal to 1e-5; the gpu preset's)")
     itm_first_token: Literal["enc", "cls"] = Field(
         "enc", description="first ITM text token: [ENC] as LAVIS/BLIP do, or [CLS] as the transformers example"
     )
@@ -383,6 +393,11 @@ class Config(_Strict):
         None, description="one switch for every frozen encoder (retrieval, output scorer, CLIPScore, the "
         "captioner's CLIP) and the verifier; None = each section's own (fp32, the paper's). bf16 = speed mode. "
         "The captioner's GPT-2 keeps captioner.precision"
+    )
+    tf32: bool = Field(
+        False, description="TF32 tensor cores for the fp32 matmuls on a CUDA GPU (torch's float32 matmul "
+        "precision 'high'): GPT-2, the log-probs and every fp32 model; false = exact fp32 (the paper presets'); "
+        "no effect on a CPU"
     )
     numerics: Literal["fast", "portable"] = Field(
         "fast", description="fast: this machine's best kernels, whole batches. portable: the same bits on every "

@@ -7,11 +7,12 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any, Sequence
 
-from adjcap import image_state, pools, stage_registry
+from adjcap import gpu_errors, image_state, pools, stage_registry
 from adjcap.config import Config
 from adjcap.data.records import Record
 from adjcap.index import CaptionIndex, encode_shards_in_process, encoder_identity, ensure_index
 from adjcap.index.lifecycle import search_corpus
+from adjcap.index.nouns import ensure_nouns
 from adjcap.models import roles
 from adjcap.stage_cache import StageCache, stage_counts
 
@@ -39,6 +40,11 @@ def _load_models(cfg: Config, benchmark: str | None = None) -> Models:
     index = CaptionIndex.load(out, device=cfg.device, encoder_id=encoder_identity(cfg.retrieval.encoder),
                               corpus_fingerprint=corpus.fingerprint)
     given = {"index": stage_registry.SearchIndex(index, corpus.texts)}
+    if cfg.captioner.entities.mode == "frequency":  # stage 3's corpus nouns, tagged once, kept with the index
+        try:
+            given["nouns"] = ensure_nouns(out, corpus.texts, corpus.fingerprint, cfg.captioner.entities.tagger)
+        except (LookupError, OSError):  # e.g. no NLTK data: stage 3 reports it per image
+            given["nouns"] = None
     loaded = stage_registry.load_families(cfg, [f for f in families if f != "retrieval"],
                                           given=given, preloaded={"retrieval": retrieval})
     return Models(**loaded)
@@ -48,7 +54,10 @@ def process_states(states: list[image_state.ImageState], models: Models, cfg: Co
     """Every registered stage, in order, on decoded states (``cfg`` resolved)."""
     m = vars(models)
     for stage in stage_registry.stages():
-        stage.run(states, m, cfg)
+        try:
+            stage.run(states, m, cfg)
+        except gpu_errors.GpuFailure as e:
+            raise e.in_pool(stage.pool) from None
     return states
 
 

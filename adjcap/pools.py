@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
-from adjcap import stage_registry
+from adjcap import gpu_errors, stage_registry
 from adjcap.config import Config, ConfigError
 from adjcap.models import budget
 
@@ -168,3 +168,46 @@ def pool_budget(cfg: Any, gpu: bool | None = None) -> dict[str, dict[str, int]]:
     text = budget.encoder_params(enc, ("text",))
     out[ENCODER] = {"params": text, "bytes": text * budget.precision_bytes(enc.precision, gpu)}
     return out
+
+
+def gpu_memory_problem(cfg: Any, gpus: float, gpu_bytes: int, pools: Iterable[str]) -> str | None:
+    """Why the models of ``pools`` (each pool's actors, :func:`actors`) cannot fit on ``gpus`` GPUs of
+    ``gpu_bytes`` each, counted at the precision each model loads in (``cfg`` resolved), or None: one
+    actor's models larger than a whole GPU, or every actor's together larger than all of them."""
+    plan = pool_budget(cfg, gpu=True)
+    pools = tuple(pools)
+    for p in pools:
+        need = plan[p]["bytes"]
+        if need > gpu_bytes:
+            return (f"pool {p}: one actor's models take {budget.human_bytes(need)} of GPU memory at the precision "
+                    f"they load in, more than a whole GPU ({budget.human_bytes(gpu_bytes)}); use precision=bf16 "
+                    "or a larger GPU")
+    total = sum(actors(cfg, p) * plan[p]["bytes"] for p in pools)
+    if total > gpus * gpu_bytes:
+        per = " + ".join(f"{actors(cfg, p)} x {p} {budget.human_bytes(plan[p]['bytes'])}" for p in pools)
+        return (f"the pools' models take {per} = {budget.human_bytes(total)} of GPU memory, the "
+                f"{gpus:g} GPU(s) have {budget.human_bytes(gpus * gpu_bytes)}; use fewer actors or precision=bf16")
+    return None
+
+
+def check_gpu_memory(cfg: Any, pool: str) -> None:
+    """In a pool's actor, before its models load (``cfg`` resolved): on a GPU, its models (at the
+    precision they load in) must fit in the device's free memory, else
+    :class:`adjcap.gpu_errors.GpuFailure` in one line naming the pool and the memory."""
+    import torch
+
+    from adjcap.models.precision import pick_device
+
+    if str(cfg.device) == "cpu" or not torch.cuda.is_available():
+        return
+    dev = pick_device(cfg.device)
+    plan = pool_budget(cfg, gpu=True)
+    if dev.type != "cuda" or pool not in plan:
+        return
+    need = plan[pool]["bytes"]
+    free, _ = torch.cuda.mem_get_info(dev)
+    if need > free:
+        raise gpu_errors.GpuFailure(
+            f"pool {pool}: its models need {budget.human_bytes(need)} of GPU memory at the precision they load in, "
+            f"before any batch; {gpu_errors.memory_line(dev)}; give the pool a GPU of its own "
+            "(ray.pool.<pool>.gpus) or use precision=bf16", pool=pool)

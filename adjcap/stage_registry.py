@@ -19,6 +19,7 @@ functions when they run, so the decode tasks and the stage cache stay light.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
@@ -33,6 +34,8 @@ from adjcap.models import budget
 
 if TYPE_CHECKING:
     from adjcap.config import Config
+
+log = logging.getLogger(__name__)
 
 # --------------------------------------------------------------------------------------------
 # the records
@@ -174,6 +177,9 @@ def load_families(cfg: "Config", names_: Iterable[str], given: Mapping[str, Any]
     """Load the families ``names_`` (``cfg`` resolved) in registration order, each once; a later family
     may reuse an earlier one (the scorer reuses the retrieval encoder and the verifier of its process).
     ``preloaded``: families the caller loaded already (returned with the others, seen by their loaders)."""
+    from adjcap.models.precision import set_tf32
+
+    set_tf32(cfg.tf32, cfg.device)  # TF32 for this process's fp32 matmuls on CUDA (the gpu preset's)
     models: dict[str, Any] = dict(preloaded or {})
     holds = frozenset(names_) | frozenset(models)
     for name in (f for f in _FAMILIES if f in holds and f not in models):
@@ -237,8 +243,29 @@ def _size_verifier(cfg: "Config", gpu: bool, holds: frozenset[str]) -> tuple[int
 
 
 def _load_captioner(cfg: "Config", ld: Loading):
-    """The configured captioner family's model (:mod:`adjcap.captioners`: ifcap, hf, candidates)."""
-    return captioners.family(cfg.captioner.family).load(cfg, cfg.device)
+    """The configured captioner family's model (:mod:`adjcap.captioners`: ifcap, hf, candidates). IFCap
+    also gets the corpus captions' nouns for the frequency entity filter (tagged once per corpus and kept
+    with the index: :mod:`adjcap.index.nouns`; when they cannot be had, the stage tags each image's
+    captions itself, as before)."""
+    model = captioners.family(cfg.captioner.family).load(cfg, cfg.device)
+    if cfg.captioner.family == "ifcap":
+        _attach_nouns(model, cfg, ld)
+    return model
+
+
+def _attach_nouns(role, cfg: "Config", ld: Loading) -> None:
+    if "nouns" in ld.given:
+        role.nouns = ld.given["nouns"]
+        return
+    from adjcap.index.nouns import nouns_for
+
+    try:  # tagged by the job's index step; never the whole corpus here, in a GPU's actor
+        role.nouns = nouns_for(cfg, tag_missing=False)
+    except (LookupError, OSError, ValueError) as e:  # no corpus file here: tag per image
+        log.warning(f"entities: tagging each image's captions (the corpus nouns are unavailable: {e})")
+    if role.nouns is None and cfg.captioner.entities.mode == "frequency":
+        log.warning("entities: the corpus nouns were not tagged by the index step (adjcap encode-corpus); "
+                    "tagging each image's captions")
 
 
 def _size_captioner(cfg: "Config", gpu: bool, holds: frozenset[str]) -> tuple[int, int]:
@@ -358,7 +385,7 @@ register(
     Stage(
         "retrieve", "retriever", ("retrieval", "index"),
         Reads(("benchmark", "benchmarks.{benchmark}.images", "benchmarks.{benchmark}.format",
-               "benchmarks.{benchmark}.exif_transpose", "device", "precision", "numerics", "retrieval"),
+               "benchmarks.{benchmark}.exif_transpose", "device", "precision", "numerics", "tf32", "retrieval"),
               by_content=("retrieval.index_dir",),  # the searched index: identity.searched_index()
               speed=("retrieval.shard_size", *(f"retrieval.encoder.{k}" for k in _ENC_SPEED))),
         StageOutput(
@@ -373,7 +400,7 @@ register(
     ),
     Stage(
         "verify", "verifier", ("verifier",),
-        Reads(("numerics", "verifier"), speed=("verifier.batch_size",), unread=_verifier_unread),
+        Reads(("numerics", "tf32", "verifier"), speed=("verifier.batch_size",), unread=_verifier_unread),
         StageOutput(
             pa.schema([("image_id", pa.string()), ("retrieved", pa.list_(RETRIEVED)),
                        ("verified", pa.list_(VERIFIED)), ("verifier_backend", pa.string())]),
@@ -384,7 +411,7 @@ register(
     Stage(
         "caption", "captioner", ("captioner",),
         # captioner.search is not speed-only: the reference search's beams differ (the property test)
-        Reads(("numerics", "captioner"),
+        Reads(("numerics", "tf32", "captioner"),
               speed=("captioner.batch_size", "captioner.candidates.lm_batch_size",
                      *(f"captioner.clip.{k}" for k in _ENC_SPEED)),
               unread=captioners.unread),  # the other captioner families' settings
@@ -398,7 +425,7 @@ register(
     ),
     Stage(
         "score", "scorer", ("scorer",),
-        Reads(("numerics", "scorer.encoder", "eval.clipscore"),
+        Reads(("numerics", "tf32", "scorer.encoder", "eval.clipscore"),
               speed=(*(f"scorer.encoder.{k}" for k in _ENC_SPEED), *(f"eval.clipscore.{k}" for k in _ENC_SPEED))),
         StageOutput(pa.schema([("image_id", pa.string()), ("candidates", pa.list_(CANDIDATE))]),
                     lambda s: {"candidates": s.candidates}, _give_score),

@@ -3,7 +3,8 @@
 Each stage takes a list of :class:`ImageState` plus the models it needs and fills in its part. A stage
 never raises for one bad image: the batch is retried image by image and the failing image gets its
 ``error`` set (its row is still written, so reports count it). Images whose ``error`` is already set
-are passed through untouched.
+are passed through untouched. Out of GPU memory a batch is retried in halves; a GPU failure is never
+an image's error but the job's end (:mod:`adjcap.gpu_errors`).
 
     retrieve  : retrieval-encoder image tower + caption index   -> retrieved (L), retrieval image embedding
     verify    : BLIP ITM on the L retrieved                     -> verified (k), verifier image memo
@@ -26,7 +27,7 @@ import numpy as np
 import torch
 
 from adjcap import entities as ent
-from adjcap import numerics
+from adjcap import gpu_errors, numerics
 from adjcap.config import CaptionerCfg
 from adjcap.image_state import ImageState
 
@@ -39,24 +40,30 @@ def _guarded(stage: str, fn: Callable[[list[ImageState]], None], states: list[Im
              completes: bool = True) -> list[ImageState]:
     """Run ``fn`` on the ok states that do not hold the stage's output yet (filled from the stage
     cache: ``done``), the whole batch at once or, with portable numerics, one image at a time
-    (:func:`adjcap.numerics.per_image`); if the batch fails, retry one image at a time. Marks the stage
-    done/computed unless ``fn`` is only part of the stage (``completes=False``: a later pool finishes it)."""
+    (:func:`adjcap.numerics.per_image`); out of GPU memory, in halves (:func:`run_batch`). If the batch
+    fails otherwise, retry one image at a time. A GPU failure (:mod:`adjcap.gpu_errors`) is never an
+    image's error: it ends the job. Marks the stage done/computed unless ``fn`` is only part of the
+    stage (``completes=False``: a later pool finishes it)."""
     live = [s for s in states if s.ok and stage not in s.done]
     if not live:
         return states
     try:
         if numerics.per_image():  # portable numerics: an image's outputs do not depend on its batch
             for s in live:
-                fn([s])
+                run_batch(stage, fn, [s])
         else:
-            fn(live)
+            run_batch(stage, fn, live)
+    except gpu_errors.GpuFailure:
+        raise
     except Exception:  # noqa: BLE001 - isolate the failing image(s), keep the others
         if len(live) == 1:
             live[0].error = f"{stage}: {traceback.format_exc(limit=3).strip().splitlines()[-1]}"
         else:
             for s in live:
                 try:
-                    fn([s])
+                    run_batch(stage, fn, [s])
+                except gpu_errors.GpuFailure:
+                    raise
                 except Exception as e:  # noqa: BLE001
                     s.error = f"{stage}: {type(e).__name__}: {e}"
     for s in live if completes else ():
@@ -64,6 +71,34 @@ def _guarded(stage: str, fn: Callable[[list[ImageState]], None], states: list[Im
             s.done.add(stage)
             s.computed.add(stage)
     return states
+
+
+def run_batch(stage: str, fn: Callable[[list[ImageState]], None], batch: list[ImageState]) -> None:
+    """``fn(batch)``; out of GPU memory, the rest of the batch again in halves, down to one image
+    (a halved size holds for the rest of this batch); one image that still does not fit, or any
+    other GPU error, raises :class:`adjcap.gpu_errors.GpuFailure`. Other errors pass through."""
+    size, i = len(batch), 0
+    while i < len(batch):
+        part = batch[i : i + size]
+        try:
+            fn(part)
+        except Exception as e:  # noqa: BLE001 - sorted below: out of memory, a GPU failure, the rest
+            if gpu_errors.is_oom(e):
+                del e  # its traceback holds the frames (and tensors) that filled the memory
+                if len(part) == 1:
+                    raise gpu_errors.oom_failure(stage, len(batch)) from None
+                size = max(1, len(part) // 2)
+                _free_gpu_cache()
+                continue
+            if gpu_errors.is_accelerator_error(e):
+                raise gpu_errors.accelerator_failure(stage, len(part), e) from e
+            raise
+        i += len(part)
+
+
+def _free_gpu_cache() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _images(states: Sequence[ImageState]) -> list:
@@ -117,6 +152,10 @@ def verify(states: list[ImageState], verifier, keep: int) -> list[ImageState]:
         with torch.inference_mode():
             memo = verifier.encode_images(_images(batch))
             probs = verifier.score(memo, [[r["text"] for r in s.retrieved] for s in batch])
+            # only the vision-encoder output travels to stage 4; cross-attention K/V are recomputed
+            # there from it (cheap), which keeps the per-image state small between Ray pools. One copy
+            # to the host for the batch (a read per image would stall a GPU once per image)
+            embeds = memo.image_embeds.detach().cpu()
         for i, s in enumerate(batch):
             p = np.asarray(probs[i], dtype=np.float64)
             for r, v in zip(s.retrieved, p):
@@ -132,9 +171,7 @@ def verify(states: list[ImageState], verifier, keep: int) -> list[ImageState]:
                 }
                 for j in order
             ]
-            # only the vision-encoder output travels to stage 4; cross-attention K/V are recomputed
-            # there from it (cheap), which keeps the per-image state small between Ray pools
-            s.verifier_memo = memo.image_embeds[i].detach().cpu()
+            s.verifier_memo = embeds[i].clone()  # its own storage: a state pickles only its image's
             s.verifier_backend = getattr(verifier, "backend", "transformers")
 
     return _guarded("verify", run, states)
@@ -157,9 +194,11 @@ def caption(
     clip,
     ccfg: CaptionerCfg,
     vocabulary: tuple[list[str], torch.Tensor] | None = None,
+    nouns=None,
 ) -> list[ImageState]:
     """Run the unchanged IFCap captioner on the verified pool; emit a beam of N candidates.
-    ``ccfg`` is the resolved captioner section."""
+    ``ccfg`` is the resolved captioner section; ``nouns``: the corpus captions' noun lemmas tagged
+    once (:class:`adjcap.index.nouns.CorpusNouns`), counted by corpus id (None: tag each image's)."""
     ecfg = ccfg.entities
 
     def run(batch: list[ImageState]) -> None:
@@ -176,7 +215,12 @@ def caption(
                 feats.append(txt[start : start + len(ts)])
                 start += len(ts)
             entity_lists = []
-            if ecfg.mode == "frequency":
+            if ecfg.mode == "frequency" and nouns is not None:
+                for s in batch:
+                    src = s.verified if ecfg.pool == "verified" else s.retrieved
+                    entity_lists.append(ent.filter_entities(nouns.counts([c["corpus_id"] for c in src]),
+                                                            ecfg.threshold))
+            elif ecfg.mode == "frequency":
                 tagger, lemmatize = _tagger(ecfg.tagger)
                 for s in batch:
                     counts = ent.count_nouns(entity_pool(s, ecfg.pool), tagger=tagger, lemmatize=lemmatize)

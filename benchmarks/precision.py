@@ -4,9 +4,13 @@ beam; per picker, how many picks change; and the metric deltas of each picker.
 
     python benchmarks/precision.py --limit 8                 # the demo world on this machine (CPU: slow in bf16)
     python benchmarks/precision.py --limit 200 --device cuda # on a GPU
+    python benchmarks/precision.py --preset gpu --limit 8    # the gpu speed preset against the headline's fp32
 
 bf16 here is the root switch: the retrieval, output-scorer and CLIPScore encoders, the verifier and the
-captioner's CLIP; the captioner's GPT-2 stays fp32 (``captioner.precision``). Results: BENCHMARKS.md.
+captioner's CLIP; the captioner's GPT-2 stays fp32 (``captioner.precision``). With ``--preset gpu`` the
+two runs are the headline and the gpu preset on the demo world (``jobs.demo.on_demo_world``: the same
+method and tiny models; the gpu preset adds bf16, TF32 (a GPU's only), token-budget text batches and
+SDPA vision attention), so the table is the gpu preset's parity. Results: BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from adjcap.features import rows_to_table  # noqa: E402
 from adjcap.metrics.evaluate import Evaluator  # noqa: E402
 from adjcap.pipeline import run_pipeline  # noqa: E402
 from adjcap.rerank import applicable_pickers, load_features, pick, run_protocol  # noqa: E402
-from adjcap.jobs.demo import prepare  # noqa: E402
+from adjcap.jobs.demo import on_demo_world, prepare  # noqa: E402
 from adjcap.run_plan import read_records  # noqa: E402
 
 
@@ -58,14 +62,24 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--cache", default=None, help="demo cache (default: $ADJCAP_CACHE or a temp dir)")
     ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument("--preset", default=None, choices=["gpu"],
+                    help="compare this speed preset with the headline's fp32 on the demo world (default: the demo "
+                         "preset with precision=bf16 against fp32)")
     args = ap.parse_args()
     cache = args.cache or os.environ.get("ADJCAP_CACHE") or tempfile.mkdtemp(prefix="adjcap-precision-")
-    base = load_config("demo", [f"paths.cache_dir={cache}", f"device={args.device}", f"limit={args.limit}"])
+    sets = [f"paths.cache_dir={cache}", f"device={args.device}", f"limit={args.limit}"]
+    base = load_config("demo", sets)
     prepare(base)
+
+    def config(prec: str):
+        if args.preset is None:
+            return load_config("demo", [*sets, f"precision={prec}"]).resolved()
+        # "fp32": the headline's fidelity settings; "bf16": the speed preset's; both on the demo world
+        return on_demo_world(load_config("headline" if prec == "fp32" else args.preset, sets)).resolved()
+
     runs = {}
     for prec in ("fp32", "bf16"):
-        cfg = load_config("demo", [f"paths.cache_dir={cache}", f"device={args.device}", f"limit={args.limit}",
-                                   f"precision={prec}"]).resolved()
+        cfg = config(prec)
         records = read_records(cfg)
         tables, seconds = extract(cfg, records)
         runs[prec] = {"cfg": cfg, "records": records, "tables": tables, "seconds": seconds, "picks": picks(cfg, tables)}
@@ -99,7 +113,8 @@ def main() -> None:
                 "CIDEr_fp32": ma.get("CIDEr"), "CIDEr_bf16": mb.get("CIDEr"),
                 "delta": {k: (mb[k] - ma[k]) for k in ma if ma.get(k) is not None and mb.get(k) is not None},
             }
-    print(f"\n{n} images of '{split}' on {args.device}; bf16 vs fp32")
+    what = f"the {args.preset} preset vs the headline's fp32" if args.preset else "bf16 vs fp32"
+    print(f"\n{n} images of '{split}' on {args.device}; {what}")
     for k, v in stage.items():
         print(f"  {k:28s} changed on {v}/{n} images")
     print(f"  max |cosine diff| where the beam is unchanged: {max_cos:.2e}")

@@ -7,6 +7,12 @@
     python benchmarks/realsize.py --device cuda --encode-only    # the corpus encode of 566,747 captions
     python benchmarks/realsize.py --judges cpu-16gb --precision fp32 --mode ray   # the cpu-16gb preset's judges
     python benchmarks/realsize.py --images 2 --precision fp32 --mode side-by-side  # adjcap vs the paper's way
+    python benchmarks/realsize.py --device cuda --parity --images 64 --corpus 50000  # the gpu preset vs fp32
+
+Every run keeps IFCap's GPT-2 and its log-probs at the production precision (fp32): ``--precision`` is the
+root switch (every encoder and the verifier), so a bf16 run decodes with production's language model.
+``--preset gpu`` runs the gpu speed preset's settings (TF32 on CUDA, token-budget text batches, SDPA
+vision attention; adjcap/presets/gpu.toml) instead of the headline's.
 
 Writes, under ``--assets`` (default ``$ADJCAP_CACHE/realsize``, reused when present):
 
@@ -366,12 +372,16 @@ def overrides(a: dict[str, Path], precision: str, device: str, n_images: int, ca
         f"paths.cache_dir={cache}", f"paths.runs_dir={cache / 'runs'}",
         "benchmarks.realsize.format=ifcap", f"benchmarks.realsize.annotations={a['annotations']}",
         f"benchmarks.realsize.images={a['images']}", f"benchmarks.realsize.corpus={a['corpus']}",
-        f"retrieval.encoder.model={retrieval}", f"retrieval.encoder.pretrained={a['retrieval']}",
-        f"retrieval.encoder.precision={p}", *clipscore, f"eval.clipscore.precision={p}",
-        f"verifier.model={a['blip']}", f"verifier.precision={p}",
+        f"retrieval.encoder.model={retrieval}",
+        # the root switch: every encoder and the verifier at ``p``; GPT-2 and its log-probs stay at the
+        # production precision (fp32, captioner.precision), so a bf16 run decodes production's beams
+        f"precision={p}", "captioner.precision=fp32",
+        f"retrieval.encoder.pretrained={a['retrieval']}",
+        *clipscore,
+        f"verifier.model={a['blip']}",
         f"captioner.checkpoint={a['ifcap']}", f"captioner.tokenizer={a['tokenizer']}",
         "captioner.clip.model=ViT-B-32-quickgelu", f"captioner.clip.pretrained={a['vitb32']}",
-        f"captioner.clip.precision={p}", f"captioner.precision={p}", f"captioner.entities.tagger={a['lexicon']}",
+        f"captioner.entities.tagger={a['lexicon']}",
         "rerank.protocol=transductive", "rerank.fit_split=test", "eval.spice=false",
         "ray.include_dashboard=false",
     ]
@@ -496,9 +506,9 @@ def ray_refuses(cfg, avail: int) -> str | None:
 # --------------------------------------------------------------------------------------------
 
 
-def run_ray(sets: list[str], run_dir: Path, env: dict) -> dict:
+def run_ray(sets: list[str], run_dir: Path, env: dict, preset: str = "headline") -> dict:
     """``cli.py run-job`` in a subprocess; returns the figures it printed and the pools' peak RSS."""
-    cmd = [sys.executable, str(ROOT / "cli.py"), "run-job", "realsize", "--preset", "headline",
+    cmd = [sys.executable, str(ROOT / "cli.py"), "run-job", "realsize", "--preset", preset,
            "--run-dir", str(run_dir), "--fresh", "--workers", "1"]
     for s in sets:
         cmd += ["--set", s]
@@ -546,6 +556,33 @@ def test_records(cfg) -> list:
     return read_benchmark(b.format, split_annotations(b, "test", cfg.benchmark), b.images, "test", limit=cfg.limit)
 
 
+JUDGES = ("lm_logprob_mean", "retrieval_cosine", "verifier")  # each single judge's top candidate
+
+
+def outputs(states) -> list[dict]:
+    """What parity compares per image: retrieved and kept corpus ids, the beam's texts, each judge's top
+    candidate (the stage-4 scores)."""
+    out = []
+    for s in states:
+        cands = s.candidates or []
+        top = {j: (max(range(len(cands)), key=lambda i: cands[i][j]) if cands else None) for j in JUDGES}
+        out.append({"image": s.image_id, "retrieved": [r["corpus_id"] for r in s.retrieved or []],
+                    "verified": [v["corpus_id"] for v in s.verified or []], "beam": [c["text"] for c in cands],
+                    "top": {j: (cands[i]["text"] if i is not None else None) for j, i in top.items()}})
+    return out
+
+
+def parity(a: list[dict], b: list[dict]) -> dict:
+    """Images (of the same list) whose retrieval, kept captions, beam or each judge's top candidate differ."""
+    n = len(a)
+    res = {"images": n, "retrieved": sum(x["retrieved"] != y["retrieved"] for x, y in zip(a, b)),
+           "verified": sum(x["verified"] != y["verified"] for x, y in zip(a, b)),
+           "beam": sum(x["beam"] != y["beam"] for x, y in zip(a, b))}
+    for j in JUDGES:
+        res[f"top by {j}"] = sum(x["top"][j] != y["top"][j] for x, y in zip(a, b))
+    return res
+
+
 def run_stages(cfg, n_images: int) -> dict:
     """One pool's models at a time, in this process: seconds per image per stage, RSS per pool."""
     from adjcap import image_state
@@ -554,6 +591,9 @@ def run_stages(cfg, n_images: int) -> dict:
     from adjcap.index import CaptionIndex
     from adjcap.models.roles import load_captioner, load_retrieval_encoder, load_verifier
 
+    from adjcap.models.precision import set_tf32
+
+    set_tf32(cfg.tf32, cfg.device)  # as the pools do where they load their models
     recs = test_records(cfg)[:n_images]
     states = [image_state.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path) for r in recs]
     corpus = load_corpus(cfg.benchmark_cfg().corpus, cfg.benchmark_cfg().corpus_format)
@@ -611,6 +651,7 @@ def run_stages(cfg, n_images: int) -> dict:
     gc.collect()
     errors = [s.error for s in states if s.error]
     out["errors"] = errors
+    out["outputs"] = outputs(states)
     out["example"] = {"image": states[0].image_id, "retrieved": [c["text"] for c in states[0].retrieved[:2]],
                       "candidates": len(states[0].candidates), "verified": len(states[0].verified)}
     return out
@@ -624,6 +665,9 @@ def run_side_by_side(cfg, n_images: int) -> dict:
     from adjcap.models.roles import load_captioner, load_retrieval_encoder, load_verifier
     from benchmarks.paper_way import side_by_side
 
+    from adjcap.models.precision import set_tf32
+
+    set_tf32(cfg.tf32, cfg.device)  # as the pools do where they load their models
     recs = test_records(cfg)[:n_images]
     states = [image_state.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path) for r in recs]
     corpus = load_corpus(cfg.benchmark_cfg().corpus, cfg.benchmark_cfg().corpus_format)
@@ -682,6 +726,13 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None, help="write the figures here")
     ap.add_argument("--judges", default="headline", choices=sorted(RETRIEVAL_MODEL),
                     help="whose judges: the headline's (bigG, BLIP large) or the cpu-16gb preset's (ViT-L-14, BLIP base)")
+    ap.add_argument("--preset", default="headline", choices=["headline", "gpu"],
+                    help="the method's settings: the headline's (the paper's fidelity settings) or the gpu speed "
+                         "preset's (TF32, token-budget text batches, SDPA vision attention); --precision sets the "
+                         "encoders' and the verifier's precision in both")
+    ap.add_argument("--parity", action="store_true",
+                    help="the gpu preset's parity: the headline in fp32, then the gpu preset (bf16), both --mode stages, "
+                         "and which outputs moved (--preset and --precision are then ignored)")
     args = ap.parse_args()
 
     from adjcap.config import load_config
@@ -696,9 +747,13 @@ def main() -> None:
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0",
            "TOKENIZERS_PARALLELISM": "false"}
     results = {}
-    for prec in args.precision:
+    runs = [("headline", "fp32"), ("gpu", "bf16")] if args.parity else [(args.preset, p) for p in args.precision]
+    if args.parity:
+        args.mode = "stages"
+    for preset, prec in runs:
+        args.preset = preset
         sets = overrides(assets, prec, args.device, args.images, root / "cache", args.judges)
-        cfg = load_config("headline", sets).resolved()
+        cfg = load_config(preset, sets).resolved()
         if args.encode_only:
             encode_only(cfg, n_corpus)
             continue
@@ -707,10 +762,10 @@ def main() -> None:
         if mode == "auto":
             refused = None if args.device.startswith("cuda") else ray_refuses(cfg, avail)
             mode, why = ("stages", f"; the job would refuse: {refused}") if refused else ("ray", "")
-        print(f"\n== {prec} on {args.device}, {args.images} images, {n_corpus} corpus captions: mode {mode} "
+        print(f"\n== {preset} preset, {prec} on {args.device}, {args.images} images, {n_corpus} corpus captions: mode {mode} "
               f"(all pools at once ~{gib(need)}, available {gib(avail)}{why})")
         if mode == "ray":
-            r = run_ray(sets, root / "runs" / f"{args.judges}-{prec}-{args.images}", env)
+            r = run_ray(sets, root / "runs" / f"{args.judges}-{args.preset}-{prec}-{args.images}", env, args.preset)
             print(f"  end to end: {args.images / r['wall_s']:.3f} images/s ({r['wall_s']:.0f}s wall, incl. Ray start, "
                   f"model loading, corpus encode, fit, evaluate)")
             for pool, b in sorted(r["pool_peak_rss"].items()):
@@ -727,7 +782,13 @@ def main() -> None:
             print(f"  example: {r['example']}")
             if r["errors"]:
                 print(f"  ERRORS: {r['errors']}")
-        results[f"{prec}-{mode}"] = r
+        results[f"{preset}-{prec}-{mode}" if args.parity or preset != "headline" else f"{prec}-{mode}"] = r
+    staged = [r for r in results.values() if "outputs" in r]
+    if len(staged) == 2:  # two precisions in one process: what moved between them
+        results["parity"] = parity(staged[0]["outputs"], staged[1]["outputs"])
+        print(f"\n== parity, {' vs '.join(k for k, r in results.items() if 'outputs' in r)}: images whose ... differ")
+        for k, v in results["parity"].items():
+            print(f"  {k:28s} {v}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2, default=str))
 

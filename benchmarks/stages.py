@@ -76,7 +76,9 @@ def tiny(args) -> None:
     from adjcap.run_plan import read_records
 
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = load_config("demo", [f"paths.cache_dir={tmp}", "device=cpu"])
+        cfg = load_config("demo", [f"paths.cache_dir={args.cache or tmp}", "device=cpu",
+                                   f"retrieval.encoder.text_token_budget={args.token_budget}",
+                                   f"verifier.text_token_budget={args.itm_token_budget}"])
         prepare(cfg)
         cfg = cfg.resolved()
         models = load_models(cfg)
@@ -88,15 +90,37 @@ def tiny(args) -> None:
 
         enc = models.retrieval  # also the scorer's text tower in the demo
         enc.text_token_counts[:] = [0, 0]
+        models.verifier.text_token_counts[:] = [0, 0]
         bench_stages("tiny models, cpu (demo world)", models, cfg, factory, args.images, args.batch)
-        print(f"  stages' text batches (retrieval/scorer tower): padded_token_fraction "
-              f"{padded_token_fraction(enc.text_token_counts):.3f}")
+        print(f"  stages' text batches (retrieval/scorer tower, token budget {args.token_budget or 'off'}): "
+              f"padded_token_fraction {padded_token_fraction(enc.text_token_counts):.3f}")
+        print(f"  ITM text side (verify + score, token budget {args.itm_token_budget or 'off'}): "
+              f"padded_token_fraction {padded_token_fraction(models.verifier.text_token_counts):.3f}")
+        host_reads_per_batch(models, cfg, factory, args.batch)
         texts = list(models.index.texts)
         enc.text_token_counts[:] = [0, 0]
         dt = _time(lambda: enc.encode_texts(texts, normalize=True))
         print(f"  corpus encode: {len(texts)} captions in {dt:.2f}s = {len(texts) / dt:.0f} captions/s, "
               f"padded_token_fraction {padded_token_fraction(enc.text_token_counts):.3f}")
         padding_by_budget(enc, texts)
+
+
+def host_reads_per_batch(models: Models, cfg, states_factory, batch: int) -> None:
+    """Host reads (adjcap.dispatch_audit) of one batch of each stage, and of a batch of a third of the
+    size: equal counts mean reads per batch, not per image."""
+    from adjcap import stage_registry
+    from adjcap.dispatch_audit import DispatchAudit
+
+    counts = {}
+    for n in (max(1, batch // 3), batch):
+        st = states_factory(n)
+        for stage in stage_registry.stages():
+            audit = DispatchAudit()
+            with audit:
+                stage.run(st, vars(models), cfg)
+            counts.setdefault(stage.name, []).append(sum(audit.reads.values()))
+    print(f"  host reads per batch of {max(1, batch // 3)} / {batch} images: "
+          + ", ".join(f"{k} {a} / {b}" for k, (a, b) in counts.items()))
 
 
 def padding_by_budget(enc, texts: list[str], budgets=(None, 16384, 4096, 1024)) -> None:
@@ -156,6 +180,9 @@ def main() -> None:
     ap.add_argument("--real", action="store_true", help="real-size random-weight models on CUDA")
     ap.add_argument("--images", type=int, default=48)
     ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--cache", default=None, help="tiny: a demo cache to reuse (default: built in a temp dir)")
+    ap.add_argument("--token-budget", type=int, default=0, help="tiny: retrieval.encoder.text_token_budget")
+    ap.add_argument("--itm-token-budget", type=int, default=0, help="tiny: verifier.text_token_budget")
     args = ap.parse_args()
     torch.manual_seed(0)
     if args.real:

@@ -33,7 +33,8 @@ DEMO_WORLD_KEYS = (
 
 def on_demo_world(cfg: Config) -> Config:
     """``cfg``'s method settings (verifier on/off, L, k, K, beam, decoder, entity mode, picker, protocol,
-    splits, precision) on the demo world: the demo preset's model and data keys replace ``cfg``'s;
+    splits, precision, TF32, token budgets) on the demo world: the demo preset's model and data keys
+    replace ``cfg``'s;
     ``paths``, ``limit`` and the name are kept. An output scorer of its own (``scorer.encoder``)
     becomes the demo's captioner CLIP, loaded apart from the retrieval encoder, so the path that does
     not reuse stage 1's image embedding still runs (the small tiny CLIP, as the paper's ViT-B/32 scorer is
@@ -48,6 +49,13 @@ def on_demo_world(cfg: Config) -> Config:
         dst[last] = src[last]
     if cfg.scorer.encoder is not None:
         data["scorer"]["encoder"] = demo["captioner"]["clip"]
+    for section in ("retrieval.encoder", "captioner.clip", "eval.clipscore", "scorer.encoder"):
+        *parents, last = section.split(".")
+        src, dst = cfg.model_dump(mode="json"), data
+        for p in parents:
+            src, dst = src[p], dst[p]
+        if src.get(last) and dst.get(last):  # a speed setting of the preset's own, kept on the demo's models
+            dst[last]["text_token_budget"] = src[last]["text_token_budget"]
     return Config.model_validate(data)
 
 

@@ -68,6 +68,13 @@ def index_for(cfg: Config, corpus: Corpus) -> Path:
     out = ensure_index(cfg.retrieval, cfg.paths.cache_dir, corpus, encode_with_pool(cfg), log=print,
                        corpus_format=cfg.benchmark_cfg().corpus_format)
     print(f"index: {out} ({len(corpus.texts)} captions)")
+    if cfg.captioner.entities.mode == "frequency":  # stage 3's nouns, tagged once here, not per image
+        from adjcap.index.nouns import ensure_nouns
+
+        try:
+            ensure_nouns(out, corpus.texts, corpus.fingerprint, cfg.captioner.entities.tagger, say=print)
+        except (LookupError, OSError) as e:  # e.g. no NLTK data: stage 3 reports it per image, as before
+            print(f"entities: the corpus nouns were not tagged ({e})")
     return out
 
 

@@ -23,7 +23,8 @@ class PreflightError(RuntimeError):
 
 def local_cluster() -> dict[str, float]:
     """The resources a new local Ray would register on this machine: its CPUs, GPUs, and the memory
-    it leaves for tasks and actors (available memory less the object store, as Ray computes it)."""
+    it leaves for tasks and actors (available memory less the object store, as Ray computes it), and the
+smallest visible GPU's memory (``gpu_memory``)."""
     try:
         from ray._private.utils import estimate_available_memory, resolve_object_store_memory
 
@@ -33,7 +34,11 @@ def local_cluster() -> dict[str, float]:
         import psutil
 
         memory = 0.7 * psutil.virtual_memory().available
-    return {"CPU": float(os.cpu_count() or 1), "GPU": float(len(visible_gpus())), "memory": memory}
+    gpus = visible_gpus()
+    out = {"CPU": float(os.cpu_count() or 1), "GPU": float(len(gpus)), "memory": memory}
+    if gpus:  # not a Ray resource: pool_plan checks the models' GPU memory against the smallest GPU
+        out["gpu_memory"] = float(min(g.total_bytes for g in gpus))
+    return out
 
 
 def memory_problem(cfg: Config) -> str | None:

@@ -283,6 +283,10 @@ def pool_plan(cfg: Config, cluster: dict[str, float], pools: tuple[str, ...] | N
                 "use fewer --workers")
         for p in pools:
             plan[p] = {"num_gpus": shares[p], "num_cpus": each[p]}
+        if cluster.get("gpu_memory"):  # a local Ray: the GPUs' memory is known before Ray starts
+            problem = pool_layout.gpu_memory_problem(cfg, gpus, int(cluster["gpu_memory"]), pools)
+            if problem:
+                raise ResourceError(f"{asked}: {problem}")
     else:
         share = cpu_share(cfg, cpus, pools)
         if share < MIN_CPU_SHARE:

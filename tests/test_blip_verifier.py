@@ -133,3 +133,32 @@ def test_score_checks_counts(verifier):
     with pytest.raises(ValueError, match="2 encoded images"):
         verifier.score(memo, [["a"]])
     assert isinstance(ImageMemo.concat([memo, memo]), ImageMemo)
+
+
+def test_sdpa_vision_attention_equals_eager_and_the_token_budget_keeps_scores(tiny_dir, verifier, images):
+    """verifier.attention=sdpa (adjcap.models.blip_sdpa): the vision tower's outputs within 1e-5 of
+    transformers' eager attention; verifier.text_token_budget: more, shorter ITM chunks, the same
+    scores (1e-5) in the same order, and fewer padded tokens."""
+    from adjcap.models.blip_sdpa import SdpaBlipAttention
+
+    sdpa = load_verifier(str(tiny_dir), device="cpu", image_batch_size=2, attention="sdpa", text_token_budget=400)
+    layers = sdpa.model.vision_model.encoder.layers
+    assert all(isinstance(layer.self_attn, SdpaBlipAttention) for layer in layers)
+    assert sdpa.model.state_dict().keys() == verifier.model.state_dict().keys()  # same parameters, same names
+    eager, fused = verifier.encode_images(images), sdpa.encode_images(images)
+    diff = (eager.image_embeds - fused.image_embeds).abs().max().item()
+    assert 0 <= diff <= 1e-5 and eager.image_embeds.abs().max().item() > 0.1
+    caps = _captions()
+    texts = [caps[0:9], caps[9:11], caps[11:31], caps[31:32], caps[32:40]]
+    verifier.text_token_counts[:] = [0, 0]
+    verifier.pair_batch_size = 256  # one chunk of 5 x 20 rows, as loaded by default
+    try:
+        plain = verifier.score(eager, texts)
+    finally:
+        verifier.pair_batch_size = 5
+    budget = sdpa.score(fused, texts)
+    for a, b in zip(plain, budget):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+    pad = lambda c: 1 - c[0] / c[1]  # noqa: E731
+    assert sdpa.text_token_counts[0] == verifier.text_token_counts[0]  # the same real tokens
+    assert pad(sdpa.text_token_counts) < pad(verifier.text_token_counts)

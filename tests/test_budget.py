@@ -172,6 +172,26 @@ def test_pool_actors_and_shares_are_data():
         pool_plan(_cfg(1, **{"pool.captioners.actors": 2}), one_gpu)
 
 
+def test_gpu_memory_counts_each_model_at_its_load_precision_and_is_checked_per_pool():
+    """IFCap's GPT-2 at precision=auto loads in fp32 (adjcap.models.ifcap), so the plan counts it at 4
+    bytes; a pool whose models cannot fit on the GPUs is refused before Ray starts, naming the pool."""
+    auto = load_config("headline", ["paths.data_dir=/nonexistent", "precision=auto", "captioner.precision=auto"]).resolved()
+    vit_b = sum(budget.CLIP_TOWERS["ViT-B-32"].values())
+    assert pools.pool_budget(auto, gpu=True)["captioner"]["bytes"] == 4 * budget.IFCAP_PARAMS + 2 * vit_b
+    cfg = load_config("headline", ["paths.data_dir=/nonexistent"]).resolved()  # fp32: bigG's image tower 6.9 GiB
+    l4 = {"CPU": 16.0, "GPU": 1.0, "memory": 100 * GiB, "gpu_memory": 22.5 * GiB}
+    assert set(pool_plan(cfg, l4)) == set(pools.pool_names())  # 14.0 GiB of models on one 22.5 GiB L4
+    with pytest.raises(ResourceError) as e:
+        pool_plan(cfg, {**l4, "gpu_memory": 6 * GiB})
+    assert "\n" not in str(e.value) and "pool retriever: one actor's models take 6.9 GiB" in str(e.value)
+    two = load_config("headline", ["paths.data_dir=/nonexistent", "ray.workers=2", "ray.gpu_share=0.125"]).resolved()
+    with pytest.raises(ResourceError, match=r"2 x retriever 6.9 GiB .* = 28.0 GiB of GPU memory, the 1 GPU\(s\) have 22.5 GiB"):
+        pool_plan(two, l4)
+    bf16 = load_config("headline", ["paths.data_dir=/nonexistent", "ray.workers=2", "ray.gpu_share=0.125",
+                                    "precision=bf16"]).resolved()
+    assert pool_plan(bf16, l4)  # half the bytes: fits
+
+
 def test_batch_sizes_are_data_and_blocks_hold_whole_batches():
     """Each pool's Ray Data batch: ray.pool.<pool>.batch_size, else ray.batch_size, else 64 images with
     GPUs and 16 without; a block holds whole batches of every pool (a multiple of their least common

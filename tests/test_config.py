@@ -56,11 +56,20 @@ def test_ablation_rows_differ_in_the_factor_they_name():
 
 
 def test_paper_presets_run_fp32_and_precision_is_one_switch():
-    for name in list_presets():
+    for name in set(list_presets()) - {"gpu"}:  # gpu: the speed preset, not the paper (below)
         cfg = load_config(name).resolved()
         encoders = [cfg.retrieval.encoder, cfg.captioner.clip, cfg.eval.clipscore, cfg.scorer_encoder()]
         assert all(e.precision == "fp32" for e in encoders) and cfg.verifier.precision == "fp32", name
         assert cfg.captioner.precision == "fp32"
+        # fidelity: exact fp32 matmuls, row-count text batches, transformers' own BLIP attention
+        assert not cfg.tf32 and cfg.verifier.attention == "eager", name
+        assert cfg.verifier.text_token_budget == 0 and all(e.text_token_budget == 0 for e in encoders), name
+    gpu = load_config("gpu").resolved()
+    encoders = [gpu.retrieval.encoder, gpu.captioner.clip, gpu.eval.clipscore, gpu.scorer_encoder()]
+    assert {e.precision for e in encoders} == {gpu.verifier.precision} == {"bf16"}
+    assert gpu.captioner.precision == "fp32" and gpu.tf32 and gpu.verifier.attention == "sdpa"
+    assert gpu.verifier.text_token_budget > 0 and all(e.text_token_budget > 0 for e in encoders)
+    assert gpu.eval.clipscore.same_model(gpu.scorer_encoder())  # one bigG for the scorer and CLIPScore
     fast = load_config("output-scorer-vitb32", ["precision=bf16"])
     assert fast.retrieval.encoder.precision == "fp32"  # the saved config keeps the sections as given
     r = fast.resolved()

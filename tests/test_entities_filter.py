@@ -177,3 +177,38 @@ def test_ensemble_embeddings_average_normalised_template_embeddings():
         m = (vs / vs.norm(dim=-1, keepdim=True)).mean(0)
         torch.testing.assert_close(got[i], m / m.norm())
     assert "a traffic light in a video game." in table
+
+
+def test_corpus_nouns_tagged_once_count_as_tagging_each_pool(tmp_path):
+    """adjcap.index.nouns: the corpus captions' nouns, tagged once and kept with the index, give every
+    pool of captions exactly count_nouns' (count, lemma) list; the file is keyed by the corpus and the
+    tagger (another lexicon content: tagged again), and read back instead of tagged again."""
+    import json
+    import random
+
+    from adjcap.entities import lexicon_tagger
+    from adjcap.index.nouns import CorpusNouns, ensure_nouns
+
+    lexicon = {"dog": ["NN", "dog"], "dogs": ["NNS", "dog"], "man": ["NN", "man"], "men": ["NNS", "man"],
+               "park": ["NN", "park"], "frisbee": ["NN", "frisbee"], "runs": ["VBZ", "run"], "red": ["JJ", "red"],
+               "beach": ["NN", "beach"], "ball": ["NN", "ball"]}
+    lex = tmp_path / "lexicon.json"
+    lex.write_text(json.dumps(lexicon))
+    rng = random.Random(3)
+    words = [*lexicon, "a", "the", "with", "Dog", "."]
+    texts = [" ".join(rng.choice(words) for _ in range(rng.randint(0, 12))) for _ in range(200)]
+    said = []
+    nouns = ensure_nouns(tmp_path, texts, "fp-1", str(lex), say=said.append)
+    assert len(said) == 1 and len(list(tmp_path.glob("nouns-*.npz"))) == 1
+    tagger, lemmatize = lexicon_tagger(lexicon)
+    for _ in range(50):
+        pool = rng.sample(range(len(texts)), rng.randint(1, 9))
+        assert nouns.counts(pool) == count_nouns([texts[i] for i in pool], tagger=tagger, lemmatize=lemmatize)
+    again = ensure_nouns(tmp_path, texts, "fp-1", str(lex), say=said.append)
+    assert len(said) == 1 and again.counts(range(len(texts))) == nouns.counts(range(len(texts)))  # read, not tagged
+    ensure_nouns(tmp_path, texts, "fp-2", str(lex), say=said.append)  # another corpus: its own file
+    lex.write_text(json.dumps({**lexicon, "runs": ["NNS", "run"]}))  # another tagger: its own file
+    other = ensure_nouns(tmp_path, texts, "fp-1", str(lex), say=said.append)
+    assert len(said) == 3 and len(list(tmp_path.glob("nouns-*.npz"))) == 3
+    assert any(other.of(i) != nouns.of(i) for i in range(len(texts)))
+    assert CorpusNouns.load(tmp_path / "missing.npz") is None

@@ -178,7 +178,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # dispatch audit (host reads and KV bytes per decode step, for tests and benchmarks)
     ("foundations", ("adjcap.io", "adjcap.registry", "adjcap.numerics", "adjcap.accelerators", "adjcap.lavis_env",
                      "adjcap.decoding", "adjcap.entities", "adjcap.features", "adjcap.picker_needs", "adjcap.nested",
-                     "adjcap.file_lock", "adjcap.parts", "adjcap.dispatch_audit")),
+                     "adjcap.file_lock", "adjcap.parts", "adjcap.dispatch_audit", "adjcap.gpu_errors")),
     # reading benchmarks and corpora: files in, records out (knows no configuration)
     ("data", ("adjcap.data",)),
     # the configuration: presets, validation (checks names against the data layouts and picker needs)

@@ -151,3 +151,26 @@ def test_duplicate_ids_and_bad_inputs_rejected(tmp_path):
         write_shard(tmp_path, 3, v, np.arange(5))
     with pytest.raises(ValueError, match="queries"):
         CaptionIndex.from_arrays(v, device="cpu").search(np.zeros((2, 5), np.float32), 3)
+
+
+def test_a_gpu_build_without_half_to_float_matmul_holds_the_index_in_fp32_and_says_so_once(monkeypatch, caplog):
+    """ROCm builds without fp16 x fp16 -> fp32 matmul (simulated: the capability probe says no): the
+    index is converted to fp32 once where it loads, with one log line per device, instead of a copy
+    of every chunk in every search; a build that has it keeps fp16."""
+    import logging
+
+    from adjcap.index import store
+
+    # the probe itself runs the op it checks (on the CPU here: this build has it or not, never an exception)
+    assert store.half_matmul_f32(torch.device("cpu")) in (True, False)
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(store, "_SAID", set())
+    monkeypatch.setattr(store, "half_matmul_f32", lambda dev: True)
+    assert store.device_dtype(cuda, "fp16") == torch.float16
+    monkeypatch.setattr(store, "half_matmul_f32", lambda dev: False)
+    with caplog.at_level(logging.WARNING, logger=store.__name__):
+        assert store.device_dtype(cuda, "fp16", 566_747, 1280) == torch.float32
+        assert store.device_dtype(cuda, "fp16", 566_747, 1280) == torch.float32
+    lines = [r.getMessage() for r in caplog.records if r.name == store.__name__]
+    assert len(lines) == 1 and "no fp16 x fp16 -> fp32 matmul on cuda:0" in lines[0] and "2.70 GiB instead of 1.35" in lines[0]
+    assert store.device_dtype(torch.device("cpu"), "fp16") == torch.float32  # the CPU path: fp32 chunks, as before

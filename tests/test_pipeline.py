@@ -185,3 +185,138 @@ def test_clip_classifier_entities_path(demo_cfg, models, test_records):
         assert row["error"] is None
         assert len(row["entities"]) == cfg.captioner.entities.classifier_top_k
         assert set(row["entities"]) <= set(names)
+
+
+# ---- GPU failures (issue 38 item 6), simulated on the CPU through the real stages ----------------
+
+
+class _FailsAbove:
+    """A real model whose ``method`` raises ``error`` for a call on more than ``limit`` images (what a GPU
+    out of memory, or a broken device, does to a stage's batch); every call it lets through is the model's."""
+
+    def __init__(self, model, method: str, limit: int, error: BaseException):
+        self.model, self.method, self.limit, self.error, self.sizes = model, method, limit, error, []
+
+    def __getattr__(self, name):
+        attr = getattr(self.model, name)
+        if name != self.method:
+            return attr
+
+        def call(images, *args, **kwargs):
+            n = len(images)
+            self.sizes.append(n)
+            if n > self.limit:
+                raise self.error
+            return attr(images, *args, **kwargs)
+
+        return call
+
+
+def _with(models, **swap):
+    from adjcap.pipeline import Models
+
+    return Models(**{**vars(models), **swap})
+
+
+def test_out_of_gpu_memory_halves_the_batch_and_finishes(demo_cfg, models, test_records, monkeypatch):
+    import torch
+
+    monkeypatch.delenv("ADJCAP_NUMERICS", raising=False)  # whole batches (portable numerics: one image each)
+    recs = test_records[:4]
+    plain = run_pipeline(recs, demo_cfg, models, batch_size=4)
+    enc = _FailsAbove(models.retrieval, "encode_images", 1, torch.cuda.OutOfMemoryError("CUDA out of memory."))
+    rows = run_pipeline(recs, demo_cfg, _with(models, retrieval=enc), batch_size=4)
+    assert enc.sizes[:6] == [4, 2, 1, 1, 1, 1]  # 4 and 2 did not fit; halved to 1 for the rest of the batch
+    assert all(r["error"] is None for r in rows)
+    assert [[x["corpus_id"] for x in r["retrieved"]] for r in rows] == \
+        [[x["corpus_id"] for x in r["retrieved"]] for r in plain]
+    assert [[c["text"] for c in r["candidates"]] for r in rows] == [[c["text"] for c in r["candidates"]] for r in plain]
+
+
+def test_out_of_memory_with_one_image_fails_the_job_in_one_line(demo_cfg, models, test_records, monkeypatch):
+    import torch
+
+    from adjcap.gpu_errors import GpuFailure
+
+    monkeypatch.delenv("ADJCAP_NUMERICS", raising=False)
+    enc = _FailsAbove(models.retrieval, "encode_images", 0, torch.cuda.OutOfMemoryError("CUDA out of memory."))
+    with pytest.raises(GpuFailure) as got:
+        run_pipeline(test_records[:4], demo_cfg, _with(models, retrieval=enc), batch_size=4)
+    line = str(got.value)
+    assert "\n" not in line and enc.sizes == [4, 2, 1]
+    assert line.startswith("pool retriever, stage retrieve: out of GPU memory with one image (its batch of 4")
+    assert "no GPU visible" in line  # the memory part (on a GPU: allocated, reserved, free of total)
+
+
+@pytest.mark.parametrize("error", [
+    RuntimeError("CUDA error: an illegal memory access was encountered\nCUDA kernel errors might be reported"),
+    RuntimeError("cuDNN error: CUDNN_STATUS_EXECUTION_FAILED"),
+])
+def test_a_cuda_error_is_not_an_error_row_but_the_jobs_end(demo_cfg, models, test_records, monkeypatch, error):
+    from typer.testing import CliRunner
+
+    import adjcap.cli as cli
+    from adjcap.gpu_errors import GpuFailure
+
+    monkeypatch.delenv("ADJCAP_NUMERICS", raising=False)
+    ver = _FailsAbove(models.verifier, "encode_images", 0, error)
+    with pytest.raises(GpuFailure) as got:
+        run_pipeline(test_records[:3], demo_cfg, _with(models, verifier=ver), batch_size=3)
+    assert ver.sizes == [3]  # not retried image by image into three error rows
+    assert str(got.value).startswith("pool verifier, stage verify: GPU error in a batch of 3 images (RuntimeError: ")
+    # as Ray hands it to the driver (pickled across, wrapped): the command line prints its one line
+    import pickle
+
+    import ray.exceptions
+
+    wrapped = ray.exceptions.RayTaskError("map_batches", "Traceback ...\nmany lines", pickle.loads(pickle.dumps(got.value)))
+    app = cli.app
+
+    @app.command("boom-test")
+    def boom() -> None:
+        def job():
+            try:
+                raise wrapped
+            except ray.exceptions.RayTaskError as e:
+                raise RuntimeError("Ray Data: the map_batches operator failed\nmore") from e
+        cli._run(job)
+
+    try:
+        res = CliRunner().invoke(app, ["boom-test"])
+    finally:
+        app.registered_commands.pop()
+    assert res.exit_code == 2
+    out = [line for line in res.output.splitlines() if line.strip()]
+    assert out == [f"error: {got.value}  (--debug for the traceback)"], res.output
+
+
+
+def test_the_stages_read_the_host_per_batch_not_per_image(demo_cfg, models, test_records, monkeypatch):
+    """The retriever, verifier and scorer as a GPU would see them (adjcap.dispatch_audit, issue 38 item 2):
+    the host reads of a stage's batch do not grow with its images (5 images read as often as 2); the
+    captioner's decode has its own audit (tests/test_decode_audit.py)."""
+    from adjcap import image_state, stage_registry
+    from adjcap.dispatch_audit import DispatchAudit
+
+    monkeypatch.delenv("ADJCAP_NUMERICS", raising=False)  # whole batches
+    cfg = demo_cfg.resolved()
+
+    def reads(n: int) -> dict[str, dict[str, int]]:
+        states = [image_state.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path)
+                  for r in test_records[:n]]
+        out = {}
+        for stage in stage_registry.stages():
+            if stage.name == "caption":  # audited apart, per decode step; unaudited here (much faster)
+                stage.run(states, vars(models), cfg)
+                continue
+            audit = DispatchAudit()
+            with audit:
+                stage.run(states, vars(models), cfg)
+            out[stage.name] = dict(audit.reads)
+        assert all(s.ok for s in states)
+        return out
+
+    two, five = reads(2), reads(5)
+    for stage in ("retrieve", "verify", "score"):
+        assert sum(five[stage].values()) == sum(two[stage].values()), (stage, two[stage], five[stage])
+        assert sum(five[stage].values()) <= 12, (stage, five[stage])

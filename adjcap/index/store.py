@@ -17,14 +17,18 @@ redoes it. :func:`finalize_index` checks all shards and writes the manifest.
 :meth:`CaptionIndex.search` returns the exact top-k by cosine, best first. Ties (equal scores, e.g.
 duplicate captions) are broken by the smaller corpus id, so results are deterministic.
 On CPU the index is held in fp32 and scored in fp32; on CUDA it stays fp16 and queries are cast to
-fp16 with fp32 accumulation and fp32 output. :func:`brute_force_topk` is the numpy reference.
+fp16 with fp32 accumulation and fp32 output. A GPU build without that matmul (some ROCm builds) holds
+the index in fp32 instead, converted once when it loads and said once in the log
+(:func:`device_dtype`), never copied per search. :func:`brute_force_topk` is the numpy reference.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
+import logging
 import re
 import warnings
 from collections.abc import Iterable, Iterator
@@ -37,6 +41,8 @@ import torch
 
 from adjcap.io import atomic_write_bytes, atomic_write_json, file_checksum
 from adjcap.models.precision import pick_device
+
+log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -451,6 +457,38 @@ def read_arrays(out_dir: str | Path, *, checksums: bool = True,
     return vectors, ids, manifest.precision
 
 
+@functools.cache
+def half_matmul_f32(device: torch.device) -> bool:
+    """Whether this torch build multiplies fp16 by fp16 into fp32 on ``device`` (fp32 accumulation and
+    output, ``torch.mm(..., out_dtype=torch.float32)``): CUDA builds do; some ROCm builds do not."""
+    try:
+        a = torch.ones(2, 8, dtype=torch.float16, device=device)
+        return torch.mm(a, a.T, out_dtype=torch.float32).dtype == torch.float32
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+
+
+_SAID: set[str] = set()
+
+
+def device_dtype(device: torch.device, precision: str, rows: int = 0, dim: int = 0) -> torch.dtype:
+    """The dtype an index of ``precision`` is held in on ``device``: fp16 on a GPU that scores fp16 into
+    fp32 (:func:`half_matmul_f32`), else fp32 (the CPU; a GPU build without that matmul, converted once
+    at load and said once per device in the log, instead of a copy of every chunk in every search)."""
+    if device.type == "cpu" or precision != "fp16":
+        return torch.float32
+    if half_matmul_f32(device):
+        return torch.float16
+    if str(device) not in _SAID:
+        _SAID.add(str(device))
+        hip = getattr(torch.version, "hip", None)
+        build = f"ROCm {hip}" if hip else f"torch {torch.__version__}"
+        size = f" ({rows * dim * 4 / 2**30:.2f} GiB instead of {rows * dim * 2 / 2**30:.2f})" if rows and dim else ""
+        log.warning(f"caption index: this {build} build has no fp16 x fp16 -> fp32 matmul on {device}; the index "
+                    f"is held in fp32 there{size}, converted once when it loads")
+    return torch.float32
+
+
 class CaptionIndex:
     """A loaded index: all vectors on one device (fp16 on CUDA, fp32 on CPU) and their corpus ids."""
 
@@ -496,7 +534,7 @@ class CaptionIndex:
                 f"corpus is {corpus_fingerprint}; rebuild the index"
             )
         dev = pick_device(device)
-        store = torch.float16 if (dev.type == "cuda" and manifest.precision == "fp16") else torch.float32
+        store = device_dtype(dev, manifest.precision, manifest.count, manifest.dim)
         vectors, ids, _ = read_arrays(out, checksums=checksums, manifest=manifest)
         return cls(manifest, torch.from_numpy(vectors).to(dev, dtype=store), torch.from_numpy(ids).to(dev), out)
 
@@ -514,7 +552,7 @@ class CaptionIndex:
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             v, i = torch.from_numpy(vectors), torch.from_numpy(ids)
         if dev.type != "cpu":
-            v, i = v.to(dev, dtype=torch.float16 if precision == "fp16" else torch.float32), i.to(dev)
+            v, i = v.to(dev, dtype=device_dtype(dev, precision, *vectors.shape)), i.to(dev)
         return cls(m, v, i)
 
     @classmethod
@@ -524,7 +562,7 @@ class CaptionIndex:
         dev = pick_device(device)
         v = unit_rows(vectors).astype(_NP_DTYPES[precision])
         i = np.arange(v.shape[0], dtype=np.int64) if ids is None else _as_numpy(ids).astype(np.int64)
-        store = torch.float16 if (dev.type == "cuda" and precision == "fp16") else torch.float32
+        store = device_dtype(dev, precision, *v.shape)
         m = IndexManifest("in-memory", "in-memory", int(v.shape[1]), int(v.shape[0]), precision)
         return cls(m, torch.from_numpy(v).to(dev, dtype=store), torch.from_numpy(i).to(dev))
 
@@ -571,11 +609,9 @@ class CaptionIndex:
 
 
 def _matmul_f32(q16: torch.Tensor, v16: torch.Tensor) -> torch.Tensor:
-    """fp16 x fp16 -> fp32 (fp32 accumulate, no fp16 rounding of the scores)."""
-    try:
-        return torch.mm(q16, v16.T, out_dtype=torch.float32)
-    except (RuntimeError, TypeError, NotImplementedError):
-        return q16.float() @ v16.float().T
+    """fp16 x fp16 -> fp32 (fp32 accumulate, no fp16 rounding of the scores); an index is held in fp16
+    only where this build has it (:func:`device_dtype`)."""
+    return torch.mm(q16, v16.T, out_dtype=torch.float32)
 
 
 def brute_force_topk(

@@ -103,6 +103,7 @@ class Verifier:
         caption_preprocess: str = "lavis",
         image_batch_size: int = 16,
         pair_batch_size: int = 256,
+        text_token_budget: int | None = None,
     ) -> None:
         if first_token not in ("enc", "cls"):
             raise ValueError(f"first_token must be 'enc' or 'cls'; got {first_token!r}")
@@ -119,6 +120,9 @@ class Verifier:
         self.caption_preprocess = caption_preprocess
         self.image_batch_size = int(image_batch_size)
         self.pair_batch_size = int(pair_batch_size)
+        # padded tokens per ITM chunk (None: pair_batch_size rows only); [real, padded] tokens scored so far
+        self.text_token_budget = text_token_budget or None
+        self.text_token_counts = [0, 0]
         text_cfg = model.config.text_config
         self.pad_id = int(text_cfg.pad_token_id if text_cfg.pad_token_id is not None else 0)
         self.first_token_id = self._resolve_first_token()
@@ -235,29 +239,34 @@ class Verifier:
             )
         counts = [len(texts) for texts in texts_per_image]
         seqs = self.tokenize([t for texts in texts_per_image for t in texts])
-        probs = np.zeros(len(seqs), dtype=np.float32)
+        # filled on the device chunk by chunk, read back once (a read per chunk would stall a GPU per chunk)
+        probs = torch.zeros(len(seqs), dtype=torch.float32, device=self.device)
         starts = np.concatenate([[0], np.cumsum(counts)]).astype(int)
         # images with captions, shortest longest-caption first: a chunk of whole images is padded to
         # its longest caption, and similar lengths share a chunk (bucketing by length)
-        order = sorted((i for i in range(len(memo)) if counts[i]),
-                       key=lambda i: max(len(seqs[j]) for j in range(starts[i], starts[i + 1])))
+        longest = {i: max(len(seqs[j]) for j in range(starts[i], starts[i + 1])) for i in range(len(memo)) if counts[i]}
+        order = sorted(longest, key=lambda i: longest[i])
+        budget = self.text_token_budget
         chunk: list[int] = []
         for i in order:
             width = max([counts[c] for c in chunk] + [counts[i]])
-            if chunk and (len(chunk) + 1) * width > self.pair_batch_size:
+            rows = (len(chunk) + 1) * width
+            # with a token budget, also cut before rows x the longest caption (image i's: in order) exceeds it
+            if chunk and (rows > self.pair_batch_size or (budget is not None and rows * longest[i] > budget)):
                 self._score_chunk(chunk, counts, starts, seqs, memo, probs)
                 chunk = []
             chunk.append(i)
         if chunk:
             self._score_chunk(chunk, counts, starts, seqs, memo, probs)
-        return [probs[starts[i] : starts[i + 1]].copy() for i in range(len(memo))]
+        host = probs.cpu().numpy() if len(seqs) else np.zeros(0, dtype=np.float32)
+        return [host[starts[i] : starts[i + 1]].copy() for i in range(len(memo))]
 
     def score_images(self, images: Sequence[Image.Image], texts_per_image: Sequence[Sequence[str]]) -> list[np.ndarray]:
         """encode_images + score in one call."""
         return self.score(self.encode_images(images), texts_per_image)
 
     def _score_chunk(self, chunk: list[int], counts: list[int], starts: np.ndarray, seqs: list[list[int]],
-                     memo: ImageMemo, probs: np.ndarray) -> None:
+                     memo: ImageMemo, probs: torch.Tensor) -> None:
         """Score every caption of the images in ``chunk``: rows are laid out image-major, each image
         padded to the same caption count (dummy rows are fully masked and dropped)."""
         per = max(counts[i] for i in chunk)
@@ -271,15 +280,20 @@ class Verifier:
                 rows.append([])
                 dest.append(-1)
         ids, mask = self.pad(rows)
+        self.text_token_counts[0] += sum(len(r) for r in rows)
+        self.text_token_counts[1] += int(ids.numel())
         img = torch.as_tensor(chunk, dtype=torch.long, device=self.device)
-        got = self._itm_grouped(ids.to(self.device), mask.to(self.device), memo, img, per)
-        keep = np.array(dest) >= 0
-        probs[np.array(dest)[keep]] = got[keep]
+        whole = chunk == list(range(len(memo)))  # decided on the host: no read of the device
+        got = self._itm_grouped(ids.to(self.device), mask.to(self.device), memo, img, per, whole)
+        rows_kept = [r for r, d in enumerate(dest) if d >= 0]  # chosen on the host: no device read
+        to = torch.as_tensor([dest[r] for r in rows_kept], dtype=torch.long, device=self.device)
+        probs[to] = got[torch.as_tensor(rows_kept, dtype=torch.long, device=self.device)]
 
     def _itm_grouped(
-        self, ids: torch.Tensor, mask: torch.Tensor, memo: ImageMemo, img: torch.Tensor, per: int
-    ) -> np.ndarray:
-        """ITM probabilities for rows ``ids`` [n*per, L] where rows n*per..(n+1)*per-1 belong to image
+        self, ids: torch.Tensor, mask: torch.Tensor, memo: ImageMemo, img: torch.Tensor, per: int,
+        whole: bool | None = None,
+    ) -> torch.Tensor:
+        """ITM probabilities (float32, on the device) for rows ``ids`` [n*per, L] where rows n*per..(n+1)*per-1 belong to image
         ``img[n]``. Cross-attention runs once per image over all of its captions' queries (keys and
         values of the image tokens come from the memo, never recomputed or copied per caption)."""
         enc = self.model.text_encoder
@@ -289,7 +303,8 @@ class Verifier:
         rows, width = ids.shape
         n = rows // per
         heads, dh = self.heads, self.head_dim
-        whole = img.numel() == len(memo) and bool((img == torch.arange(len(memo), device=img.device)).all())
+        if whole is None:  # img is every image of the memo, in order: its K/V are used as they are
+            whole = img.numel() == len(memo) and bool((img == torch.arange(len(memo), device=img.device)).all())
         for layer, (k_all, v_all) in zip(self.text_layers, memo.cross_kv, strict=True):
             attn_out, _ = layer.attention(h, attention_mask=self_mask)
             cross = layer.crossattention
@@ -302,7 +317,7 @@ class Verifier:
             cross_out = cross.output(ctx, attn_out)
             h = layer.feed_forward_chunk(cross_out)
         logits = self.model.itm_head(h[:, 0, :]).float()
-        return logits.softmax(dim=-1)[:, 1].cpu().numpy()
+        return logits.softmax(dim=-1)[:, 1]  # on the device: the caller reads once per score() call
 
     @torch.inference_mode()
     def score_pairs(
@@ -360,6 +375,8 @@ def load_verifier(
     pair_batch_size: int = 256,
     cache_dir: str | None = None,
     tokenizer: str = "bert-base-uncased",
+    text_token_budget: int | None = None,
+    attention: str = "eager",
 ) -> Verifier:
     """Load a BLIP ITM verifier from a Hugging Face id, a local save_pretrained directory or a LAVIS
     ``.pth`` checkpoint (converted at load time; ``tokenizer`` is its BERT tokenizer)."""
@@ -373,7 +390,7 @@ def load_verifier(
         net, tok, image_processor, model_id = load_lavis_checkpoint(
             str(model), tokenizer=tokenizer, cache_dir=cache_dir, local_files_only=hf_offline())
         return _verifier(net, tok, image_processor, model_id, dev, dtype, max_text_tokens, first_token,
-                         caption_preprocess, image_batch_size, pair_batch_size)
+                         caption_preprocess, image_batch_size, pair_batch_size, text_token_budget, attention)
     src = hub_or_dir(model, what="BLIP ITM verifier", config_key="verifier.model", cache_dir=cache_dir)
     try:
         with quiet_progress():
@@ -392,12 +409,18 @@ def load_verifier(
             f"`huggingface-cli download {src.source} --local-dir DIR` and set verifier.model=DIR"
         ) from e
     return _verifier(net, tok, image_processor, src.model_id, dev, dtype, max_text_tokens, first_token,
-                     caption_preprocess, image_batch_size, pair_batch_size)
+                     caption_preprocess, image_batch_size, pair_batch_size, text_token_budget, attention)
 
 
 def _verifier(net, tok, image_processor, model_id, dev, dtype, max_text_tokens, first_token, caption_preprocess,
-              image_batch_size, pair_batch_size) -> Verifier:
+              image_batch_size, pair_batch_size, text_token_budget=None, attention="eager") -> Verifier:
+    if attention not in ("eager", "sdpa"):
+        raise ValueError(f"verifier attention must be 'eager' or 'sdpa'; got {attention!r} (verifier.attention)")
     net = net.to(device=dev, dtype=dtype).eval()
+    if attention == "sdpa":
+        from adjcap.models.blip_sdpa import use_sdpa
+
+        use_sdpa(net.vision_model)
     for p in net.parameters():
         p.requires_grad_(False)
     return Verifier(
@@ -412,6 +435,7 @@ def _verifier(net, tok, image_processor, model_id, dev, dtype, max_text_tokens, 
         caption_preprocess=caption_preprocess,
         image_batch_size=image_batch_size,
         pair_batch_size=pair_batch_size,
+        text_token_budget=text_token_budget,
     )
 
 
@@ -429,4 +453,6 @@ def load_verifier_from_config(cfg: VerifierCfg, *, device: str = "auto") -> Veri
         caption_preprocess=cfg.caption_preprocess,
         image_batch_size=cfg.batch_size,
         tokenizer=cfg.tokenizer,
+        text_token_budget=cfg.text_token_budget or None,
+        attention=cfg.attention,
     )

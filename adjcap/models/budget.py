@@ -158,10 +158,12 @@ def causal_lm_params(model: str) -> int:
     return local if local is not None else CAUSAL_LM_PARAMS.get(model, 0)
 
 
-def precision_bytes(precision: str, gpu: bool) -> int:
-    """Bytes per parameter: "auto" is half precision on a GPU and fp32 on the CPU (as the loaders)."""
+def precision_bytes(precision: str, gpu: bool, auto_half: bool = True) -> int:
+    """Bytes per parameter at the precision a model loads in: "auto" is half precision on a GPU and
+    fp32 on the CPU (the encoders' and the verifier's loaders), or fp32 everywhere for a loader whose
+    "auto" keeps fp32 (``auto_half=False``: IFCap's GPT-2, whose beams are precision-sensitive)."""
     if precision == "auto":
-        return 2 if gpu else 4
+        return 2 if gpu and auto_half else 4
     return BYTES_PER_PARAM[precision]
 
 

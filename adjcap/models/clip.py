@@ -522,8 +522,9 @@ def _build_towers(src, keep: set[str], dtype: torch.dtype, dev: torch.device):
 
 def load_encoder_from_config(cfg: EncoderCfg, *, towers: Iterable[str] = ("image", "text"),
                              device: str = "auto") -> DualEncoder:
-    """Load from a resolved ``EncoderCfg`` (``model``, ``pretrained``, ``precision``, batch sizes)."""
-    return load_dual_encoder(
+    """Load from a resolved ``EncoderCfg`` (``model``, ``pretrained``, ``precision``, batch sizes, the
+    text tower's token budget)."""
+    enc = load_dual_encoder(
         cfg.model,
         cfg.pretrained,
         device=device,
@@ -532,3 +533,5 @@ def load_encoder_from_config(cfg: EncoderCfg, *, towers: Iterable[str] = ("image
         image_batch_size=cfg.image_batch_size,
         text_batch_size=cfg.text_batch_size,
     )
+    enc.text_token_budget = cfg.text_token_budget or None
+    return enc

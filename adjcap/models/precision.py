@@ -59,3 +59,19 @@ def dtype_name(dtype: torch.dtype) -> str:
         if v == dtype:
             return k
     return str(dtype).replace("torch.", "")
+
+
+def set_tf32(enabled: bool, device: str | torch.device = "auto") -> None:
+    """TF32 for this process's fp32 matmuls on a CUDA device (Ampere and newer: products of 10-bit
+    mantissas, fp32 accumulation, several times the fp32 rate) through torch's float32 matmul precision
+    ("high"; "highest" = exact fp32). Only where the models run on CUDA: on a CPU nothing changes
+    (torch's CPU kernels may read the same switch). cuDNN's convolutions use TF32 by torch's default."""
+    dev = device if isinstance(device, torch.device) else None
+    if dev is None:
+        text = str(device or "auto").strip().lower()
+        if text == "cpu" or not torch.cuda.is_available():
+            return
+        dev = pick_device(text)
+    if dev.type != "cuda":
+        return
+    torch.set_float32_matmul_precision("high" if enabled else "highest")

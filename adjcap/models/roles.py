@@ -20,6 +20,7 @@ scorer reuses the retrieval encoder (both towers then) and the verifier.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,8 @@ import torch
 
 from adjcap.config import CaptionerCfg, ConfigError, EncoderCfg, VerifierCfg
 from adjcap.entities import ensemble_embeddings
+
+log = logging.getLogger(__name__)
 
 # Each loader imports its model family (open_clip, transformers' BLIP, IFCap) when it runs: every pool's
 # actor imports this module, and the verifier's has no use for open_clip (~0.8 CPU-s to import).
@@ -92,6 +95,7 @@ class CaptionerRole:
     captioner: Any
     clip: Any
     vocabulary: tuple[list[str], torch.Tensor] | None = None
+    nouns: Any = None  # the corpus captions' nouns, tagged once (adjcap.index.nouns); None: tag per image
 
 
 def load_captioner(c: CaptionerCfg, device: str) -> CaptionerRole:
@@ -122,8 +126,18 @@ def entity_vocabulary(c: CaptionerCfg, clip) -> tuple[list[str], torch.Tensor]:
 
 
 def same_encoder(a: EncoderCfg, b: EncoderCfg) -> bool:
-    """Two encoder sections that load the same model at the same precision (batch sizes aside)."""
+    """Two encoder sections that load the same model at the same precision (batch sizes aside). Sections
+    that differ in precision only are two models (their embeddings differ); the root ``precision`` sets
+    every encoder's, so only a section set alone can differ: :func:`why_twice` says so in the log."""
     return a.same_model(b)
+
+
+def why_twice(role: str, a: EncoderCfg, a_key: str, b: EncoderCfg, b_key: str) -> str | None:
+    """The log line for an encoder loaded a second time only because its precision differs, or None."""
+    if a.same_model(b) or (a.model, a.pretrained) != (b.model, b.pretrained):
+        return None
+    return (f"{role} loads a second {a.model} ({a_key}.precision={a.precision}, {b_key}.precision={b.precision}): "
+            "the same weights at two precisions give other embeddings; set the root `precision` to load it once")
 
 
 @dataclass
@@ -143,6 +157,10 @@ def load_scorer(retrieval: EncoderCfg, output: EncoderCfg, clipscore: EncoderCfg
     """The scorer pool's models (sections resolved). ``loaded``: models this process already holds,
     {"retrieval": encoder, "verifier": verifier}, reused instead of loading them again."""
     loaded = loaded or {}
+    for line in (why_twice("the output scorer", output, "scorer.encoder", retrieval, "retrieval.encoder"),
+                 why_twice("CLIPScore", clipscore, "eval.clipscore", output, "the output scorer's")):
+        if line:
+            log.warning(line)
     reuse = same_encoder(output, retrieval)
     if reuse and loaded.get("retrieval") is not None:
         out_enc = loaded["retrieval"]
