@@ -191,6 +191,8 @@ def reproduce(
                                             "(default: paths.runs_dir)"),
     address: Optional[str] = ADDRESS,
     list_: bool = typer.Option(False, "--list", help="list the tables, their rows and presets, and exit"),
+    seeds: Optional[str] = typer.Option(None, "--seeds", help="the seed study on every row that fits heads: "
+                                        "rerank.seeds, comma-separated (e.g. 42,43,44)"),
 ):
     """Run every row of one of the paper's tables and render it beside the published values."""
     from adjcap.reproduce import listing_with_status
@@ -199,7 +201,12 @@ def reproduce(
     if list_ or table is None:
         typer.echo(listing_with_status())
         return
-    updates = _typed(**{"ray.workers": workers, "limit": limit, "ray.address": address})
+    try:
+        seed_list = [int(x) for x in seeds.split(",") if x.strip()] if seeds is not None else None
+    except ValueError:
+        typer.secho(f"error: --seeds {seeds!r}: give integers separated by commas, e.g. 42,43,44", fg="red", err=True)
+        raise typer.Exit(2) from None
+    updates = _typed(**{"ray.workers": workers, "limit": limit, "ray.address": address, "rerank.seeds": seed_list})
     try:
         from adjcap.reproduce import get_table, plan_table
 

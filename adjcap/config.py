@@ -202,6 +202,27 @@ class RerankCfg(_Strict):
                                "largest size within 0.5% of the best held-out Borda loss: BENCHMARKS.md)"
     )
 
+    seeds: list[int] | None = Field(
+        None, description="the seed study: heads fitted once per seed on the same features, each learned picker "
+        "scored per seed, mean and sd across seeds and Cohen's d against fixed and lm (e.g. [42, 43, 44]); "
+        "None = [seed], the one seed the paper reports (no study)"
+    )
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct_seeds(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (not v or len(set(v)) != len(v)):
+            raise ValueError(f"rerank.seeds = {v}: give distinct seeds, e.g. [42, 43, 44] (or leave it unset)")
+        return v
+
+    def seed_list(self, seed: int) -> list[int]:
+        """The seeds of the study (``seed``, the run's own, when none are listed)."""
+        return list(self.seeds) if self.seeds is not None else [int(seed)]
+
+    def meta(self) -> dict[str, Any]:
+        """The section as recorded beside the heads (seeds only when given: unchanged records without)."""
+        return self.model_dump(mode="json", exclude={"seeds"} if self.seeds is None else None)
+
     @field_validator("picker")
     @classmethod
     def _known_picker(cls, v: str) -> str:

@@ -17,6 +17,7 @@ from adjcap.io import atomic_write_json, atomic_write_text
 from adjcap.report.collect import load_run
 from adjcap.report.page import table_page
 from adjcap.report.reproduced import RowResult, build_table
+from adjcap.report.seeds import reproduced_seeds_table
 from adjcap.reproduce import distinct_runs, get_table, plan_table
 from adjcap.reproduce.plan import DEMO, RowPlan
 from adjcap.rundir import RunDir
@@ -37,6 +38,9 @@ def _measure(plan: RowPlan, failed: dict[Path, str]) -> RowResult:
         return res
     data = load_run(plan.run_dir)
     res.metrics = data.picker_metrics(plan.protocol, plan.picker) or None
+    study = data.metrics.get(plan.protocol, {}).get("seeds", {}).get("pickers", {}).get(plan.picker)
+    if study:  # --seeds: this row's pick was fitted once per seed
+        res.extra["seeds"] = study
     if res.metrics is None:
         res.status = "not evaluated"
     return res
@@ -94,26 +98,32 @@ def main(table_key: str, benchmark: str | None = None, sets: list[str] | tuple[s
     results = [_measure(p, failed) for p in plans]
     bench = benchmark or table.benchmark
     out_table = build_table(table, results, benchmark)
+    seeds_tab = reproduced_seeds_table(results)
+    extra = [t for t in (seeds_tab,) if t is not None]
     root = Path(runs_dir) if runs_dir else Path(runs[0].cfg.paths.runs_dir if runs else "runs")
     out_dir = root / "reproduce"
     stem = f"{table.key}-{bench}"
     paths = {
-        "markdown": atomic_write_text(out_dir / f"{stem}.md", out_table.to_markdown()),
-        "latex": atomic_write_text(out_dir / f"{stem}.tex", out_table.to_latex()),
-        "html": atomic_write_text(out_dir / f"{stem}.html", table_page(out_table, f"adjcap reproduce {table.key}")),
+        "markdown": atomic_write_text(out_dir / f"{stem}.md",
+                                      "\n".join(t.to_markdown() for t in [out_table, *extra])),
+        "latex": atomic_write_text(out_dir / f"{stem}.tex", "\n".join(t.to_latex() for t in [out_table, *extra])),
+        "html": atomic_write_text(out_dir / f"{stem}.html",
+                                  table_page(out_table, f"adjcap reproduce {table.key}", extra=extra)),
     }
     work = stage_work(plans)
     doc = {
         "table": table.key, "benchmark": bench, "seconds": time.time() - t0,
         "rows": [{"label": r.row.label, "preset": r.row.preset, "protocol": r.protocol, "picker": r.picker,
                   "status": r.status, "run_dir": r.run_dir,
-                  "measured": {c.header: v for c, v in zip(table.columns, out_table.rows[i][3::3])}}
+                  "measured": {c.header: v for c, v in zip(table.columns, out_table.rows[i][3::3])},
+                  **({"seeds": {k: v for k, v in r.extra["seeds"].items()}} if r.extra.get("seeds") else {})}
                  for i, r in enumerate(results)],
         "stage_work": work,
         "runs": len(runs),
     }
     paths["json"] = atomic_write_json(out_dir / f"{stem}.json", doc)
-    print(out_table.to_markdown())
+    for t in [out_table, *extra]:
+        print(t.to_markdown())
     print("stage work (images): computed " + ", ".join(f"{k} {v}" for k, v in work["computed"].items())
           + "; reused " + ", ".join(f"{k} {v}" for k, v in work["reused"].items()))
     print(f"table: {paths['markdown']} (.tex, .html, .json beside it)")
