@@ -4,7 +4,8 @@ with the paper's published values beside the measured ones (Markdown, LaTeX, HTM
 
 Rows share their work: rows of one run directory (the same preset read at other pickers) run once,
 and rows that agree up to a stage reuse its outputs from the stage cache (``cache.share_stages``).
-A row whose preset is missing or whose run fails is shown as such; the other rows still run."""
+A row whose preset is missing or whose run fails is shown as such; the other rows still run. A row
+with ``heads_from`` (tables.toml) runs after the row it names and applies that run's heads frozen."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from adjcap.report.collect import load_run
 from adjcap.report.page import table_page
 from adjcap.report.reproduced import RowResult, build_table
 from adjcap.report.seeds import reproduced_seeds_table
-from adjcap.reproduce import distinct_runs, get_table, plan_table
+from adjcap.reproduce import TableDef, distinct_runs, get_table, plan_table
 from adjcap.reproduce.plan import DEMO, RowPlan
 from adjcap.rundir import RunDir
 from adjcap import stage_registry
@@ -63,9 +64,10 @@ def stage_work(plans: list[RowPlan]) -> dict[str, dict[str, int]]:
     return out
 
 
-def main(table_key: str, benchmark: str | None = None, sets: list[str] | tuple[str, ...] = (),
+def main(table_key: str | TableDef, benchmark: str | None = None, sets: list[str] | tuple[str, ...] = (),
          updates: dict[str, Any] | None = None, runs_dir: str | Path | None = None) -> dict[str, Any]:
-    table = get_table(table_key)
+    """``table_key``: a table of tables.toml, or a parsed definition (:func:`adjcap.reproduce.parse_tables`)."""
+    table = get_table(table_key) if isinstance(table_key, str) else table_key
     plans = plan_table(table, benchmark, sets, updates, runs_dir)
     for p in plans:
         if p.problem:
@@ -86,9 +88,14 @@ def main(table_key: str, benchmark: str | None = None, sets: list[str] | tuple[s
     if ready:
         with ray_session(ready[0].cfg.resolved()):
             for i, p in enumerate(ready, 1):
-                print(f"== {table.key} run {i}/{len(ready)}: {p.row.preset} on {p.benchmark} -> {p.run_dir}")
+                print(f"== {table.key} run {i}/{len(ready)}: {p.row.preset} on {p.benchmark} -> {p.run_dir}"
+                      + (f" (heads of {p.heads_from.name})" if p.heads_from is not None else ""))
+                if p.heads_from is not None and p.heads_from in failed:
+                    failed[p.run_dir] = f"its heads' run {p.heads_from.name} failed"
+                    continue
                 try:
-                    run.main(p.cfg, run_dir=p.run_dir)
+                    run.main(p.cfg, run_dir=p.run_dir,
+                             heads_dir=RunDir(p.heads_from).heads_dir if p.heads_from is not None else None)
                 except KeyboardInterrupt:
                     raise
                 except Exception as e:  # noqa: BLE001 - one failing row is reported in its cell, the others run

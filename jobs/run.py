@@ -21,10 +21,11 @@ def run_dir_for(cfg: Config, run_dir: str | Path | None) -> RunDir:
 
 
 def main(cfg: Config, run_dir: str | Path | None = None, resume: bool = True, evaluate_after: bool = True,
-         log: Sequence[str] = (), summary: bool = True) -> RunDir:
+         log: Sequence[str] = (), summary: bool = True, heads_dir: str | Path | None = None) -> RunDir:
     """``cfg`` as the user gave it (placeholders kept: it is what config.toml records). ``log``:
     experiment trackers to log the finished run to (``mlflow[=URI]``, ``wandb[=PROJECT]``). ``summary``:
-    end with the list of what was written (a caller that writes more prints its own)."""
+    end with the list of what was written (a caller that writes more prints its own). ``heads_dir``:
+    apply the heads another run fitted (its ``heads/``) instead of fitting (``adjcap fit --heads``)."""
     started = time.time_ns()
     trackers = parse_log_specs(log)  # a bad --log fails before anything runs
     rcfg = cfg.resolved()
@@ -41,7 +42,7 @@ def main(cfg: Config, run_dir: str | Path | None = None, resume: bool = True, ev
                 prov.add_cluster()
                 extract_features.main(rcfg, run, records, resume=resume)
                 if evaluate_after:
-                    fit.main(rcfg, run)
+                    fit.main(rcfg, run, heads_dir=heads_dir)
             if evaluate_after:
                 scored = evaluate_and_tabulate(cfg, rcfg, run, records)
         if evaluate_after and scored:  # rendered from the finished results (provenance.json complete)
