@@ -364,7 +364,8 @@ def doctor(preset: str = PRESET, sets: Optional[List[str]] = SET):
 
 @app.command("prepare")
 def prepare(
-    what: Optional[List[str]] = typer.Argument(None, help="coco | flickr30k | nocaps | ifcap | models | nltk | spice | all"),
+    what: Optional[List[str]] = typer.Argument(None, help="coco | flickr30k | nocaps | ifcap | models | nltk | spice | "
+                                               "coco-instances | corpus-cc3m | corpus-laion-coco | all"),
     data: Optional[Path] = typer.Option(None, "--data", help="data root (default: $ADJCAP_DATA or ~/adjcap-data)"),
     from_dir: Optional[Path] = typer.Option(None, "--from", help="lay out from local copies in DIR instead of downloading"),
     dry_run: bool = typer.Option(False, "--dry-run", help="list what would be fetched, from where, and the total size"),
@@ -377,6 +378,8 @@ def prepare(
     sources: Optional[Path] = typer.Option(None, "--sources", help="a TOML file laid over adjcap/prepare/sources.toml"),
     for_: Optional[List[str]] = typer.Option(None, "--for", help="exactly what a preset or a reproduce table needs "
                                              "(adjcap config --list, adjcap reproduce --list; repeatable)"),
+    max_captions: Optional[int] = typer.Option(None, "--max-captions", min=1, help="corpus-cc3m, corpus-laion-coco: "
+                                               "keep N captions, sampled with a fixed seed (recorded in the manifest)"),
 ):
     """Fetch, verify and lay out benchmarks, the IFCap release, model weights, NLTK data and SPICE jars."""
     from adjcap.prepare import Options, PrepareError, run
@@ -384,7 +387,8 @@ def prepare(
     if data is None:
         data = Path(_cfg(preset, sets, None, computes=False).resolved().paths.data_dir)
     opts = Options(data=data, from_dir=from_dir, dry_run=dry_run, workers=workers, preset=preset,
-                   coco_zip=coco_zip, mirror=mirror, sources=sources, sets=list(sets or []), targets=list(for_ or []))
+                   coco_zip=coco_zip, mirror=mirror, sources=sources, sets=list(sets or []), targets=list(for_ or []),
+                   max_captions=max_captions)
     try:
         run(what or [], opts, verify=verify)
     except (PrepareError, OSError) as e:

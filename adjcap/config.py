@@ -78,6 +78,19 @@ class RetrievalCfg(_Strict):
     )
     index_precision: Literal["fp16", "fp32"] = Field("fp16", description="dtype of the stored caption index vectors")
     shard_size: int = Field(65536, gt=0, description="corpus captions per index shard")
+    corpus: str | None = Field(
+        None, description="search this registered caption corpus (adjcap/data/corpora.toml: cc3m, laion-coco, "
+        "demo-alt; `adjcap prepare corpus-NAME`) instead of the benchmark's own; None = benchmarks.<name>.corpus"
+    )
+
+    @field_validator("corpus")
+    @classmethod
+    def _known_corpus(cls, v: str | None) -> str | None:
+        if v is not None:
+            from adjcap.data.corpora import get_corpus  # the registry owns the names
+
+            get_corpus(v)  # DataError (a ValueError) naming the known corpora
+        return v
 
 
 class VerifierCfg(_Strict):
@@ -394,6 +407,13 @@ class Config(_Strict):
             return v
 
         data = expand(self.model_dump(mode="python"))
+        name = self.retrieval.corpus
+        if name is not None and data["benchmark"] in data["benchmarks"]:  # the benchmark searches that corpus
+            from adjcap.data.corpora import get_corpus
+
+            bench = data["benchmarks"][data["benchmark"]]
+            bench["corpus"] = str(get_corpus(name).path(data["paths"]["data_dir"], data["paths"]["cache_dir"]))
+            bench["corpus_format"] = "lines"
         if self.precision is not None:
             for section in (data["retrieval"]["encoder"], data["verifier"], data["captioner"]["clip"],
                             data["eval"]["clipscore"], data["scorer"]["encoder"]):

@@ -28,6 +28,7 @@ from adjcap.config import Config
 from adjcap.data.benchmarks import read_benchmark, split_annotations
 from adjcap.data.records import Record
 from adjcap.features import rows_to_table
+from adjcap.data.corpora import exposure
 from adjcap.index import shared_index
 from adjcap.index.lifecycle import search_corpus
 from adjcap.lavis_env import runtime_env as lavis_runtime_env
@@ -222,6 +223,18 @@ def _stream(cfg: Config, corpus, todo: list[Record], found: dict, first: int, gp
     return ds
 
 
+def corpus_exposure(cfg: Config, records: dict[str, list[Record]]) -> dict:
+    """The corpus retrieval searched, its size and its overlap with each split's references
+    (:func:`adjcap.data.corpora.exposure`; ``reproduce corpus-swap`` shows them)."""
+    try:
+        corpus = search_corpus(cfg.retrieval, cfg.benchmark_cfg(), cfg.benchmark, cfg.paths.cache_dir)
+    except ValueError as e:  # ConfigError / DataError: the summary says why, the features stay written
+        return {"error": str(e).splitlines()[0]}
+    name = cfg.retrieval.corpus or f"{cfg.benchmark} (its own)"
+    return exposure(corpus, name, {split: {r.image_id: list(r.references) for r in recs}
+                                   for split, recs in records.items()})
+
+
 def main(cfg: Config, run: RunDir, records: dict[str, list[Record]], resume: bool = True) -> dict:
     """Inside a Ray session: extract what is missing, write and print the summary."""
     t0, cpu0, main0 = time.time(), time.process_time(), time.thread_time()
@@ -231,7 +244,8 @@ def main(cfg: Config, run: RunDir, records: dict[str, list[Record]], resume: boo
     # the driver process's own CPU (every thread: Ray Data's executor too) while it extracted features
     # (and of its main thread alone: what it does per image itself, without Ray's threads)
     run.write_summary({"splits": summary, "seconds": dt, "driver_cpu_s": time.process_time() - cpu0,
-                       "driver_main_thread_cpu_s": time.thread_time() - main0, "stages": stage_stats})
+                       "driver_main_thread_cpu_s": time.thread_time() - main0, "stages": stage_stats,
+                       "corpus": corpus_exposure(cfg, records)})
     for split, s in summary.items():
         print(f"features {cfg.benchmark}-{split}: {s['images']} images, {s['done']} done, "
               f"{s['failed']} failed, {s['skipped']} already written")

@@ -39,6 +39,11 @@ def _measure(plan: RowPlan, failed: dict[Path, str]) -> RowResult:
         return res
     data = load_run(plan.run_dir)
     res.metrics = data.picker_metrics(plan.protocol, plan.picker) or None
+    corpus = RunDir(plan.run_dir).summary().get("corpus")
+    if res.metrics is not None and corpus:  # the corpus retrieval searched: its size, its overlap (columns "corpus.*")
+        res.metrics = {**res.metrics, "corpus": corpus}
+        if plan.cfg is not None and plan.cfg.retrieval.corpus:
+            res.extra["corpus"] = plan.cfg.retrieval.corpus
     study = data.metrics.get(plan.protocol, {}).get("seeds", {}).get("pickers", {}).get(plan.picker)
     if study:  # --seeds: this row's pick was fitted once per seed
         res.extra["seeds"] = study

@@ -165,6 +165,7 @@ ALTERNATIVES: dict[str, typing.Callable[[World], list[str]]] = {
     "ray.dashboard_host": lambda w: ["ray.dashboard_host=0.0.0.0"],
     "ray.include_dashboard": lambda w: ["ray.include_dashboard=false"],
     "ray.pool": lambda w: ["ray.pool.captioner.actors=3"],
+    "retrieval.corpus": lambda w: ["retrieval.corpus=demo-alt"],
     "rerank.seeds": lambda w: ["rerank.seeds=[42, 43]"],
     "rerank.apply_split": lambda w: ["rerank.apply_split=val"],
     "rerank.fit_split": lambda w: ["rerank.fit_split=test"],

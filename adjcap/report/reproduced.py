@@ -77,9 +77,9 @@ def _delta(a: float | None, b: float | None) -> float | None:
 def row_label(res: RowResult, table: TableDef) -> str:
     """The row's label, with the retrieval encoder the run actually used when the row was run away
     from its paper benchmark (the demo world maps every encoder onto a tiny one)."""
-    enc = res.extra.get("encoder")
+    enc, corpus = res.extra.get("encoder"), res.extra.get("corpus")
     if enc and res.benchmark != (res.row.benchmark or table.benchmark) and enc not in res.row.label:
-        return f"{res.row.label} [run with {enc}]"
+        return f"{res.row.label} [run with {enc}" + (f", corpus {corpus}]" if corpus else "]")
     return res.row.label
 
 

@@ -51,7 +51,8 @@ def _is_encoder(d: Any) -> bool:
 
 def to_demo(data: dict[str, Any]) -> dict[str, Any]:
     """A config dict moved onto the demo world: every open_clip encoder becomes the large or small
-    tiny CLIP (by its model name), the other models and sizes come from ``demo.toml``."""
+    tiny CLIP (by its model name), a registered corpus the demo world's stand-in for it, the other models
+    and sizes come from ``demo.toml``."""
     m = demo_mapping()
 
     def walk(d: dict[str, Any]) -> None:
@@ -63,6 +64,9 @@ def to_demo(data: dict[str, Any]) -> dict[str, Any]:
                 walk(v)
 
     walk(data)
+    corpus = data.get("retrieval", {}).get("corpus")
+    if corpus is not None:  # another corpus: the demo world's own second one stands in
+        data["retrieval"]["corpus"] = m["corpus"].get(corpus, corpus)
     for key, value in m["set"].items():
         set_key(data, key, value)
     return data
