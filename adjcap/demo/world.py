@@ -381,6 +381,9 @@ def _alt_captions(scene: dict[str, Any], rng: random.Random, n: int = 5) -> list
     return cands[:n]
 
 
+ALT_SCENES_PER_CORPUS_IMAGE = 2  # x n_corpus_images / 3: 400 scenes, 2,000 captions beside the 3,000 of the first
+
+
 def alt_corpus_lines(seed: int, n_scenes: int) -> list[str]:
     """The demo world's second corpus: ``n_scenes`` scenes of their own random stream, 5 captions each."""
     rng = random.Random(f"adjcap-demo:{seed}:alt-corpus")
@@ -463,7 +466,7 @@ def build_demo_world(
     if _complete(paths, params):
         if not paths["lexicon"].is_file():
             atomic_write_json(paths["lexicon"], demo_lexicon())
-        _write_alt(paths["alt"], seed, n_corpus_images)
+        _write_alt(paths["alt"], seed, ALT_SCENES_PER_CORPUS_IMAGE * n_corpus_images // 3)
         return paths
     atomic_write_json(paths["lexicon"], demo_lexicon())
     paths["images"].mkdir(parents=True, exist_ok=True)
@@ -490,7 +493,7 @@ def build_demo_world(
     digest = hashlib.sha256()
     for rel in sorted(files):
         digest.update(rel.encode() + b"\0" + (root / rel).read_bytes())
-    _write_alt(paths["alt"], seed, n_corpus_images)
+    _write_alt(paths["alt"], seed, ALT_SCENES_PER_CORPUS_IMAGE * n_corpus_images // 3)
     atomic_write_json(
         paths["manifest"],
         {"params": params, "fingerprint": digest.hexdigest()[:16], "files": files, "scenes": scenes},
