@@ -181,7 +181,7 @@ def caption(
 @app.command("reproduce")
 def reproduce(
     table: Optional[str] = typer.Argument(None, help="reproduction | scoreboard | protocols | ablation | "
-                                          "verifier-substrate | xdomain | chair | clipscore"),
+                                          "verifier-substrate | xdomain | chair | clipscore | corpus-swap"),
     benchmark: Optional[str] = typer.Option(None, help="run every row on this benchmark (demo: the demo world, "
                                             "tiny models, CPU); default: the paper's"),
     workers: Optional[int] = WORKERS,
