@@ -538,6 +538,14 @@ def run_ray(sets: list[str], run_dir: Path, env: dict) -> dict:
     return figures
 
 
+def test_records(cfg) -> list:
+    """The benchmark's test records, read by the library (no Ray: the GPU machine may not have it)."""
+    from adjcap.data.benchmarks import read_benchmark, split_annotations
+
+    b = cfg.benchmark_cfg(cfg.benchmark)
+    return read_benchmark(b.format, split_annotations(b, "test", cfg.benchmark), b.images, "test", limit=cfg.limit)
+
+
 def run_stages(cfg, n_images: int) -> dict:
     """One pool's models at a time, in this process: seconds per image per stage, RSS per pool."""
     from adjcap import image_state
@@ -545,9 +553,8 @@ def run_stages(cfg, n_images: int) -> dict:
     from adjcap.data.corpus import load_corpus
     from adjcap.index import CaptionIndex
     from adjcap.models.roles import load_captioner, load_retrieval_encoder, load_verifier
-    from adjcap.jobs.extract_features import read_records
 
-    recs = read_records(cfg)["test"][:n_images]
+    recs = test_records(cfg)[:n_images]
     states = [image_state.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path) for r in recs]
     corpus = load_corpus(cfg.benchmark_cfg().corpus, cfg.benchmark_cfg().corpus_format)
     dev = cfg.device
@@ -616,9 +623,8 @@ def run_side_by_side(cfg, n_images: int) -> dict:
     from adjcap.index import CaptionIndex
     from adjcap.models.roles import load_captioner, load_retrieval_encoder, load_verifier
     from benchmarks.paper_way import side_by_side
-    from adjcap.jobs.extract_features import read_records
 
-    recs = read_records(cfg)["test"][:n_images]
+    recs = test_records(cfg)[:n_images]
     states = [image_state.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path) for r in recs]
     corpus = load_corpus(cfg.benchmark_cfg().corpus, cfg.benchmark_cfg().corpus_format)
     dev = cfg.device
