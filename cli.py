@@ -274,20 +274,19 @@ def evaluate(
     """Score predictions: BLEU, METEOR, ROUGE-L, CIDEr, SPICE, CHAIR proxy (and NoCaps domains)."""
     eval_updates = _typed(**{"eval.spice_jars": str(spice_jars) if spice_jars else None})
     eval_updates["eval.spice"] = not no_spice
-    if run is not None:
-        rd = RunDir(run)
-        cfg = _cfg(None, None, rd.config_path, eval_updates)
-        from adjcap.jobs import evaluate as job
-
-        _run(lambda: job.evaluate_saved_run(cfg, rd, intersection=intersection))
-        return
-    if predictions is None or references is None:
+    if run is None and (predictions is None or references is None):
         typer.secho("error: give --run DIR, or --predictions PRED.json with --references REFS", fg="red", err=True)
         raise typer.Exit(2)
-    eval_cfg = _cfg("headline", None, None, eval_updates, computes=False).resolved().eval
+    rd = RunDir(run) if run is not None else None
+    # the run's own config, else the headline preset's eval settings
+    cfg = _cfg(None if rd else "headline", None, rd.config_path if rd else None, eval_updates,
+               computes=rd is not None).resolved()
     from adjcap.jobs import evaluate as job
 
-    _run(lambda: job.evaluate_file(eval_cfg, predictions, references, fmt, split, out, intersection=intersection))
+    if rd is not None:
+        _run(lambda: job.evaluate_saved_run(cfg, rd, intersection=intersection))
+        return
+    _run(lambda: job.evaluate_file(cfg.eval, predictions, references, fmt, split, out, intersection=intersection))
 
 
 @app.command("report")
@@ -355,8 +354,8 @@ def doctor(preset: str = PRESET, sets: Optional[List[str]] = SET):
     from adjcap.doctor import diagnose
     from adjcap.jobs.preflight import memory_problem
 
-    cfg = _cfg(preset, sets, None, computes=False)
-    text, problems = diagnose(cfg, memory_problem(cfg.resolved()))
+    cfg = _cfg(preset, sets, None, computes=False).resolved()
+    text, problems = diagnose(cfg, memory_problem(cfg))
     typer.echo(text)
     if problems:
         raise typer.Exit(1)

@@ -1,16 +1,17 @@
-"""CPU task ahead of the GPU pools: records -> decoded images inside fresh states (holding the stage
-outputs the stage cache already had for the image, when the record carries them)."""
+"""CPU task ahead of the GPU pools: a table of records (the driver's: :func:`actors.transport.records`)
+-> decoded images inside fresh states (holding the stage outputs the stage cache already had for the
+image, when the record carries them), packed as the transport's columns."""
 
 from __future__ import annotations
 
 import functools
-import pickle
 import time
 from typing import Any
 
+import pyarrow as pa
+
 from adjcap.actors.progress import StageMeter
-from adjcap.actors.transport import pack
-from adjcap.stage_cache import apply_outputs
+from adjcap.actors.transport import pack, unpack
 from adjcap.image_state import decode_state
 
 
@@ -19,20 +20,20 @@ def _meter(board: Any) -> StageMeter:
     return StageMeter("decode", board)
 
 
-def decode_batch(batch: dict[str, Any], board: Any = None) -> dict[str, Any]:
+def decode_batch(batch: pa.Table, board: Any = None) -> pa.Table:
     """``board``: the job's :class:`actors.progress.ProgressBoard` (None: metrics only)."""
     t = time.perf_counter()
+    given = unpack(batch)  # ids, split, domain, the reader's error, stored stage outputs
+    paths = batch.column("image_path").to_pylist()
+    exif = batch.column("exif").to_pylist() if "exif" in batch.column_names else [True] * len(given)
     states = []
-    for i in range(len(batch["image_id"])):
-        s = decode_state(str(batch["image_id"][i]), str(batch["benchmark"][i]), str(batch["split"][i]),
-                         str(batch["domain"][i] or "") or None, str(batch["image_path"][i] or "") or None,
-                         str(batch["error"][i] or "") or None if "error" in batch else None,
-                         bool(batch["exif"][i]) if "exif" in batch else True)
-        cached = batch["cached"][i] if "cached" in batch else None
-        if s.ok and cached:  # the stage outputs the stage cache already holds for this image
-            apply_outputs(s, pickle.loads(cached))
+    for g, path, ex in zip(given, paths, exif):
+        s = decode_state(g.image_id, g.benchmark, g.split, g.domain, path or None, g.error, bool(ex))
+        if s.ok:  # the stage outputs the stage cache already holds for this image travel with it
+            g.image, g.encoded = s.image, s.encoded
+            s = g
         states.append(s)
-    refused = sum(1 for e in batch.get("error", ()) if e)  # refused by the reader: not this stage's failure
+    refused = sum(1 for g in given if g.error)  # refused by the reader: not this stage's failure
     failed = sum(1 for s in states if s.error is not None) - refused
     _meter(board).record(len(states), failed, time.perf_counter() - t)
     return pack(states)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pyarrow as pa
+
 from adjcap.actors.progress import StageMeter
 from adjcap.actors.transport import pack, unpack
 from adjcap import stages
@@ -26,7 +28,7 @@ class LavisVerifierActor:
         self.meter = StageMeter("verify", board)
         self.verifier = _load(cfg)
 
-    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+    def __call__(self, batch: pa.Table) -> pa.Table:
         states = unpack(batch)
         with self.meter.batch(states):
             stages.verify(states, self.verifier, self.cfg.verifier.keep)
@@ -39,7 +41,7 @@ class LavisScorerActor:
         self.meter = StageMeter("score-verifier", board)
         self.verifier = _load(cfg)
 
-    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+    def __call__(self, batch: pa.Table) -> pa.Table:
         states = unpack(batch)
         with self.meter.batch(states):
             stages.score_verifier(states, self.verifier)

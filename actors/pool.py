@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import pyarrow as pa
 import ray
 
 from adjcap import stage_registry
@@ -33,7 +34,7 @@ class PoolActor:
         self.models = stage_registry.load_families(cfg, stage_registry.families_of(stages), given)
         self.meters = [StageMeter(s.name, board) for s in self.stages]
 
-    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+    def __call__(self, batch: pa.Table) -> pa.Table:
         states = unpack(batch)
         for stage, meter in zip(self.stages, self.meters):
             with meter.batch(states):

@@ -1,35 +1,171 @@
-"""Packing per-image states into Ray Data batches (numpy format) and back, and small per-image columns."""
+"""Per-image states between Ray pools as declared Arrow columns (docs/architecture.md, "Data flow of one
+image"): a batch of states travels as one ``pyarrow.Table`` whose columns are the image's own (id,
+benchmark, split, domain, error, the encoded image, the stages done and computed), every stage's output
+columns as the stage registry declares them (:attr:`adjcap.stage_registry.Stage.output`: each column
+once, typed by its schema) and the verifier's image encoding (stage 2's, reused by stage 4) as raw
+bytes. No state is pickled; a stage registered beyond the four travels by its declared columns too.
+
+Imports no model library (the decode tasks use it): PyTorch only when a batch carries a verifier
+encoding."""
 
 from __future__ import annotations
 
-import pickle
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
+from adjcap import stage_registry
 from adjcap.image_state import ImageState
 
+_STR = pa.string()
+# the image's own columns, then the verifier's image encoding (not a stage output: stage 4 reuses it)
+IMAGE = pa.schema([("image_id", _STR), ("benchmark", _STR), ("split", _STR), ("domain", _STR), ("error", _STR),
+                   ("encoded", pa.binary()), ("done", pa.list_(_STR)), ("computed", pa.list_(_STR))])
+MEMO = pa.schema([("verifier_memo", pa.binary()), ("verifier_memo_shape", pa.list_(pa.int64())),
+                  ("verifier_memo_dtype", _STR)])
 
-def unpack(batch: dict[str, Any]) -> list[ImageState]:
-    return [pickle.loads(b) for b in batch["state"]]
+
+_LAYOUTS: dict[tuple[int, ...], tuple] = {}
 
 
-def pack(states: list[ImageState], drop_image: bool = False) -> dict[str, np.ndarray]:
+def _stage_columns(stages: tuple[stage_registry.Stage, ...]) -> tuple[pa.Schema, tuple[tuple[str, tuple[str, ...]], ...]]:
+    """(the transport's schema, (stage name, its output columns) in stage order), once per registry."""
+    key = tuple(map(id, stages))
+    if key not in _LAYOUTS:
+        _LAYOUTS[key] = (*_layout(stages), stages)  # the stages held, so their ids stay theirs
+    return _LAYOUTS[key][:2]
+
+
+def _layout(stages: tuple[stage_registry.Stage, ...]) -> tuple[pa.Schema, tuple[tuple[str, tuple[str, ...]], ...]]:
+    fields: dict[str, pa.Field] = {}
+    per_stage = []
+    for st in stages:
+        own = []
+        for f in st.output.schema:
+            if f.name == "image_id":
+                continue
+            if f.name in IMAGE.names or f.name in MEMO.names:
+                raise ValueError(f"stage '{st.name}': output column '{f.name}' is one of the transport's own")
+            if f.name in fields and not fields[f.name].type.equals(f.type):
+                raise ValueError(f"stage '{st.name}': output column '{f.name}' is {f.type}, "
+                                 f"another stage declares it {fields[f.name].type}")
+            fields.setdefault(f.name, f.with_nullable(True))
+            own.append(f.name)
+        per_stage.append((st.name, tuple(own)))
+    return pa.schema([*IMAGE, *fields.values(), *MEMO]), tuple(per_stage)
+
+
+def schema() -> pa.Schema:
+    """The columns a batch travels in: the image's, every registered stage's outputs (each once; two
+    stages declaring one column must agree on its type), the verifier's encoding."""
+    return _stage_columns(stage_registry.stages())[0]
+
+
+def pack(states: list[ImageState], drop_image: bool = False) -> pa.Table:
+    """States -> one table (``drop_image``: without the image and the verifier's encoding: final states)."""
+    sch, per_stage = _stage_columns(stage_registry.stages())
+    cols: dict[str, list] = {n: [] for n in sch.names}
+    for s in states:
+        cols["image_id"].append(s.image_id)
+        cols["benchmark"].append(s.benchmark)
+        cols["split"].append(s.split)
+        cols["domain"].append(s.domain)
+        cols["error"].append(s.error)
+        cols["encoded"].append(None if drop_image else s.encoded)
+        cols["done"].append(sorted(s.done))
+        cols["computed"].append(sorted(s.computed))
+        taken: dict[str, Any] = {}
+        if s.ok:
+            for name, own in per_stage:
+                # a stage's columns once it ran, and the ones a later pool filled before it completed
+                # (the lavis backend's verifier half of stage 4 scores the candidates stage 3 made)
+                if name in s.done:
+                    taken.update(stage_registry.stage(name).output.take(s))
+        for n in sch.names[len(IMAGE):len(sch) - len(MEMO)]:  # the stages' columns
+            cols[n].append(taken.get(n))
+        memo = None if drop_image or not s.ok else s.verifier_memo
+        if memo is None:
+            cols["verifier_memo"].append(None)
+            cols["verifier_memo_shape"].append(None)
+            cols["verifier_memo_dtype"].append(None)
+        else:
+            data, shape, dtype = _tensor_bytes(memo)
+            cols["verifier_memo"].append(data)
+            cols["verifier_memo_shape"].append(shape)
+            cols["verifier_memo_dtype"].append(dtype)
     if drop_image:
         for s in states:
             s.drop_image()
-            s.verifier_memo = None  # the stage-1 embedding stays: the stage cache keeps it with the retrieval
-    out_state = np.empty(len(states), dtype=object)
-    out_state[:] = [pickle.dumps(s, protocol=pickle.HIGHEST_PROTOCOL) for s in states]
-    ids = np.array([s.image_id for s in states], dtype=object)
-    return {"image_id": ids, "state": out_state}
+            s.verifier_memo = None
+    return pa.Table.from_pydict(cols, schema=sch)
 
 
-def columns(cols: dict[str, list]) -> dict[str, np.ndarray]:
-    """Plain per-image columns (strings) as a numpy-format batch."""
-    out = {}
-    for k, v in cols.items():
-        a = np.empty(len(v), dtype=object)
-        a[:] = v
-        out[k] = a
+def unpack(table: pa.Table) -> list[ImageState]:
+    """A table of :func:`pack` (or of records the driver built: any subset of its columns) -> states."""
+    _, per_stage = _stage_columns(stage_registry.stages())
+    cols = table.to_pydict()
+    n = table.num_rows
+    none = [None] * n
+    get = lambda k: cols.get(k, none)  # noqa: E731
+    out = []
+    for i in range(n):
+        s = ImageState(get("image_id")[i], get("benchmark")[i], get("split")[i], get("domain")[i] or None,
+                       get("error")[i] or None)
+        s.encoded = get("encoded")[i]
+        s.computed = set(get("computed")[i] or ())
+        done = set(get("done")[i] or ())
+        for name, own in per_stage:
+            if name in done:
+                stage_registry.stage(name).output.give(s, {c: get(c)[i] for c in own})
+        s.done = done
+        if get("verifier_memo")[i] is not None:
+            s.verifier_memo = _tensor(get("verifier_memo")[i], get("verifier_memo_shape")[i],
+                                      get("verifier_memo_dtype")[i])
+        out.append(s)
     return out
+
+
+def _tensor_bytes(t) -> tuple[bytes, list[int], str]:
+    """A CPU tensor's raw bytes, shape and dtype (bfloat16 has no numpy type: its bits travel as int16)."""
+    import torch
+
+    t = t.detach().cpu().contiguous()
+    dtype = str(t.dtype).removeprefix("torch.")
+    raw = t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+    return raw.numpy().tobytes(), list(t.shape), dtype
+
+
+def _tensor(data: bytes, shape: list[int], dtype: str):
+    import torch
+
+    if dtype == "bfloat16":
+        return torch.from_numpy(np.frombuffer(data, np.int16).copy()).view(torch.bfloat16).reshape(shape)
+    return torch.from_numpy(np.frombuffer(data, np.dtype(dtype)).copy()).reshape(shape)
+
+
+def columns(cols: dict[str, list]) -> pa.Table:
+    """Plain per-image columns as a table (what the last pool hands the driver)."""
+    return pa.table(cols)
+
+
+def records(cols: dict[str, list], stored: list[dict[str, dict[str, Any]] | None] | None = None) -> pa.Table:
+    """The driver's input to the decode tasks: the records' columns (the image's own and ``image_path``,
+    ``exif``) and, when some image has them, the stage outputs already stored for it (``stored``, per
+    image: {stage: its columns} for a prefix of the stages, or None) as the declared columns, with
+    ``done`` naming those stages."""
+    if stored is None or not any(stored):
+        return pa.table(cols)
+    sch, per_stage = _stage_columns(stage_registry.stages())
+    merged: list[dict[str, Any]] = []
+    for outs in stored:
+        m: dict[str, Any] = {}
+        for name, _ in per_stage:
+            if outs and name in outs:
+                m.update(outs[name])
+        merged.append(m)
+    out = dict(cols)
+    out["done"] = pa.array([list(o) if o else [] for o in stored], pa.list_(_STR))
+    for n in sch.names[len(IMAGE):len(sch) - len(MEMO)]:
+        out[n] = pa.array([m.get(n) for m in merged], sch.field(n).type)
+    return pa.table(out)

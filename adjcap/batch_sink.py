@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from adjcap.features import rows_to_table
 from adjcap.image_state import ImageState
 from adjcap.parts import content_part_name
@@ -59,12 +62,24 @@ def write_batch(states: list[ImageState], sink: Sink, cache: StageCache | None =
         cache.write_batch(states)
 
 
-def done_columns(states: list[ImageState]) -> dict[str, list[str]]:
-    """What the driver learns of a written batch, per image: its id and split, its error ("" when ok)
-    and the stages computed here (comma-separated), for the summary and stage stats."""
+def done_columns(states: list[ImageState]) -> dict[str, list]:
+    """What the driver learns of a written batch, per image: its id and split, whether it failed and
+    the stages computed here, for the summary and stage stats (counted with Arrow, no per-image Python
+    on the driver: :func:`count_done`)."""
     return {
         "image_id": [s.image_id for s in states],
         "split": [s.split for s in states],
-        "error": [s.error or "" for s in states],
-        "computed": [",".join(sorted(s.computed)) for s in states],
+        "failed": [s.error is not None for s in states],
+        "computed": [sorted(s.computed) for s in states],
     }
+
+
+def count_done(table: pa.Table, summary: dict[str, dict[str, int]], computed: dict[str, int]) -> None:
+    """Add a table of :func:`done_columns` to ``summary`` ({split: {"done", "failed"}}) and ``computed``
+    ({stage: images})."""
+    by = table.group_by(["split", "failed"]).aggregate([("image_id", "count")])
+    for split, failed, n in zip(*(by.column(c).to_pylist() for c in ("split", "failed", "image_id_count"))):
+        summary[split]["failed" if failed else "done"] += n
+    stages = pc.value_counts(pc.list_flatten(table.column("computed")))
+    for v in stages.to_pylist():
+        computed[v["values"]] = computed.get(v["values"], 0) + v["counts"]

@@ -282,6 +282,8 @@ class PoolCfg(_Strict):
                                "fused: the sum of the split pools' shares)")
     cpus: float | None = Field(None, gt=0.0, description="CPUs per actor (None: 1 with GPUs, else ray.cpu_share "
                                "shrunk so that every actor fits)")
+    batch_size: int | None = Field(None, gt=0, description="images per Ray Data batch of this pool (None: "
+                                   "ray.batch_size)")
 
 
 class RayCfg(_Strict):
@@ -301,8 +303,12 @@ class RayCfg(_Strict):
     decode_cpus: float = Field(0.25, gt=0.0, description="CPUs per image-decoding task")
     decode_tasks: int | None = Field(None, gt=0, description="image-decoding tasks at once, cluster-wide (each is "
                                      "a worker process holding torch); None: 2 x workers")
-    batch_size: int = Field(16, gt=0, description="images per Ray Data batch")
+    batch_size: int | None = Field(None, gt=0, description="images per Ray Data batch of every pool (ray.pool.<pool>."
+                                   "batch_size overrides one pool's); None: 64 on a cluster with GPUs, 16 without")
     rows_per_part: int = Field(256, gt=0, description="feature rows per Parquet part file")
+    data_poll_s: float = Field(0.5, gt=0.0, le=5.0, description="seconds Ray Data's scheduler on the driver waits "
+                               "for running tasks before it looks again (Ray's own: 0.1); each look costs the "
+                               "driver CPU, whatever the images")
     verbose: bool = Field(False, description="Ray's own console output: Ray Data's operator progress and Ray's "
                           "INFO log lines, and the workers' output forwarded to the driver (--verbose)")
     progress_interval: float = Field(10.0, gt=0.0, description="seconds between progress lines when the output "

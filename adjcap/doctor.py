@@ -42,9 +42,9 @@ def needs_lines(cfg: Config, needed: list[Need]) -> list[str]:
 
 
 def diagnose(cfg: Config, memory: str | None = None) -> tuple[str, list[str]]:
-    """The report and the problems that stop ``cfg`` from running here: every missing need and
-    ``memory`` (why the pools cannot be placed, from the job's own plan; None: they can)."""
-    needed = needs_of(cfg.resolved())
+    """The report and the problems that stop ``cfg`` (resolved) from running here: every missing need
+    and ``memory`` (why the pools cannot be placed, from the job's own plan; None: they can)."""
+    needed = needs_of(cfg)
     text = report(cfg, needed)
     gone = missing(needed)
     problems = [n.what for n in gone]
@@ -58,9 +58,9 @@ def diagnose(cfg: Config, memory: str | None = None) -> tuple[str, list[str]]:
 
 
 def report(cfg: Config, needed: list[Need] | None = None) -> str:
+    """What this machine has and what ``cfg`` (resolved) needs of it."""
     import torch
 
-    cfg = cfg.resolved()
     lines = [f"python      {platform.python_version()} ({platform.machine()})",
              f"torch       {torch.__version__}"]
     gpus = visible_gpus()
@@ -77,7 +77,7 @@ def report(cfg: Config, needed: list[Need] | None = None) -> str:
     try:
         from adjcap.java.corenlp import spice_status
 
-        lines.append(f"spice       {spice_status(cfg.resolved().eval)}")
+        lines.append(f"spice       {spice_status(cfg.eval)}")
     except Exception as e:  # noqa: BLE001
         lines.append(f"spice       unknown ({e})")
     lines.append(f"HF offline  {os.environ.get('HF_HUB_OFFLINE', '0')}")

@@ -12,6 +12,9 @@ Which settings each stage reads is data: each stage's ``reads`` in the stage reg
 * :func:`run_identity` - all of it flat, what a run directory records in ``features/identity.json`` and
   checks on resume.
 
+The corpus is never read here: callers pass its fingerprint (a job's :class:`adjcap.run_plan.RunPlan`
+holds it, read once).
+
 A setting a stage reads only for speed (batch sizes, the beam search implementation) is declared under
 ``speed`` and left out. ``tests/test_identity_property.py`` changes every config setting and checks that
 either the identity of each stage whose output changes changes too, or the outputs stay equal, so a new
@@ -117,7 +120,11 @@ def stage_settings(cfg: Config, corpus_fingerprint: str) -> dict[str, dict[str, 
 
 def stage_identities(cfg: Config, corpus_fingerprint: str) -> dict[str, str]:
     """stage -> identity hash; each stage's hash covers its parent's."""
-    settings = stage_settings(cfg, corpus_fingerprint)
+    return identities_of(stage_settings(cfg, corpus_fingerprint))
+
+
+def identities_of(settings: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """stage -> identity hash of :func:`stage_settings`' output, each stage's hash covering its parent's."""
     out: dict[str, str] = {}
     parent = ""
     for stage in stage_registry.names():
@@ -126,13 +133,15 @@ def stage_identities(cfg: Config, corpus_fingerprint: str) -> dict[str, str]:
     return out
 
 
-def run_identity(cfg: Config) -> dict[str, Any]:
+def run_identity(cfg: Config, corpus_fingerprint: str) -> dict[str, Any]:
     """Everything that decides a run's feature rows, flat (``cfg`` resolved): what a run directory
     records and compares on resume (the stage settings of :func:`stage_settings`)."""
-    from adjcap.index.lifecycle import search_corpus
+    return flat_identity(stage_settings(cfg, corpus_fingerprint))
 
-    corpus = search_corpus(cfg.retrieval, cfg.benchmark_cfg(), cfg.benchmark, cfg.paths.cache_dir)
+
+def flat_identity(settings: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """:func:`stage_settings`' output flat, as :func:`run_identity` returns it."""
     flat: dict[str, Any] = {}
-    for d in stage_settings(cfg, corpus.fingerprint).values():
+    for d in settings.values():
         flat.update(d)
     return flat

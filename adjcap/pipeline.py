@@ -7,7 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any, Sequence
 
-from adjcap import image_state, stage_registry
+from adjcap import image_state, pools, stage_registry
 from adjcap.config import Config
 from adjcap.data.records import Record
 from adjcap.index import CaptionIndex, encode_shards_in_process, encoder_identity, ensure_index
@@ -22,8 +22,12 @@ class Models(SimpleNamespace):
 
 
 def load_models(cfg: Config, benchmark: str | None = None) -> Models:
-    """Every family's models in this process, and the corpus index (built here when missing)."""
-    cfg = cfg.resolved()
+    """Every family's models in this process, and the corpus index (built here when missing). An edge
+    of its own (tests, notebooks): ``cfg`` as loaded, resolved here."""
+    return _load_models(cfg.resolved(), benchmark)
+
+
+def _load_models(cfg: Config, benchmark: str | None = None) -> Models:
     name = benchmark or cfg.benchmark
     bench = cfg.benchmark_cfg(name)
     corpus = search_corpus(cfg.retrieval, bench, name, cfg.paths.cache_dir)
@@ -53,11 +57,12 @@ def run_pipeline(records: Sequence[Record], cfg: Config, models: Models | None =
                  stage_cache: StageCache | None = None, counts: dict[str, int] | None = None) -> list[dict[str, Any]]:
     """Records -> feature rows (docs/architecture.md, "Data flow of one image"), one per record, in
     record order. With a ``stage_cache`` stored stage outputs are reused and new ones stored;
-    ``counts`` (when given) accumulates the images each stage processed."""
+    ``counts`` (when given) accumulates the images each stage processed. An edge of its own (tests,
+    notebooks): ``cfg`` as loaded, resolved here."""
     cfg = cfg.resolved()
     benchmark = benchmark or cfg.benchmark
-    models = models or load_models(cfg, benchmark)
-    bs = batch_size or cfg.ray.batch_size
+    models = models or _load_models(cfg, benchmark)
+    bs = batch_size or pools.batch_size(cfg, pools.FUSED, str(cfg.device).startswith("cuda"))
     rows: list[dict[str, Any]] = []
     known = cfg.benchmarks.get(benchmark)
     exif = known.applies_exif() if known is not None else True  # records of an unconfigured folder: users' photos

@@ -11,15 +11,17 @@ memory each one's models take.
   processes per image), split with GPUs.
 
 The ``lavis`` verifier backend always runs split: its verifier runs in LAVIS's own environment.
-Each pool's actor count and CPU / GPU share is data too: ``ray.pool.<pool>.actors`` / ``.gpus`` /
-``.cpus``, defaulting to ``ray.workers``, ``ray.gpu_share`` (fused: the sum of the split pools'
-shares) and ``ray.cpu_share``. Pure: reads the config and the stage registry, never imports Ray.
+Each pool's actor count, CPU / GPU share and batch size is data too: ``ray.pool.<pool>.actors`` /
+``.gpus`` / ``.cpus`` / ``.batch_size``, defaulting to ``ray.workers``, ``ray.gpu_share`` (fused: the
+sum of the split pools' shares), ``ray.cpu_share`` and ``ray.batch_size`` (unset: 64 images with GPUs,
+16 without). Pure: reads the config and the stage registry, never imports Ray.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable
+from types import MappingProxyType
+from typing import Any, Iterable, Mapping
 
 from adjcap import stage_registry
 from adjcap.config import Config, ConfigError
@@ -73,6 +75,34 @@ def layout(cfg: Config, gpu: bool, first: int = 0) -> list[Pool]:
     return [Pool(FUSED, names)] if is_fused(cfg, gpu) else split_pools(names)
 
 
+@dataclass(frozen=True)
+class PoolPlan:
+    """The pools a job may run, decided once from the config (a job's run plan holds it): the layout on a
+    cluster without GPUs and on one with them (which one runs is the connected cluster's to say), and
+    each pool's actor count. ``layout(gpu, first)`` equals :func:`layout`."""
+
+    without_gpus: tuple[Pool, ...]
+    with_gpus: tuple[Pool, ...]
+    actors: Mapping[str, int]
+
+    def layout(self, gpu: bool, first: int = 0) -> list[Pool]:
+        """The pools for images that need the stages from index ``first`` on."""
+        keep = set(stage_registry.names()[first:])
+        out = []
+        for p in self.with_gpus if gpu else self.without_gpus:
+            stages = tuple(s for s in p.stages if s in keep)
+            if stages:
+                out.append(Pool(p.name, stages))
+        return out
+
+
+def plan(cfg: Config) -> PoolPlan:
+    """The pool plan of a (resolved) config; an unknown ``ray.pool.<name>`` is refused here."""
+    lay = {gpu: tuple(layout(cfg, gpu)) for gpu in (False, True)}
+    names = dict.fromkeys(p.name for ps in lay.values() for p in ps)
+    return PoolPlan(lay[False], lay[True], MappingProxyType({p: actors(cfg, p) for p in names}))
+
+
 def _pool_cfg(cfg: Config, name: str):
     known = (*pool_names(), FUSED, ENCODER)
     for key in cfg.ray.pool:
@@ -96,6 +126,20 @@ def gpu_share(cfg: Config, name: str) -> float:
     if name == FUSED:
         return round(sum(gpu_share(cfg, q) for q in pool_names()), 6)
     return float(cfg.ray.gpu_share)
+
+
+GPU_BATCH, CPU_BATCH = 64, 16  # images per Ray Data batch when ray.batch_size is not set
+
+
+def batch_size(cfg: Config, name: str | None, gpu: bool) -> int:
+    """Images per Ray Data batch of pool ``name`` (None: the decode tasks): ``ray.pool.<name>.batch_size``,
+    else ``ray.batch_size``, else 64 on a cluster with GPUs (``gpu``) and 16 without."""
+    p = _pool_cfg(cfg, name) if name is not None else None
+    if p is not None and p.batch_size is not None:
+        return p.batch_size
+    if cfg.ray.batch_size is not None:
+        return cfg.ray.batch_size
+    return GPU_BATCH if gpu else CPU_BATCH
 
 
 def cpu_request(cfg: Config, name: str) -> float | None:

@@ -25,6 +25,7 @@ from adjcap.nested import flatten
 
 if TYPE_CHECKING:
     from adjcap.config import Config
+    from adjcap.run_plan import RunPlan
 
 # the libraries whose versions decide the numbers (distribution names)
 KEY_LIBRARIES = (
@@ -247,28 +248,21 @@ def data_digests(cfg: Config) -> dict[str, Any]:
     return out
 
 
-def feature_identities(cfg: Config) -> dict[str, Any]:
-    """The corpus fingerprint, the retrieval index (location and digest) and each stage's identity
-    (:func:`adjcap.stage_cache.stage_identities`), as resume and the stage cache key them."""
-    from adjcap.identity import searched_index
-    from adjcap.index.lifecycle import encoder_identity, index_location, search_corpus
+def feature_identities(plan: RunPlan) -> dict[str, Any]:
+    """The corpus fingerprint, the retrieval index (location and digest) and each stage's identity, as
+    resume and the stage cache key them: the run plan's, read once at the edge (the index's manifest
+    digest is read here: it exists once the index is built)."""
     from adjcap.index.store import MANIFEST
     from adjcap.io import file_content_id
-    from adjcap.stage_cache import stage_identities
 
-    try:
-        corpus = search_corpus(cfg.retrieval, cfg.benchmark_cfg(), cfg.benchmark, cfg.paths.cache_dir)
-    except Exception as e:  # noqa: BLE001 - e.g. the user's own images with no corpus
-        return {"error": f"corpus unavailable: {str(e).splitlines()[0] if str(e) else type(e).__name__}"}
-    index = index_location(cfg.retrieval, cfg.paths.cache_dir, encoder_identity(cfg.retrieval.encoder),
-                           corpus.fingerprint)
-    manifest = index / MANIFEST  # written last; it holds every shard's sha256, so it stands for them all
+    manifest = plan.index_path / MANIFEST  # written last; it holds every shard's sha256, so it stands for them all
     return {
-        "corpus_fingerprint": corpus.fingerprint,
-        "corpus_captions": len(corpus),
-        "index": {"path": str(index), "digest": f"manifest:{file_content_id(manifest)}" if manifest.is_file() else None,
-                  "identity": searched_index(cfg, corpus.fingerprint)},
-        "stages": stage_identities(cfg, corpus.fingerprint),
+        "corpus_fingerprint": plan.corpus.fingerprint,
+        "corpus_captions": len(plan.corpus),
+        "index": {"path": str(plan.index_path),
+                  "digest": f"manifest:{file_content_id(manifest)}" if manifest.is_file() else None,
+                  "identity": plan.index},
+        "stages": dict(plan.stages),
     }
 
 
@@ -277,8 +271,9 @@ def feature_identities(cfg: Config) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 
 
-def start(cfg: Config, argv: Sequence[str] | None = None, job: str = "run-job") -> dict[str, Any]:
-    """The provenance of a job as it starts (``cfg`` resolved); :func:`finish` completes it."""
+def start(plan: RunPlan, argv: Sequence[str] | None = None, job: str = "run-job") -> dict[str, Any]:
+    """The provenance of a job as it starts (from its run plan); :func:`finish` completes it."""
+    cfg = plan.cfg
     return {
         "schema": SCHEMA,
         "job": job,
@@ -291,7 +286,7 @@ def start(cfg: Config, argv: Sequence[str] | None = None, job: str = "run-job") 
         "config": {"name": cfg.name, "benchmark": cfg.benchmark, "digest": config_digest(cfg), "seed": cfg.seed},
         "models": model_identities(cfg),
         "data": data_digests(cfg),
-        "features": feature_identities(cfg),
+        "features": feature_identities(plan),
         "cluster": None,
     }
 

@@ -129,7 +129,7 @@ class StageCache:
                 continue
             for st in stage_registry.stages():
                 if st.name in s.computed:
-                    yield st.name, {"image_id": s.image_id, **st.output.take(s)}
+                    yield st.name, {"image_id": s.image_id, **st.output.stored(s)}
 
     def add(self, states: Iterable[ImageState]) -> None:
         """Buffer the outputs of the stages each state computed in this run (failed images: none)."""

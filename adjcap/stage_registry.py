@@ -51,12 +51,22 @@ class Reads:
 
 @dataclass(frozen=True)
 class StageOutput:
-    """What the stage cache stores of a stage: its columns (``image_id`` first), how to take them
-    from a state the stage filled and how to put them back into a fresh state."""
+    """A stage's output columns (``image_id`` first): what the stage cache stores and what travels
+    between pools (``actors/transport.py``); how to take them from a state the stage filled and how to
+    put them back into a fresh state. ``blank``: struct fields of list columns that a later stage fills
+    in the same state, stored as NaN (:meth:`stored`) but carried between pools as they are."""
 
     schema: pa.Schema
     take: Callable[[ImageState], dict[str, Any]]
     give: Callable[[ImageState, dict[str, Any]], None]
+    blank: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def stored(self, s: ImageState) -> dict[str, Any]:
+        """The columns the stage cache stores: :attr:`take`'s, with the ``blank`` fields set to NaN."""
+        out = self.take(s)
+        for col, keys in self.blank.items():
+            out[col] = _nan_scores(out[col], keys)
+        return out
 
 
 @dataclass(frozen=True)
@@ -351,11 +361,11 @@ register(
         StageOutput(
             pa.schema([("image_id", pa.string()), ("retrieved", pa.list_(RETRIEVED)),
                        ("retrieval_embedding", pa.list_(pa.float32()))]),
-            # the verifier fills the retrieved captions' scores later in the same state: stored without them
-            lambda s: {"retrieved": _nan_scores(s.retrieved, ("verifier",)),
+            lambda s: {"retrieved": s.retrieved,
                        "retrieval_embedding": None if s.retrieval_embedding is None
                        else np.asarray(s.retrieval_embedding, dtype=np.float32).tolist()},
-            _give_retrieve),
+            # the verifier fills the retrieved captions' scores later in the same state: stored without them
+            _give_retrieve, blank={"retrieved": ("verifier",)}),
         _retrieve, searches_index=True,
     ),
     Stage(
@@ -376,10 +386,9 @@ register(
         StageOutput(
             pa.schema([("image_id", pa.string()), ("entities", pa.list_(pa.string())), ("prompt", pa.string()),
                        ("candidates", pa.list_(CANDIDATE))]),
+            lambda s: {"entities": list(s.entities), "prompt": s.prompt, "candidates": s.candidates},
             # stage 4 fills the candidates' scores later in the same state: stored without them
-            lambda s: {"entities": list(s.entities), "prompt": s.prompt,
-                       "candidates": _nan_scores(s.candidates, SCORE_FIELDS)},
-            _give_caption),
+            _give_caption, blank={"candidates": SCORE_FIELDS}),
         _caption,
     ),
     Stage(

@@ -28,7 +28,7 @@ from adjcap.metrics.evaluate import Evaluator  # noqa: E402
 from adjcap.pipeline import run_pipeline  # noqa: E402
 from adjcap.rerank import applicable_pickers, load_features, pick, run_protocol  # noqa: E402
 from adjcap.jobs.demo import prepare  # noqa: E402
-from adjcap.jobs.extract_features import read_records  # noqa: E402
+from adjcap.run_plan import read_records  # noqa: E402
 
 
 def extract(cfg, records) -> tuple[dict, float]:

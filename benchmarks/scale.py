@@ -26,7 +26,8 @@ every 0.5 s for the subprocess and everything below it (the raylet and Ray's wor
   image: what would cap a GPU run, where the actors' compute shrinks and this does not;
 * ``driver_ms_per_image``: the driver process's own CPU (all its threads) while it extracted features
   (``driver_cpu_s`` of the run's ``features/summary.json``, taken by the job itself around feature
-  extraction, so the CLI's start and Ray's start do not count) per image;
+  extraction, so the CLI's start and Ray's start do not count) per image, and by thread
+  (``driver_ms_per_image_by_thread``: ``driver_cpu_s_by_thread`` of the same summary);
 * ``index_resident_gib_per_node``: the retriever actors' private memory summed plus the shared pages of
   the index once (adjcap.index.shared), at the phase's peak;
 * ``bytes_written``: growth of the run directory and the index; ``spilled_bytes``: what Ray reports.
@@ -61,7 +62,7 @@ GIB = float(2**30)
 WIDTH = 1280  # ViT-bigG-14's embedding width
 COCO_CORPUS = 566_747
 BENCH = "scale"
-BATCH = 16  # ray.batch_size of a real run (the headline preset's)
+BATCH = 16  # ray.batch_size of a real run without GPUs (unset: 16 without GPUs, 64 with)
 SWEEP_N = (500, 1500, 5000)
 SWEEP_M = (50_000, COCO_CORPUS)
 
@@ -288,7 +289,7 @@ def count_rows(run_dir: Path) -> tuple[int, int]:
 
 
 def one(work: Path, n: int, m: int, workers: int, fresh: bool, batch_size: int, pools: str = "auto",
-        features_only: bool = False) -> dict:
+        features_only: bool = False, extra: tuple[str, ...] = ()) -> dict:
     t0 = time.perf_counter()
     cache, world = build_inputs(work, n, m)
     world_s = time.perf_counter() - t0
@@ -304,7 +305,7 @@ def one(work: Path, n: int, m: int, workers: int, fresh: bool, batch_size: int, 
             shutil.rmtree(d)
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "TOKENIZERS_PARALLELISM": "false",
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    sets = overrides(cache, world, workers, batch_size, pools)
+    sets = overrides(cache, world, workers, batch_size, pools) + [a for kv in extra for a in ("--set", kv)]
     logs = work / "logs" / run_dir.name
     logs.mkdir(parents=True, exist_ok=True)
     images = 2 * n
@@ -332,6 +333,7 @@ def one(work: Path, n: int, m: int, workers: int, fresh: bool, batch_size: int, 
     driver_cpu, driver_main = fsum.get("driver_cpu_s"), fsum.get("driver_main_thread_cpu_s")
     return {
         "images": n, "corpus": corpus_n, "workers": workers, "batch_size": batch_size, "pools": pools, "nodes": 1,
+        "sets": list(extra),
         "world_s": world_s,
         "phases": phases, "driver_peak_rss_gib": max(p["driver_peak_rss_gib"] for p in phases.values()),
         "index_resident_gib_per_node": feats["index_resident_gib_per_node"],
@@ -339,6 +341,8 @@ def one(work: Path, n: int, m: int, workers: int, fresh: bool, batch_size: int, 
         "framework_ms_per_image": 1000 * feats["framework_cpu_s"] / images,
         "driver_ms_per_image": None if driver_cpu is None else 1000 * driver_cpu / images,
         "driver_main_thread_ms_per_image": None if driver_main is None else 1000 * driver_main / images,
+        # the same CPU by thread (Ray Data's executor, Ray's C++ threads, the main thread), in ms per image
+        "driver_ms_per_image_by_thread": {k: 1000 * v / images for k, v in fsum.get("driver_cpu_s_by_thread", {}).items()},
         "extraction_s": fsum.get("seconds"),
         "report_html_bytes": du(run_dir / "report.html") if not features_only else None,
     }
@@ -430,6 +434,8 @@ def main() -> None:
     ap.add_argument("--features-only", action="store_true", help="only encode-corpus and the features phase")
     ap.add_argument("--batch-size", type=int, default=BATCH, help="ray.batch_size (images per Ray Data batch; "
                     "default: the headline's)")
+    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                    help="another setting for every phase (e.g. ray.data_poll_s=2), repeatable")
     args = ap.parse_args()
     work = args.work or Path(os.environ.get("ADJCAP_CACHE", "~/.cache/adjcap")).expanduser() / "scale"
     shapes = [(n, m) for m in SWEEP_M for n in SWEEP_N] if args.sweep else [(args.images, args.corpus)]
@@ -437,7 +443,7 @@ def main() -> None:
     for n, m in shapes:
         print(f"== {n:,} + {n:,} images, {m:,} captions, --workers {args.workers}", flush=True)
         results.append(one(work, n, m, args.workers, fresh=not args.keep, batch_size=args.batch_size,
-                           pools=args.pools, features_only=args.features_only))
+                           pools=args.pools, features_only=args.features_only, extra=tuple(args.sets)))
         r = results[-1]
         print(f"rows {r['rows']} unique {r['rows_unique']}; driver peak {r['driver_peak_rss_gib']:.2f} GiB; "
               f"index resident per node {r['index_resident_gib_per_node'] or float('nan'):.2f} GiB; framework "

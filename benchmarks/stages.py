@@ -73,7 +73,7 @@ def bench_stages(label: str, models: Models, cfg, states_factory, n_images: int,
 
 def tiny(args) -> None:
     from adjcap.jobs.demo import prepare
-    from adjcap.jobs.extract_features import read_records
+    from adjcap.run_plan import read_records
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load_config("demo", [f"paths.cache_dir={tmp}", "device=cpu"])

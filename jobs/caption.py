@@ -19,7 +19,7 @@ from adjcap.data.layouts.folder import scan_folder
 from adjcap.rerank import get_picker, load_heads, picker_names, run_protocol
 from adjcap.report.captions import caption_records, write_gallery, write_jsonl
 from adjcap.rundir import RunDir
-from adjcap.jobs import demo, preflight, run
+from adjcap.jobs import demo, run
 
 FOLDER_BENCHMARK = "folder"
 LM_PICKER = "lm"
@@ -51,14 +51,14 @@ def folder_config(cfg: Config, folder: Path, with_heads: bool) -> Config:
     return Config.model_validate(data)
 
 
-def demo_world_mismatch(cfg: Config, folder: Path) -> str | None:
+def demo_world_mismatch(cfg: Config, folder: Path, benchmark: str | None = None) -> str | None:
     """A one-line warning when the demo preset (tiny models trained on the synthetic demo world) meets
     images that are not the demo world's: every image must be a file of the world's manifest
-    (``images/<name>`` at the same byte size). None when they all are, or ``cfg`` is not on the demo world."""
-    rcfg = cfg.resolved()
-    if rcfg.benchmark != DEMO_BENCHMARK:
+    (``images/<name>`` at the same byte size). None when they all are, or the config is not on the demo
+    world. ``cfg`` resolved; ``benchmark``: the benchmark it was given for (default: its own)."""
+    if (benchmark or cfg.benchmark) != DEMO_BENCHMARK:
         return None
-    manifest = Path(rcfg.benchmark_cfg(DEMO_BENCHMARK).images).parent / "manifest.json"
+    manifest = Path(cfg.benchmark_cfg(DEMO_BENCHMARK).images).parent / "manifest.json"
     try:
         files = json.loads(manifest.read_text()).get("files", {})
     except (OSError, ValueError):
@@ -77,9 +77,10 @@ def demo_world_mismatch(cfg: Config, folder: Path) -> str | None:
 
 
 def default_run_dir(cfg: Config, folder: Path) -> RunDir:
-    """``<runs_dir>/caption-<folder name>-<hash of its absolute path>``: two folders never share one."""
+    """``<runs_dir>/caption-<folder name>-<hash of its absolute path>`` (``cfg`` resolved): two folders
+    never share one."""
     tag = hashlib.sha256(str(folder).encode()).hexdigest()[:8]
-    return RunDir(Path(cfg.resolved().paths.runs_dir) / f"caption-{folder.name or 'root'}-{tag}")
+    return RunDir(Path(cfg.paths.runs_dir) / f"caption-{folder.name or 'root'}-{tag}")
 
 
 def main(cfg: Config, folder: str | Path, heads: str | Path | None = None, out: str | Path | None = None,
@@ -94,20 +95,20 @@ def main(cfg: Config, folder: str | Path, heads: str | Path | None = None, out: 
         raise NotADirectoryError(f"{folder}: not a directory; give a folder of images")
     cfg = demo.prepare_if_demo(cfg)
     fcfg = folder_config(cfg, folder, heads is not None)
-    rcfg = fcfg.resolved()
-    preflight.check(rcfg)
-    warning = demo_world_mismatch(cfg, folder)
+    rcfg = fcfg.resolved()  # the edge of this job: resolved once, its run plan built from it
+    plan = run.plan_run(fcfg, rcfg, run_dir or default_run_dir(rcfg, folder))
+    warning = demo_world_mismatch(rcfg, folder, benchmark=cfg.benchmark)
     if warning:
         print(warning)
     fitted = load_heads(Path(heads).expanduser(), rcfg) if heads is not None else None
-    rd = RunDir(run_dir) if run_dir else default_run_dir(fcfg, folder)
-    run.main(fcfg, run_dir=rd.path, resume=resume, evaluate_after=False, summary=False)
+    rd = plan.run
+    run.execute(plan, resume=resume, evaluate_after=False, summary=False)
 
     table = rd.read_features(FOLDER_BENCHMARK, "test", image_ids=rd.current_ids(FOLDER_BENCHMARK, "test"))
     result = run_protocol(rcfg, {"test": table}, heads=fitted)
-    lm_cfg = fcfg.model_copy(update={"rerank": fcfg.rerank.model_copy(update={"picker": LM_PICKER,
+    lm_cfg = rcfg.model_copy(update={"rerank": rcfg.rerank.model_copy(update={"picker": LM_PICKER,
                                                                              "protocol": "training-free"})})
-    lm = run_protocol(lm_cfg.resolved(), {"test": table})
+    lm = run_protocol(lm_cfg, {"test": table})
     picker, proto = rcfg.rerank.picker, rcfg.rerank.protocol
     chosen = {iid: p.index for iid, p in result.picks["test"].items()}
     lm_chosen = {iid: p.index for iid, p in lm.picks["test"].items()}

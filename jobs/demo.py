@@ -54,7 +54,8 @@ def prepare(cfg: Config) -> Config:
     step took (wall and this process's CPU seconds) and the judges' held-out quality. Returns ``cfg``,
     with the tiny LAVIS judge as its verifier when it asks for the ``lavis`` backend on the demo's own
     (transformers) judge."""
-    cache = Path(cfg.resolved().paths.cache_dir)
+    rcfg = cfg.resolved()  # an edge of its own: the world is built before any job plans its run
+    cache = Path(rcfg.paths.cache_dir)
     with _step("demo world"):
         build_demo_world(cache / "demo", seed=cfg.seed)
     with _step("tiny models"):
@@ -64,16 +65,17 @@ def prepare(cfg: Config) -> Config:
     print(f"demo judges on {q['images']} held-out scenes: retrieval CLIP recall@1/5 {r['i2t_r@1']:.2f}/{r['i2t_r@5']:.2f} "
           f"(captioner CLIP {q['captioner_clip']['i2t_r@1']:.2f}/{q['captioner_clip']['i2t_r@5']:.2f}), "
           f"BLIP ITM accuracy {v['accuracy']:.2f}")
-    return _lavis_judge(cfg, paths["blip"])
+    return _lavis_judge(cfg, rcfg, paths["blip"])
 
 
-def _lavis_judge(cfg: Config, demo_blip: Path) -> Config:
+def _lavis_judge(cfg: Config, rcfg: Config, demo_blip: Path) -> Config:
     """``verifier.backend = "lavis"`` needs a LAVIS ``.pth``; on the demo's transformers judge it gets the
-    demo's tiny LAVIS BlipITM (built once in the LAVIS environment, which is built first if needed)."""
+    demo's tiny LAVIS BlipITM (built once in the LAVIS environment, which is built first if needed).
+    ``rcfg``: ``cfg`` resolved."""
     v = cfg.verifier
-    if not (v.enabled and v.backend == "lavis") or Path(cfg.resolved().verifier.model) != demo_blip:
+    if not (v.enabled and v.backend == "lavis") or Path(rcfg.verifier.model) != demo_blip:
         return cfg
-    cache = Path(cfg.resolved().paths.cache_dir)
+    cache = Path(rcfg.paths.cache_dir)
     with _step("LAVIS environment"):
         lavis_env.build(cache)
     with _step("tiny LAVIS judge"):

@@ -7,6 +7,7 @@ shard per call, each shard written atomically (a rerun verifies finished shards 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import ray

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from adjcap import samples
@@ -25,20 +26,19 @@ def evaluate_run_dir(eval_cfg: EvalCfg, cache_dir: str | Path, run: RunDir, inte
 
 
 def evaluate_saved_run(cfg: Config, run: RunDir, intersection: bool = False) -> dict:
-    """``adjcap evaluate --run DIR``: the run's own config, with the caller's eval settings; the
-    per-sample table is rewritten with the new metrics."""
-    cfg = cfg.resolved()
+    """``adjcap evaluate --run DIR``: the run's own config (resolved), with the caller's eval settings;
+    the per-sample table is rewritten with the new metrics."""
     out = evaluate_run_dir(cfg.eval, cfg.paths.cache_dir, run, intersection=intersection)
     note_step(run, "evaluate")
     write_samples(cfg, run)
     return out
 
 
-def write_samples(cfg: Config, run: RunDir, records: dict | None = None) -> Path:
+def write_samples(cfg: Config, run: RunDir, records: Mapping | None = None) -> Path:
     """``samples.parquet`` and ``samples.md`` of a run (``cfg`` resolved); ``records``: the benchmark's
     records as the job read them (their image paths), default: read again (none when unreadable)."""
     if records is None:
-        from adjcap.jobs.extract_features import read_records
+        from adjcap.run_plan import read_records
 
         try:
             records = read_records(cfg)

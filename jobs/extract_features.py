@@ -10,9 +10,10 @@ name and renamed, so a crash never leaves a part that looks complete."""
 
 from __future__ import annotations
 
-import pickle
+import math
 import time
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import ray
@@ -20,24 +21,28 @@ from ray.data import ActorPoolStrategy, TaskPoolStrategy
 
 from adjcap import pools as pool_layout
 from adjcap import stage_registry
+from adjcap.actors import transport
 from adjcap.actors.decode import decode_batch
+from adjcap.actors.index_task import put_index
 from adjcap.actors.lavis import LavisScorerActor, LavisVerifierActor
 from adjcap.actors.pool import actor_class
-from adjcap.batch_sink import Sink
+from adjcap.batch_sink import Sink, count_done
 from adjcap.config import Config
-from adjcap.data.benchmarks import read_benchmark, split_annotations
 from adjcap.data.records import Record
 from adjcap.features import rows_to_table
 from adjcap.data.corpora import exposure
-from adjcap.index import shared_index
-from adjcap.index.lifecycle import search_corpus
 from adjcap.lavis_env import runtime_env as lavis_runtime_env
 from adjcap.rundir import RunDir
-from adjcap.stage_cache import StageCache, apply_outputs
+from adjcap.run_plan import RunPlan
+from adjcap.stage_cache import apply_outputs
 from adjcap.image_state import ImageState, decode_state
+from adjcap.jobs.driver_threads import ThreadCPU
 from adjcap.jobs.encode_corpus import index_for
 from adjcap.jobs.progress_display import tracked
 from adjcap.jobs.ray_session import check_pools, has_gpus
+
+
+BLOCK_BATCHES = 4  # the most batches in one block (block_rows)
 
 
 @dataclass(frozen=True)
@@ -75,17 +80,7 @@ def pools(cfg: Config, first: int = 0, gpu: bool = False) -> list[PoolRun]:
     return out
 
 
-def read_records(cfg: Config) -> dict[str, list[Record]]:
-    """Every configured split's records."""
-    b = cfg.resolved().benchmark_cfg(cfg.benchmark)
-    out = {}
-    for split in cfg.splits:
-        ann = split_annotations(b, split, cfg.benchmark)
-        out[split] = read_benchmark(b.format, ann, b.images, split, limit=cfg.limit)
-    return out
-
-
-def write_references(run: RunDir, benchmark: str, records: dict[str, list[Record]]) -> None:
+def write_references(run: RunDir, benchmark: str, records: Mapping[str, Sequence[Record]]) -> None:
     """The references of every image in the run, plus NoCaps domains and COCO ids when present."""
     for split, recs in records.items():
         run.write_references(
@@ -96,17 +91,18 @@ def write_references(run: RunDir, benchmark: str, records: dict[str, list[Record
         )
 
 
-def extract_features(cfg: Config, run: RunDir, records: dict[str, list[Record]], resume: bool = True,
-                     stage_stats: dict | None = None) -> dict:
-    """Inside a Ray session (``cfg`` resolved). Returns {split: {images, skipped, done, failed}}.
+def extract_features(plan: RunPlan, resume: bool = True, stage_stats: dict | None = None) -> dict:
+    """Inside a Ray session: the features of the plan's records in its run directory (its resolved
+    config, corpus, stage identities). Returns {split: {images, skipped, done, failed}}.
 
     With ``cache.share_stages`` every image starts from its deepest stage prefix stored in the stage
     cache (:mod:`adjcap.stage_cache`): an image with every stage stored is written without any
     model, the pools of stages no image needs are not started, and new stage outputs are stored.
     ``stage_stats`` (when given) receives {"computed": {stage: images}, "reused": {stage: images}}."""
+    cfg, run = plan.cfg, plan.run
     todo: list[Record] = []
     summary: dict[str, dict[str, int]] = {}
-    for split, recs in records.items():
+    for split, recs in plan.records.items():
         if not resume:
             run.clear_features(cfg.benchmark, split)
         have = run.done_ids(cfg.benchmark, split)
@@ -122,8 +118,8 @@ def extract_features(cfg: Config, run: RunDir, records: dict[str, list[Record]],
         return summary
 
     check_pools(cfg)  # an impossible --workers / memory request is refused before any model loads
-    corpus = search_corpus(cfg.retrieval, cfg.benchmark_cfg(), cfg.benchmark, cfg.paths.cache_dir)
-    cache = StageCache.for_config(cfg, corpus.fingerprint) if cfg.cache.share_stages else None
+    corpus = plan.corpus
+    cache = plan.stage_cache()
     found = cache.lookup(r.image_id for r in todo if not r.error) if cache else {}
     for outs in found.values():
         for stage in outs:
@@ -156,17 +152,14 @@ def extract_features(cfg: Config, run: RunDir, records: dict[str, list[Record]],
     if rest:
         first = min(len(found.get(r.image_id, ())) for r in rest)  # the first stage some image needs
         gpu = has_gpus()
-        print("pools: " + ", ".join(f"{p.pool} x{pool_layout.actors(cfg, p.pool)} ({' + '.join(p.meters)})"
+        print("pools: " + ", ".join(f"{p.pool} x{plan.pools.actors[p.pool]} ({' + '.join(p.meters)})"
                                     for p in pools(cfg, first, gpu)))
         sink = Sink.for_run(run, cfg.benchmark, cache)
         with tracked(cfg.ray, "features", stream_stages(cfg, first, gpu), len(rest)) as board:
             ds = _stream(cfg, corpus, rest, found, first, gpu, board, sink)
-            # the workers wrote the parts and the stage cache; the driver only counts
-            for batch in ds.iter_batches(batch_format="numpy", batch_size=None):
-                for split, error, stages in zip(batch["split"], batch["error"], batch["computed"]):
-                    summary[split]["failed" if error else "done"] += 1
-                    for stage in stages.split(",") if stages else ():
-                        computed[stage] += 1
+            # the workers wrote the parts and the stage cache; the driver only counts, with Arrow
+            for table in ds.iter_batches(batch_format="pyarrow", batch_size=None):
+                count_done(table, summary, computed)
     for split in list(buffers):
         flush(split)
     if cache is not None:
@@ -188,64 +181,82 @@ def decode_tasks(cfg: Config) -> int:
     return cfg.ray.decode_tasks or 2 * cfg.ray.workers
 
 
+def block_rows(images: int, batch_size: int, slots: int) -> int:
+    """Rows per Ray Data block: a multiple of ``batch_size`` (the least common multiple of the pools'
+    batch sizes: every batch full but the job's last), up to ``BLOCK_BATCHES`` of them, so the job's
+    blocks number at least twice the tasks that can run at once (``slots``: decode tasks or pool actors).
+    Fewer, larger blocks cost the driver's executor less per image (BENCHMARKS.md, "The driver off the
+    image path")."""
+    k = max(1, min(BLOCK_BATCHES, images // (batch_size * 2 * max(slots, 1))))
+    return k * batch_size
+
+
 def _stream(cfg: Config, corpus, todo: list[Record], found: dict, first: int, gpu: bool, board=None,
             sink: Sink | None = None):
     """decode -> the pools from stage index ``first`` on, as a Ray dataset: of packed states, or, with
     ``sink``, of what the last pool's actors wrote (:func:`adjcap.batch_sink.done_columns`)."""
-    bs = cfg.ray.batch_size
-    exif = cfg.benchmark_cfg().applies_exif()
-    items = [
-        {"image_id": r.image_id, "image_path": r.image_path or "", "error": r.error or "", "split": r.split,
-         "domain": r.domain or "", "benchmark": cfg.benchmark, "exif": exif,
-         "cached": pickle.dumps(found[r.image_id]) if r.image_id in found else b""}
-        for r in todo
-    ]
-    ds = ray.data.from_items(items, override_num_blocks=max(1, min(len(items) // bs, 200)))
+    layout = pools(cfg, first, gpu)
+    sizes = {p.pool: pool_layout.batch_size(cfg, p.pool, gpu) for p in layout}
+    bs = pool_layout.batch_size(cfg, None, gpu)  # the decode tasks'
+    n = len(todo)
+    table = transport.records(
+        {"image_id": [r.image_id for r in todo], "benchmark": [cfg.benchmark] * n,
+         "split": [r.split for r in todo], "domain": [r.domain or None for r in todo],
+         "error": [r.error or None for r in todo], "image_path": [r.image_path for r in todo],
+         "exif": [cfg.benchmark_cfg().applies_exif()] * n},
+        [found.get(r.image_id) for r in todo] if found else None)
+    rows = block_rows(n, math.lcm(bs, *sizes.values()),
+                      max(decode_tasks(cfg), sum(pool_layout.actors(cfg, p.pool) for p in layout)))
+    ds = ray.data.from_arrow([table.slice(i, rows) for i in range(0, n, rows)])
     # bounded: unbounded, Ray Data starts one decode process per free decode_cpus of the cluster (23 on
     # two 8-CPU nodes, ~0.8 GiB each), far more than the pools can take images from
-    ds = ds.map_batches(decode_batch, fn_kwargs={"board": board}, batch_size=bs, batch_format="numpy",
+    ds = ds.map_batches(decode_batch, fn_kwargs={"board": board}, batch_size=bs, batch_format="pyarrow",
                         num_cpus=cfg.ray.decode_cpus, compute=TaskPoolStrategy(size=decode_tasks(cfg)))
     plan = check_pools(cfg, first)
     index_ref = None
-    for p in pools(cfg, first, gpu):
+    for p in layout:
         kwargs = {"cfg": cfg, "board": board, **p.kwargs}
         if sink is not None and p.kwargs.get("last"):
             kwargs["sink"] = sink
         if "index" in stage_registry.families_of(p.kwargs.get("stages", ())):
             # once per job; each node's retriever actors share one read-only copy (adjcap.index.shared)
             if index_ref is None:
-                index_ref = ray.put(shared_index(index_for(cfg, corpus), corpus.texts))
+                # read and put by a worker (the driver's CPU stays off the index: BENCHMARKS.md, "The
+                # driver off the image path"); its worker (torch imported) exits after it; lost with its
+                # node, Ray runs the task again
+                index_ref = ray.remote(num_cpus=cfg.ray.decode_cpus, max_calls=1)(put_index).remote(
+                    str(index_for(cfg, corpus)), corpus.texts)
             kwargs["given"] = {**kwargs["given"], "index": index_ref}
         ds = ds.map_batches(
-            p.actor, fn_constructor_kwargs=kwargs, batch_size=bs, batch_format="numpy",
+            p.actor, fn_constructor_kwargs=kwargs, batch_size=sizes[p.pool], batch_format="pyarrow",
             compute=ActorPoolStrategy(size=pool_layout.actors(cfg, p.pool)), **plan[p.pool], **p.options,
         )
     return ds
 
 
-def corpus_exposure(cfg: Config, records: dict[str, list[Record]]) -> dict:
-    """The corpus retrieval searched, its size and its overlap with each split's references
-    (:func:`adjcap.data.corpora.exposure`; ``reproduce corpus-swap`` shows them)."""
-    try:
-        corpus = search_corpus(cfg.retrieval, cfg.benchmark_cfg(), cfg.benchmark, cfg.paths.cache_dir)
-    except ValueError as e:  # ConfigError / DataError: the summary says why, the features stay written
-        return {"error": str(e).splitlines()[0]}
+def corpus_exposure(plan: RunPlan) -> dict:
+    """The corpus retrieval searched (the plan's, read once), its size and its overlap with each split's
+    references (:func:`adjcap.data.corpora.exposure`; ``reproduce corpus-swap`` shows them)."""
+    cfg = plan.cfg
     name = cfg.retrieval.corpus or f"{cfg.benchmark} (its own)"
-    return exposure(corpus, name, {split: {r.image_id: list(r.references) for r in recs}
-                                   for split, recs in records.items()})
+    return exposure(plan.corpus, name, {split: {r.image_id: list(r.references) for r in recs}
+                                        for split, recs in plan.records.items()})
 
 
-def main(cfg: Config, run: RunDir, records: dict[str, list[Record]], resume: bool = True) -> dict:
+def main(plan: RunPlan, resume: bool = True) -> dict:
     """Inside a Ray session: extract what is missing, write and print the summary."""
     t0, cpu0, main0 = time.time(), time.process_time(), time.thread_time()
     stage_stats: dict = {}
-    summary = extract_features(cfg, run, records, resume=resume, stage_stats=stage_stats)
+    cfg, run = plan.cfg, plan.run
+    with ThreadCPU() as threads:
+        summary = extract_features(plan, resume=resume, stage_stats=stage_stats)
     dt = time.time() - t0
     # the driver process's own CPU (every thread: Ray Data's executor too) while it extracted features
-    # (and of its main thread alone: what it does per image itself, without Ray's threads)
+    # (and of its main thread alone: what it does per image itself, without Ray's threads; and by thread)
     run.write_summary({"splits": summary, "seconds": dt, "driver_cpu_s": time.process_time() - cpu0,
-                       "driver_main_thread_cpu_s": time.thread_time() - main0, "stages": stage_stats,
-                       "corpus": corpus_exposure(cfg, records)})
+                       "driver_main_thread_cpu_s": time.thread_time() - main0,
+                       "driver_cpu_s_by_thread": threads.by_name(), "stages": stage_stats,
+                       "corpus": corpus_exposure(plan)})
     for split, s in summary.items():
         print(f"features {cfg.benchmark}-{split}: {s['images']} images, {s['done']} done, "
               f"{s['failed']} failed, {s['skipped']} already written")

@@ -11,8 +11,8 @@ from typing import Any
 import ray
 
 from adjcap import provenance
-from adjcap.config import Config
 from adjcap.rundir import RunDir
+from adjcap.run_plan import RunPlan
 
 
 def cluster_nodes() -> list[dict[str, Any]]:
@@ -48,26 +48,26 @@ class ProvenanceRecord:
             self.doc["cluster"] = provenance.cluster_summary(cluster_nodes())
             self.run.write_provenance(self.doc)
 
-    def finish(self, cfg: Config, status: str = "finished") -> dict[str, Any]:
+    def finish(self, plan: RunPlan, status: str = "finished") -> dict[str, Any]:
         feats = self.doc.get("features") or {}
-        if "error" not in feats and not (feats.get("index") or {}).get("digest"):
-            self.doc["features"] = provenance.feature_identities(cfg)  # the index exists now
+        if not (feats.get("index") or {}).get("digest"):
+            self.doc["features"] = provenance.feature_identities(plan)  # the index exists now
         self.doc = provenance.finish(self.doc, status)
         self.run.write_provenance(self.doc)
         return self.doc
 
 
 @contextlib.contextmanager
-def recorded(cfg: Config, run: RunDir, job: str = "run-job") -> Iterator[ProvenanceRecord]:
-    """Write ``provenance.json`` at the start (``cfg`` resolved) and complete it at the end, also
-    when the job fails or is interrupted (its status then says so)."""
-    rec = ProvenanceRecord(run, provenance.start(cfg, job=job))
+def recorded(plan: RunPlan, job: str = "run-job") -> Iterator[ProvenanceRecord]:
+    """Write the plan's run directory's ``provenance.json`` at the start and complete it at the end,
+    also when the job fails or is interrupted (its status then says so)."""
+    rec = ProvenanceRecord(plan.run, provenance.start(plan, job=job))
     try:
         yield rec
     except BaseException as e:
-        rec.finish(cfg, status=f"failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": "))
+        rec.finish(plan, status=f"failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": "))
         raise
-    rec.finish(cfg)
+    rec.finish(plan)
 
 
 def note_step(run: RunDir, job: str) -> None:

@@ -111,6 +111,19 @@ def quiet_console(verbose: bool) -> None:
         logging.getLogger(notice).setLevel(level if verbose else logging.ERROR)
 
 
+def data_poll(seconds: float) -> None:
+    """How long Ray Data's scheduler on the driver waits for its running tasks before it looks at them
+    again (Ray's own: 0.1 s). Each look (resources, budgets, dispatch) costs the driver about the same
+    CPU whatever the images, so a job's driver CPU grows with its wall time at a rate set here
+    (BENCHMARKS.md, "The driver off the image path"); a finished task's block waits for the next look, and
+    the actor meanwhile works on the tasks queued on it. Ray keeps the value in a module constant; a Ray
+    without it is left as it is."""
+    from ray.data._internal.execution import streaming_executor_state as state
+
+    if hasattr(state, "WAIT_FOR_TASK_COMPLETION_TIMEOUT_S"):
+        state.WAIT_FOR_TASK_COMPLETION_TIMEOUT_S = float(seconds)
+
+
 def init_options(cfg: Config) -> dict:
     """What ray.init is told about the console in either mode: the workers' output forwarded to the
     driver and Ray's own log level only with ``ray.verbose``."""
@@ -143,6 +156,7 @@ def _init(**kwargs):
 @contextlib.contextmanager
 def ray_session(cfg: Config) -> Iterator[None]:
     quiet_console(cfg.ray.verbose)
+    data_poll(cfg.ray.data_poll_s)
     numerics.enter(cfg.numerics, restart=False)  # the command line already restarted itself with the pin
     if ray.is_initialized():  # e.g. inside `ray job submit` or a notebook that already connected
         yield

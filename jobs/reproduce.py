@@ -85,22 +85,22 @@ def main(table_key: str | TableDef, benchmark: str | None = None, sets: list[str
 
         demo.prepare(runs[0].cfg)
     for p in runs:  # rows that cannot run here are said before Ray starts, and skipped
-        why = preflight.problems(p.cfg.resolved())
+        why = preflight.problems(p.resolved)
         if why:
             failed[p.run_dir] = why
             print(f"row run {p.run_dir} skipped: {why}")
     ready = [p for p in runs if p.run_dir not in failed]
     if ready:
-        with ray_session(ready[0].cfg.resolved()):
+        with ray_session(ready[0].resolved):
             for i, p in enumerate(ready, 1):
                 print(f"== {table.key} run {i}/{len(ready)}: {p.row.preset} on {p.benchmark} -> {p.run_dir}"
                       + (f" (heads of {p.heads_from.name})" if p.heads_from is not None else ""))
                 if p.heads_from is not None and p.heads_from in failed:
                     failed[p.run_dir] = f"its heads' run {p.heads_from.name} failed"
                     continue
-                try:
-                    run.main(p.cfg, run_dir=p.run_dir,
-                             heads_dir=RunDir(p.heads_from).heads_dir if p.heads_from is not None else None)
+                try:  # each row's run plan, from its config resolved once (adjcap.reproduce.plan_table)
+                    run.execute(run.plan_run(p.cfg, p.resolved, p.run_dir),
+                                heads_dir=RunDir(p.heads_from).heads_dir if p.heads_from is not None else None)
                 except KeyboardInterrupt:
                     raise
                 except Exception as e:  # noqa: BLE001 - one failing row is reported in its cell, the others run

@@ -4,47 +4,56 @@ evaluate -> report, all in one run directory (:class:`adjcap.rundir.RunDir`)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from adjcap.config import Config
-from adjcap.identity import run_identity
 from adjcap.rundir import RunDir
+from adjcap.run_plan import RunPlan
 from adjcap.tracking import log_run, parse_log_specs
 from adjcap.jobs import evaluate, fit, preflight, extract_features
 from adjcap.jobs.provenance_record import recorded
 from adjcap.jobs.ray_session import ray_session
 
 
-def run_dir_for(cfg: Config, run_dir: str | Path | None) -> RunDir:
-    return RunDir(run_dir) if run_dir else RunDir.default_for(cfg.paths.runs_dir, cfg.name, cfg.benchmark)
-
-
 def main(cfg: Config, run_dir: str | Path | None = None, resume: bool = True, evaluate_after: bool = True,
          log: Sequence[str] = (), summary: bool = True, heads_dir: str | Path | None = None) -> RunDir:
     """``cfg`` as the user gave it (placeholders kept: it is what config.toml records). ``log``:
     experiment trackers to log the finished run to (``mlflow[=URI]``, ``wandb[=PROJECT]``). ``summary``:
-    end with the list of what was written (a caller that writes more prints its own). ``heads_dir``:
+    end with the list of what was written (a caller that writes more prints its own). The edge: the
+    config is resolved here, once, and the run plan built from it (:func:`plan_run`). ``heads_dir``:
     apply the heads another run fitted (its ``heads/``) instead of fitting (``adjcap fit --heads``)."""
-    started = time.time_ns()
     trackers = parse_log_specs(log)  # a bad --log fails before anything runs
-    rcfg = cfg.resolved()
-    preflight.check(rcfg)  # missing weights/data or a memory plan that cannot fit: refused before Ray and files
-    run = run_dir_for(cfg, run_dir)
+    return execute(plan_run(cfg, cfg.resolved(), run_dir), resume=resume, evaluate_after=evaluate_after,
+                   trackers=trackers, summary=summary, heads_dir=heads_dir)
+
+
+def plan_run(cfg: Config, rcfg: Config, run_dir: str | Path | RunDir | None = None) -> RunPlan:
+    """The run plan of ``cfg`` (resolved: ``rcfg``), after the preflight: missing weights/data or a
+    memory plan that cannot fit are refused before Ray starts and before anything is read or written."""
+    preflight.check(rcfg)
+    return RunPlan.build(cfg, rcfg, run_dir)  # bad annotations fail here, before anything is written
+
+
+def execute(plan: RunPlan, resume: bool = True, evaluate_after: bool = True, trackers: Sequence = (),
+            summary: bool = True, heads_dir: str | Path | None = None) -> RunDir:
+    """Run a planned job: features -> fit and predict -> evaluate -> report, in the plan's run directory.
+    ``trackers``: :func:`adjcap.tracking.parse_log_specs`' output; ``heads_dir``: as :func:`main`'s."""
+    started = time.time_ns()
+    run, rcfg = plan.run, plan.cfg
     scored = False
-    records = extract_features.read_records(rcfg)  # bad annotations fail before anything is written
     with run.lock():
-        run.check_identity(run_identity(rcfg), fresh=not resume)
-        run.write_config(cfg.to_toml())
-        extract_features.write_references(run, rcfg.benchmark, records)
-        with recorded(rcfg, run) as prov:
+        run.check_identity(plan.identity, fresh=not resume)
+        run.write_config(plan.given.to_toml())
+        extract_features.write_references(run, rcfg.benchmark, plan.records)
+        with recorded(plan) as prov:
             with ray_session(rcfg):
                 prov.add_cluster()
-                extract_features.main(rcfg, run, records, resume=resume)
+                extract_features.main(plan, resume=resume)
                 if evaluate_after:
                     fit.main(rcfg, run, heads_dir=heads_dir)
             if evaluate_after:
-                scored = evaluate_and_tabulate(cfg, rcfg, run, records)
+                scored = evaluate_and_tabulate(rcfg, run, plan.records)
         if evaluate_after and scored:  # rendered from the finished results (provenance.json complete)
             evaluate.report([run.path], None)
         if trackers:
@@ -74,21 +83,21 @@ def print_written(run: RunDir, since_ns: int) -> None:
     print(run.path)
 
 
-def evaluate_and_tabulate(cfg: Config, rcfg: Config, run: RunDir, records: dict) -> bool:
+def evaluate_and_tabulate(rcfg: Config, run: RunDir, records: Mapping) -> bool:
     """Evaluate (when the benchmark has references) and write the per-sample table; True when
     there are metrics to report."""
     scored = any(r.references for recs in records.values() for r in recs)
     if scored:
         evaluate.evaluate_run_dir(rcfg.eval, rcfg.paths.cache_dir, run)
     else:  # the user's own images: captions, but nothing to score them against
-        print(f"no reference captions for {cfg.benchmark}: predictions and samples.parquet written, "
+        print(f"no reference captions for {rcfg.benchmark}: predictions and samples.parquet written, "
               "metrics and report skipped")
     evaluate.write_samples(rcfg, run, records)
     return scored
 
 
-def finish(cfg: Config, rcfg: Config, run: RunDir, records: dict) -> None:
+def finish(rcfg: Config, run: RunDir, records: Mapping) -> None:
     """Evaluate, write the per-sample table and (when scored) the report: what run-job does after
     fitting, for callers outside a recorded run (no provenance to wait for)."""
-    if evaluate_and_tabulate(cfg, rcfg, run, records):
+    if evaluate_and_tabulate(rcfg, run, records):
         evaluate.report([run.path], None)

@@ -75,7 +75,7 @@ def test_doctor_names_rocm_and_the_budget_on_amd_gpus(rocm_torch, monkeypatch, t
     monkeypatch.setenv(ROCR, "0,1")
     monkeypatch.delenv(HIP, raising=False)
     cfg = load_config("headline", [f"paths.cache_dir={tmp_path}", f"paths.data_dir={tmp_path}"])
-    text = report(cfg)
+    text = report(cfg.resolved())
     assert "accelerator ROCm 6.3.42131, 2 x AMD Instinct MI355X" in text
     assert f"{ROCR} is set without {HIP}" in text and f"{HIP}=0,1" in text
     assert "per GPU (2 x AMD Instinct MI355X, 288.00 GiB): fits" in text

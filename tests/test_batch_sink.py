@@ -2,9 +2,10 @@
 stage-cache part per computed stage, named for the batch's content, so a batch written again (a
 retried task, a restarted actor) replaces its own parts and no image is stored twice."""
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
-from adjcap.batch_sink import Sink, done_columns, write_batch
+from adjcap.batch_sink import Sink, count_done, done_columns, write_batch
 from adjcap.image_state import ImageState
 from adjcap.parts import content_part_name
 from adjcap.rundir import RunDir
@@ -53,5 +54,11 @@ def test_the_driver_gets_small_columns_only():
     s[0].computed.add("caption")
     s[1].error = "decode: broken"
     cols = done_columns(s)
-    assert cols == {"image_id": ["a", "b"], "split": ["test", "test"], "error": ["", "decode: broken"],
-                    "computed": ["caption,score", "score"]}
+    assert cols == {"image_id": ["a", "b"], "split": ["test", "test"], "failed": [False, True],
+                    "computed": [["caption", "score"], ["score"]]}
+    summary = {"test": {"done": 0, "failed": 0}, "val": {"done": 0, "failed": 0}}
+    computed = {"caption": 0, "score": 0}
+    count_done(pa.table(cols), summary, computed)
+    count_done(pa.table(done_columns(_states(["c"]))), summary, computed)
+    assert summary == {"test": {"done": 2, "failed": 1}, "val": {"done": 0, "failed": 0}}
+    assert computed == {"caption": 1, "score": 3}

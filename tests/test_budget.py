@@ -170,3 +170,18 @@ def test_pool_actors_and_shares_are_data():
     assert own["verifier"]["num_gpus"] == 0.1 and own["scorer"]["num_cpus"] == 2.0
     with pytest.raises(Exception, match="ray.pool.captioners: no such pool"):
         pool_plan(_cfg(1, **{"pool.captioners.actors": 2}), one_gpu)
+
+
+def test_batch_sizes_are_data_and_blocks_hold_whole_batches():
+    """Each pool's Ray Data batch: ray.pool.<pool>.batch_size, else ray.batch_size, else 64 images with
+    GPUs and 16 without; a block holds whole batches of every pool (a multiple of their least common
+    multiple), at most 4 of them, and there are at least twice as many blocks as tasks at once."""
+    from adjcap.jobs.extract_features import BLOCK_BATCHES, block_rows
+
+    cfg = load_config("headline", ["paths.data_dir=/nonexistent", "ray.pool.captioner.batch_size=32"])
+    assert pools.batch_size(cfg, "retriever", gpu=True) == 64 and pools.batch_size(cfg, None, gpu=False) == 16
+    assert pools.batch_size(cfg, "captioner", gpu=False) == 32
+    assert pools.batch_size(load_config("demo"), "verifier", gpu=True) == 8  # the demo preset's ray.batch_size
+    assert block_rows(3000, 16, 2) == BLOCK_BATCHES * 16  # 47 blocks of 64: no block of 50 split 16, 16, 16, 2
+    assert block_rows(200, 16, 4) == 16 and block_rows(10, 16, 4) == 16
+    assert block_rows(3000, 48, 8) == 3 * 48 and all(block_rows(n, 24, 3) % 24 == 0 for n in (1, 100, 10_000))

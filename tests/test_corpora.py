@@ -147,7 +147,7 @@ def test_retrieval_corpus_swaps_what_a_run_searches(demo_cfg, tmp_path):
     from adjcap.identity import stage_identities
     from adjcap.index.lifecycle import encode_shards_in_process, ensure_index, search_corpus
     from adjcap.index.store import IndexManifest
-    from adjcap.jobs.extract_features import corpus_exposure, read_records
+    from adjcap.run_plan import read_records
     from adjcap.models import roles
 
     base = demo_cfg.resolved()
@@ -174,8 +174,9 @@ def test_retrieval_corpus_swaps_what_a_run_searches(demo_cfg, tmp_path):
     # a corpus holding some says how many
     records = read_records(base)
     refs = {r.image_id: list(r.references) for r in records["test"]}
-    assert corpus_exposure(alt, records)["captions"] == 2000
-    assert corpus_exposure(alt, records)["overlap"]["test"]["in_corpus"] == 0
+    seen = exposure(other, "demo-alt", {"test": refs, "none": {}})
+    assert seen["captions"] == 2000 and seen["name"] == "demo-alt" and list(seen["overlap"]) == ["test"]
+    assert seen["overlap"]["test"]["in_corpus"] == 0
     planted = list(other.texts) + [refs[next(iter(refs))][0].upper() + "  "]
     ov = reference_overlap(planted, refs)
     assert ov["in_corpus"] >= 1 and ov["images_with_one"] >= 1 and ov["references"] == sum(map(len, refs.values()))

@@ -30,7 +30,7 @@ from adjcap.demo import figures
 from adjcap.demo.quality import caption_errors, judge_quality
 from adjcap.metrics.bootstrap import paired_bootstrap, ratio_percent
 from adjcap.metrics.evaluate import Evaluator
-from adjcap.jobs.extract_features import read_records
+from adjcap.run_plan import read_records
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -77,7 +77,7 @@ def test_the_tiny_models_are_the_committed_ones(demo_cfg):
 def test_per_image_features_do_not_depend_on_the_batch(demo_cfg, monkeypatch):
     from adjcap.features import rows_to_table
     from adjcap.pipeline import load_models, run_pipeline
-    from adjcap.jobs.extract_features import read_records
+    from adjcap.run_plan import read_records
 
     cfg = demo_cfg.resolved()
     records = read_records(cfg)["test"][:5]
@@ -145,9 +145,9 @@ def test_doctor_says_what_this_cpu_gives(monkeypatch, tmp_path):
     from adjcap.config import load_config
     from adjcap.doctor import report
 
-    cfg = load_config("demo", [f"paths.cache_dir={tmp_path}"])
+    cfg = load_config("demo", [f"paths.cache_dir={tmp_path}"]).resolved()
     monkeypatch.setattr(numerics, "cpu_problem", lambda: None)
     assert "numerics    portable: this CPU (x86-64, AVX2, FMA) computes the committed demo figures" in report(cfg)
     monkeypatch.setattr(numerics, "cpu_problem", lambda: "this CPU is aarch64, not x86-64")
     assert "numerics    portable: this CPU is aarch64, not x86-64" in report(cfg)
-    assert "numerics    fast\n" in report(load_config("headline", [f"paths.cache_dir={tmp_path}"]))
+    assert "numerics    fast\n" in report(load_config("headline", [f"paths.cache_dir={tmp_path}"]).resolved())

@@ -207,19 +207,20 @@ def test_reproduce_list_says_per_table_what_is_missing_and_the_prepare_command(b
 def test_demo_preset_warns_on_images_that_are_not_the_demo_world(demo_cfg, tmp_path):
     from adjcap.jobs.caption import demo_world_mismatch
 
-    world = Path(demo_cfg.resolved().benchmark_cfg("demo").images)
+    rcfg = demo_cfg.resolved()
+    world = Path(rcfg.benchmark_cfg("demo").images)
     own = tmp_path / "own"
     own.mkdir()
     for p in sorted(world.glob("demo-test-000*.png"))[:3]:
         shutil.copy(p, own / p.name)
-    assert demo_world_mismatch(demo_cfg, own) is None
+    assert demo_world_mismatch(rcfg, own) is None
     photos = _photos(tmp_path)
-    warning = demo_world_mismatch(demo_cfg, photos)
+    warning = demo_world_mismatch(rcfg, photos)
     assert warning.startswith("warning:") and "2 of 2 images" in warning and "\n" not in warning
     # a renamed photo does not pass as a demo image: name and size must both be the world's
     shutil.copy(sorted(photos.glob("*.jpg"))[0], own / "demo-test-0100.png")
-    assert "1 of 4 images" in demo_world_mismatch(demo_cfg, own)
-    assert demo_world_mismatch(load_config("headline"), photos) is None  # real presets: no warning
+    assert "1 of 4 images" in demo_world_mismatch(rcfg, own)
+    assert demo_world_mismatch(load_config("headline").resolved(), photos) is None  # real presets: no warning
 
 
 def test_captions_and_gallery_survive_a_moved_folder(tmp_path):

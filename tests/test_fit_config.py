@@ -11,6 +11,7 @@ from adjcap.config import ConfigError, load_config
 from adjcap.features import rows_to_table
 from adjcap.pipeline import run_pipeline
 from adjcap.rundir import RunDir
+from adjcap.run_plan import read_records
 from adjcap.cli import app
 from adjcap.jobs import extract_features
 
@@ -32,7 +33,7 @@ def run_with_features(demo_cfg, tmp_path_factory):
     cfg = load_config("demo", [f"paths.cache_dir={demo_cfg.paths.cache_dir}", "limit=4", "captioner.beam_width=4"])
     rcfg = cfg.resolved()
     run = RunDir(tmp_path_factory.mktemp("fitrun") / "run")
-    records = extract_features.read_records(rcfg)
+    records = read_records(rcfg)
     with run.lock():
         run.write_config(cfg.to_toml())
         extract_features.write_references(run, rcfg.benchmark, records)

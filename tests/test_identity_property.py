@@ -22,7 +22,7 @@ from adjcap.index import CaptionIndex, encode_shards_in_process, encoder_identit
 from adjcap.index.lifecycle import index_location, search_corpus
 from adjcap.models import roles
 from adjcap import stage_registry
-from adjcap.jobs.extract_features import read_records
+from adjcap.run_plan import read_records
 
 STAGES = stage_registry.names()
 
@@ -106,7 +106,7 @@ class World:
                                                       cfg.verifier, dev, loaded={"retrieval": enc, "verifier": ver}))
             stages.score(states, sc.output, sc.verifier, sc.clipscore, reuse_image_embedding=sc.reuse_stage1)
         assert all(s.error is None for s in states), [s.error for s in states]
-        return {stage: [json.dumps(stage_registry.stage(stage).output.take(s), sort_keys=True, default=str) for s in states]
+        return {stage: [json.dumps(stage_registry.stage(stage).output.stored(s), sort_keys=True, default=str) for s in states]
                 for stage in STAGES[:n_stages]}
 
 

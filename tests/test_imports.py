@@ -190,9 +190,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("index", ("adjcap.index",)),
     # one image through the stages: its state, the stage functions, the stage registry (stages and model
     # families as data) and the pools it lays out, identities, the stage cache, the in-process pipeline
-    # and what made a run (provenance), and where a pool's last actor writes its batch (batch_sink)
+    # and what made a run (provenance), where a pool's last actor writes its batch (batch_sink), and a
+    # job's run plan (records, corpus, identities, pools, run directory: built once at the edge)
     ("stages", ("adjcap.image_state", "adjcap.stages", "adjcap.stage_registry", "adjcap.pools", "adjcap.identity",
-                "adjcap.stage_cache", "adjcap.pipeline", "adjcap.provenance", "adjcap.batch_sink")),
+                "adjcap.stage_cache", "adjcap.pipeline", "adjcap.provenance", "adjcap.batch_sink", "adjcap.run_plan")),
     # the learned rerankers over the feature table
     ("rerank", ("adjcap.rerank",)),
     # Java and the jars it runs: found and trusted, shared by needs, prepare and the metrics
@@ -316,3 +317,56 @@ def import_depth() -> tuple[int, list[str]]:
 if __name__ == "__main__":  # `python tests/test_imports.py`: the import graph's depth
     n, longest = import_depth()
     print(f"{n} modules deep: " + " -> ".join(longest))
+
+
+# Where the config is resolved (docs/architecture.md, "Run plan"): the edges, each once. Everything
+# else takes a resolved config or a job's run plan (adjcap.run_plan.RunPlan). A config resolved in the
+# expression that loads it (``load_config(...).resolved()``, ``rd.config().resolved()``) is an edge
+# by construction and needs no entry here.
+RESOLVING_EDGES = {
+    "adjcap.cli": {"fit"},  # the command line: the config of `adjcap fit` (and its as-given copy)
+    "adjcap.jobs.run": {"main"},  # run-job / adjcap.run: resolved, then the run plan built from it
+    "adjcap.jobs.caption": {"main"},  # the caption job's folder config, its run plan built from it
+    "adjcap.jobs.demo": {"prepare"},  # the demo world, built before any job plans its run
+    "adjcap.jobs.encode_corpus": {"main"},  # adjcap encode-corpus
+    "adjcap.jobs.api": {"caption"},  # adjcap.caption: where a list of images is staged
+    "adjcap.pipeline": {"load_models", "run_pipeline"},  # the in-process driver (tests, notebooks)
+    "adjcap.reproduce.plan": {"plan_table"},  # each row of a reproduce table
+}
+
+
+def _resolved_calls(path: Path):
+    """(enclosing function's qualified name, line, whether the receiver is a call) of every
+    ``.resolved()`` call in a file."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+
+    def visit(node: ast.AST, scope: list[str]):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                yield from visit(child, [*scope, child.name])
+                continue
+            if (isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute)
+                    and child.func.attr == "resolved" and not child.args):
+                yield ".".join(scope) or "<module>", child.lineno, isinstance(child.func.value, ast.Call)
+            yield from visit(child, scope)
+
+    yield from visit(tree, [])
+
+
+def test_the_config_is_resolved_only_at_the_edge_and_once_there():
+    bad = []
+    for m, path in _sources().items():
+        per_function: dict[str, list[int]] = {}
+        for fn, line, at_load in _resolved_calls(path):
+            per_function.setdefault(fn, []).append(line)
+            if not at_load and fn not in RESOLVING_EDGES.get(m, set()):
+                bad.append(f"{path.relative_to(ROOT)}:{line}: .resolved() below the edge, in {fn} (take a resolved "
+                           "config or the run plan, adjcap.run_plan.RunPlan; or list a new edge in RESOLVING_EDGES)")
+        for fn, lines in per_function.items():
+            if len(lines) > 1:
+                bad.append(f"{path.relative_to(ROOT)}:{lines[1]}: {fn} resolves the config {len(lines)} times "
+                           f"(lines {', '.join(map(str, lines))}): once, at the edge")
+    for m, fns in RESOLVING_EDGES.items():  # the list stays true: an edge that no longer resolves leaves it
+        found = {fn for fn, _, _ in _resolved_calls(_sources()[m])}
+        bad += [f"RESOLVING_EDGES names {m}.{fn}, which resolves nothing" for fn in sorted(fns - found)]
+    assert not bad, "\n".join(bad)

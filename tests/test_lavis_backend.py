@@ -131,12 +131,11 @@ def test_checkpoint_keys_are_all_accounted_for(tiny, tmp_path):
 def test_ray_actors_of_both_backends_agree(tiny, tmp_path):
     """The real pools: LavisVerifierActor / LavisScorerActor in the LAVIS env (py_executable runtime_env)
     and the verifier pool's actor (the generic pool actor running stage verify) on the converted checkpoint in this env, on the same states."""
-    import pickle
-
+    import pyarrow as pa
     import ray
 
     from adjcap.actors.lavis import LavisScorerActor, LavisVerifierActor
-    from adjcap.actors.transport import pack
+    from adjcap.actors.transport import pack, unpack
     from adjcap.actors.pool import actor_class
     from adjcap.config import load_config
     from adjcap.image_state import ImageState
@@ -149,24 +148,26 @@ def test_ray_actors_of_both_backends_agree(tiny, tmp_path):
                                "verifier.keep=3", "device=cpu"])
     states = []
     for i, p in enumerate(IMAGES):
-        s = ImageState(image_id=p.stem, benchmark="fixture", split="test", image=Image.open(p).convert("RGB"))
+        s = ImageState(image_id=p.stem, benchmark="fixture", split="test", image=Image.open(p).convert("RGB"),
+                       encoded=p.read_bytes())
         s.retrieved = [{"corpus_id": j, "text": t, "cosine": 0.0, "verifier": float("nan")}
                        for j, t in enumerate(CAPTIONS[i])]
         s.candidates = [{"text": t, "verifier": float("nan")} for t in reversed(CAPTIONS[1 - i])]
+        s.done = {"retrieve", "caption"}  # the outputs the pools read travel as those stages' columns
         states.append(s)
     batch = pack(states)
 
     def run(actor, backend, **kwargs):
         c = cfg.model_copy(update={"verifier": cfg.verifier.model_copy(update={"backend": backend})})
-        ds = ray.data.from_items([{"image_id": k, "state": v} for k, v in zip(batch["image_id"], batch["state"])])
+        ds = ray.data.from_arrow(batch)
         env = {"runtime_env": lavis_env.runtime_env(_cache())} if backend == "lavis" else {}
         ds = ds.map_batches(actor, fn_constructor_kwargs={"cfg": c.resolved(), **kwargs}, batch_size=8,
-                            batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=1), num_cpus=0.5, **env)
+                            batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=1), num_cpus=0.5, **env)
         if backend == "lavis":
             ds = ds.map_batches(LavisScorerActor, fn_constructor_kwargs={"cfg": c.resolved()},
-                                batch_size=8, batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=1),
+                                batch_size=8, batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=1),
                                 num_cpus=0.5, **env)
-        out = [pickle.loads(b) for r in ds.take_all() for b in [r["state"]]]
+        out = unpack(pa.concat_tables(ray.get(ds.to_arrow_refs())))
         return {s.image_id: s for s in out}
 
     ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})

@@ -21,7 +21,7 @@ from sim_cluster import simulated_cluster
 from adjcap.pipeline import load_models, run_pipeline
 from adjcap.pools import split_pools
 from adjcap.rundir import RunDir
-from adjcap.jobs.extract_features import read_records
+from adjcap.run_plan import read_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.alone]
 

@@ -15,7 +15,7 @@ import pytest
 from sim_cluster import simulated_cluster
 
 from adjcap.rundir import RunDir
-from adjcap.jobs.extract_features import read_records
+from adjcap.run_plan import read_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.alone]
 

@@ -10,7 +10,7 @@ import pytest
 from adjcap import image_state
 from adjcap.pipeline import load_models
 from benchmarks.paper_way import STAGES, Padded77, PairwiseITM, side_by_side
-from adjcap.jobs.extract_features import read_records
+from adjcap.run_plan import read_records
 
 N = 2
 

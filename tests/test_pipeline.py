@@ -10,7 +10,7 @@ import pytest
 from adjcap.data.records import Record
 from adjcap.features import FEATURE_SCHEMA, rows_to_table
 from adjcap.pipeline import load_models, run_pipeline
-from adjcap.jobs.extract_features import read_records
+from adjcap.run_plan import read_records
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +20,7 @@ def models(demo_cfg):
 
 @pytest.fixture(scope="module")
 def test_records(demo_cfg):
-    return read_records(demo_cfg)["test"][:6]
+    return read_records(demo_cfg.resolved())["test"][:6]
 
 
 def test_rows_follow_the_method(demo_cfg, models, test_records):

@@ -21,6 +21,7 @@ from adjcap.identity import feature_identity
 from adjcap.features import rows_to_table
 from adjcap.pipeline import load_models, run_pipeline
 from adjcap.rundir import RunDir
+from adjcap.run_plan import read_records
 from adjcap.jobs import fit, extract_features
 from adjcap.jobs.demo import on_demo_world
 from adjcap.jobs.run import finish
@@ -61,7 +62,7 @@ def preset_on_demo(name: str, demo_cfg: Config) -> Config:
 def run_preset(cfg: Config, run: RunDir, store: FeatureStore) -> dict:
     """What `adjcap run-job` does, with the features from the in-process pipeline."""
     rcfg = cfg.resolved()
-    records = extract_features.read_records(rcfg)
+    records = read_records(rcfg)
     with run.lock():
         run.check_identity(feature_identity(cfg), fresh=False)
         run.write_config(cfg.to_toml())
@@ -69,7 +70,7 @@ def run_preset(cfg: Config, run: RunDir, store: FeatureStore) -> dict:
         for split, recs in records.items():
             run.write_part(rcfg.benchmark, split, rows_to_table(store.get(rcfg, split, recs)))
         fit.main(rcfg, run)
-        finish(cfg, rcfg, run, records)
+        finish(rcfg, run, records)
     return records
 
 

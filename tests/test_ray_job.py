@@ -13,9 +13,26 @@ from rows_agree import assert_rows_agree
 from adjcap.pipeline import run_pipeline
 from adjcap.rundir import RunDir
 from adjcap.jobs import run
-from adjcap.jobs.extract_features import read_records
+from adjcap.run_plan import read_records
 
 pytestmark = pytest.mark.slow
+CORPUS_READS: list[str] = []  # what the job fixture's run parsed through the index lifecycle's corpus reader
+
+
+def _counting_corpus_reads(reads: list[str]):
+    """A patch of the one reader of the corpus retrieval searches (adjcap.index.lifecycle) that lists
+    what it parses."""
+    from unittest import mock
+
+    import adjcap.index.lifecycle as lifecycle
+
+    real = lifecycle.load_corpus
+
+    def spy(path, *args, **kwargs):
+        reads.append(str(path))
+        return real(path, *args, **kwargs)
+
+    return mock.patch.object(lifecycle, "load_corpus", spy)
 
 
 @pytest.fixture(scope="module")
@@ -35,15 +52,16 @@ def job(demo_cfg, tmp_path_factory):
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        res = CliRunner().invoke(app, [
-            "run-job", "demo", "--workers", "2", "--run-dir", str(run_dir), "--limit", "10",
-            "--set", f"paths.cache_dir={demo_cfg.paths.cache_dir}", "--set", "ray.include_dashboard=false",
-            "--set", "ray.rows_per_part=4",
-            # a stage cache of its own: the pools compute every stage here (none is taken from what other
-            # modules stored), and a rerun finds them there, as a user's rerun does (the default)
-            "--set", f"cache.stages_dir={run_dir.parent / 'stages'}",
-            "--log", f"mlflow={mlruns.as_uri()}", "--log", "wandb=adjcap-test",
-        ])
+        with _counting_corpus_reads(CORPUS_READS):
+            res = CliRunner().invoke(app, [
+                "run-job", "demo", "--workers", "2", "--run-dir", str(run_dir), "--limit", "10",
+                "--set", f"paths.cache_dir={demo_cfg.paths.cache_dir}", "--set", "ray.include_dashboard=false",
+                "--set", "ray.rows_per_part=4",
+                # a stage cache of its own: the pools compute every stage here (none is taken from what
+                # other modules stored), and a rerun finds them there, as a user's rerun does (the default)
+                "--set", f"cache.stages_dir={run_dir.parent / 'stages'}",
+                "--log", f"mlflow={mlruns.as_uri()}", "--log", "wandb=adjcap-test",
+            ])
     finally:
         for k, v in saved.items():
             if v is None:
@@ -81,9 +99,16 @@ def test_a_gpu_less_job_runs_one_fused_pool(job):
     assert "pools: fused x2 (retrieve + verify + caption + score)" in output, output
 
 
+def test_the_job_reads_its_corpus_once(job):
+    """Run plan, identity, provenance (start and end), stage cache and the index the retrievers share
+    all use the corpus the run plan read (docs/architecture.md, "Run plan")."""
+    cfg, _, _ = job
+    assert CORPUS_READS == [cfg.resolved().benchmark_cfg().corpus]
+
+
 def test_one_row_per_image_no_duplicates(job):
     cfg, run_dir, _ = job
-    records = read_records(cfg)
+    records = read_records(cfg.resolved())
     assert (run_dir / "config.toml").exists()
     for split, recs in records.items():
         ids = _ids(run_dir, cfg, split)
@@ -96,8 +121,10 @@ def test_rerun_does_no_work_and_deleting_a_part_restores_exactly_it(job):
 
     cfg, run_dir, _ = job
     rd = RunDir(run_dir)
-    with ray_session(cfg.resolved()):  # both reruns on one local Ray
+    reads: list[str] = []
+    with ray_session(cfg.resolved()), _counting_corpus_reads(reads):  # both reruns on one local Ray
         run.main(cfg, run_dir=run_dir, evaluate_after=False)
+        assert len(reads) == 1  # once per job
         summary = rd.summary()["splits"]
         assert all(s["done"] == 0 and s["failed"] == 0 and s["skipped"] == s["images"] for s in summary.values())
 
@@ -106,6 +133,7 @@ def test_rerun_does_no_work_and_deleting_a_part_restores_exactly_it(job):
         before = rd.done_ids(cfg.benchmark, "test")
         victim.unlink()
         run.main(cfg, run_dir=run_dir, evaluate_after=False)
+        assert len(reads) == 2
     summary = rd.summary()["splits"]
     assert summary["test"]["done"] + summary["test"]["failed"] == len(lost)
     assert summary["val"]["done"] == 0
@@ -118,7 +146,7 @@ def test_rerun_does_no_work_and_deleting_a_part_restores_exactly_it(job):
 
 def test_ray_output_equals_single_process_pipeline(job):
     cfg, run_dir, _ = job
-    recs = read_records(cfg)["test"]
+    recs = read_records(cfg.resolved())["test"]
     expected = {r["image_id"]: r for r in run_pipeline(recs, cfg)}
     got = {r["image_id"]: r for r in RunDir(run_dir).read_features(cfg.benchmark, "test").to_pylist()}
     assert set(got) == set(expected)

@@ -33,8 +33,11 @@ def test_cpu_flags_read_from_cpuinfo():
 
 
 def test_provenance_of_the_demo_config(demo_cfg):
+    from adjcap.run_plan import RunPlan
+
     cfg = demo_cfg.resolved()
-    doc = provenance.start(cfg, argv=["adjcap", "demo"])
+    plan = RunPlan.build(demo_cfg, cfg)
+    doc = provenance.start(plan, argv=["adjcap", "demo"])
     assert doc["status"] == "running" and doc["finished_utc"] is None and doc["command"] == ["adjcap", "demo"]
     assert doc["libraries"]["torch"] and doc["libraries"]["pyarrow"] and doc["libraries"]["pycocoevalcap"] == "1.2"
     assert doc["config"]["digest"] == provenance.config_digest(cfg)
@@ -42,7 +45,8 @@ def test_provenance_of_the_demo_config(demo_cfg):
     assert doc["models"]["captioner.checkpoint"].startswith("file:")
     assert doc["models"]["retrieval.encoder.model"] == cfg.retrieval.encoder.model
     assert doc["data"]["annotations"]["digest"] and doc["data"]["corpus"]["digest"]
-    assert len(doc["features"]["stages"]) == 4
+    assert doc["features"]["stages"] == dict(plan.stages) and len(plan.stages) == 4
+    assert doc["features"]["corpus_fingerprint"] == plan.corpus.fingerprint
     other = demo_cfg.model_copy(update={"seed": 7}).resolved()
     assert provenance.config_digest(other) != doc["config"]["digest"]
     done = provenance.finish(doc)

@@ -12,7 +12,7 @@ from adjcap.index import benchmark_corpus
 from adjcap.pipeline import load_models, run_pipeline
 from adjcap.stage_cache import StageCache, stage_identities
 from adjcap.stage_registry import names as stage_names
-from adjcap.jobs.extract_features import read_records
+from adjcap.run_plan import read_records
 
 STAGES = stage_names()
 
@@ -158,6 +158,10 @@ def _encode_other_corpus(cfg, models, tmp_path):
 
 def test_another_index_is_searched_again_and_a_moved_one_is_not(demo_cfg, world, tmp_path):
     from adjcap.identity import run_identity
+    from adjcap.index.lifecycle import search_corpus
+
+    def identity(c):  # as a job's run plan computes it: the corpus the run searches, read once
+        return run_identity(c, search_corpus(c.retrieval, c.benchmark_cfg(), c.benchmark, c.paths.cache_dir).fingerprint)
 
     own, fp, models, records = world
     n = len(records)
@@ -172,14 +176,14 @@ def test_another_index_is_searched_again_and_a_moved_one_is_not(demo_cfg, world,
     assert counts == {s: n for s in STAGES}  # nothing reused from the demo index's outputs
     got = {t for r in rows for t in (x["text"] for x in r["retrieved"])}
     assert got <= set(other.texts) and not got & {t for r in base for t in (x["text"] for x in r["retrieved"])}
-    assert run_identity(cfg) != run_identity(base_cfg)  # resume into a run directory refuses it too
+    assert identity(cfg) != identity(base_cfg)  # resume into a run directory refuses it too
     # the same index under another path: the same identity, everything reused
     moved = tmp_path / "moved-index"
     shutil.copytree(index, moved)
     mcfg = _cfg(demo_cfg, own, f"retrieval.index_dir={moved}")
     again, counts = _run(mcfg, world2)
     assert counts == {s: 0 for s in STAGES} and again == rows
-    assert run_identity(mcfg) == run_identity(cfg)
+    assert identity(mcfg) == identity(cfg)
 
 
 def test_an_index_of_another_encoder_is_refused_not_relabelled(demo_cfg, world, tmp_path):

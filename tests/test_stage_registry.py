@@ -11,9 +11,12 @@ from adjcap.config import load_config
 from adjcap.features import rows_to_table
 from adjcap.index import benchmark_corpus
 from adjcap.pipeline import load_models, run_pipeline
-from adjcap.stage_cache import StageCache, stage_identities
+from adjcap.actors import transport
+from adjcap.image_state import ImageState
+from adjcap.stage_cache import StageCache, apply_outputs, stage_identities
 from adjcap.stage_registry import Family, Reads, Stage, StageOutput
-from adjcap.jobs.extract_features import read_records, stream_stages
+from adjcap.jobs.extract_features import stream_stages
+from adjcap.run_plan import read_records
 
 LOADS: list[str] = []  # the toy family's loads, in this process
 
@@ -87,6 +90,11 @@ def test_a_toy_stage_runs_through_pipeline_identity_and_cache(world):
         found = cache.lookup(r.image_id for r in records)
         for row in rows:
             assert found[row["image_id"]]["count"]["n_words"] == [len(c["text"].split()) for c in row["candidates"]]
+        # between Ray pools the toy stage's output travels as its declared column
+        assert transport.schema().field("n_words").type == pa.list_(pa.int32())
+        done = [apply_outputs(ImageState(r.image_id, cfg.benchmark, r.split), found[r.image_id]) for r in records]
+        back = transport.unpack(transport.pack(done))
+        assert [b.extra["count"] for b in back] == [found[r.image_id]["count"]["n_words"] for r in records]
         # a rerun reuses all five stages; another seed recomputes only the toy stage
         again: dict[str, int] = {}
         reused = run_pipeline(records, cfg, models, stage_cache=StageCache.for_config(cfg, fp), counts=again)

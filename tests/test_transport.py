@@ -1,5 +1,6 @@
-"""Images travel between pools as encoded bytes (not decoded pixels up to 4096 px), without
-changing a feature value; the scorer loads the retrieval image tower only when it needs it."""
+"""Images travel between pools as encoded bytes (not decoded pixels up to 4096 px), in declared Arrow
+columns (no pickled state), without changing a feature value; the scorer loads the retrieval image
+tower only when it needs it."""
 
 import math
 import pickle
@@ -8,12 +9,17 @@ import numpy as np
 import pytest
 from PIL import Image
 
+import pyarrow as pa
+
+from adjcap.actors import transport
 from adjcap.actors.transport import pack, unpack
 from adjcap import image_state, stages
+from adjcap import stage_registry as registry
 from adjcap.data.images import decode_image
+from adjcap.features import rows_to_table
 from adjcap.models.roles import ScorerEncoder
 from adjcap.pipeline import load_models
-from adjcap.jobs.extract_features import read_records
+from adjcap.run_plan import read_records
 
 
 def _same(a, b):
@@ -41,12 +47,13 @@ def test_features_through_the_transport_equal_features_from_decoded_pixels(world
     stages.verify(old, m.verifier, cfg.verifier.keep)
     stages.caption(old, c.captioner, c.clip, cfg.captioner, c.vocabulary)
     stages.score(old, m.retrieval, m.verifier)
-    # now: decoded once, then carried as bytes and pickled between every stage, as between Ray pools
+    # now: decoded once, then carried as bytes in the declared columns between every stage, as between Ray pools
     new = [image_state.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path) for r in recs]
 
     def hop(states):
         batch = pack(states)
-        out = unpack(batch)
+        assert isinstance(batch, pa.Table) and batch.schema == transport.schema()
+        out = unpack(pa.ipc.open_stream(_ipc(batch)).read_all())  # as it crosses processes
         assert all(s.image is None and s.encoded for s in out)  # pixels never travel
         return out
 
@@ -57,12 +64,46 @@ def test_features_through_the_transport_equal_features_from_decoded_pixels(world
     new = hop(new)
     stages.caption(new, c.captioner, c.clip, cfg.captioner, c.vocabulary)
     new = hop(new)
+    assert all(s.verifier_memo is not None and s.retrieval_embedding is not None for s in new)
     stages.score(new, m.retrieval, m.verifier)
     assert all(s.ok for s in old) and all(s.ok for s in new)
-    for a, b in zip(old, new):
-        assert _same(a.to_row(), b.to_row()), a.image_id
+    # the declared columns are the feature table's types (float32 scores): equal as stored
+    stored = lambda states: rows_to_table([s.to_row() for s in states]).to_pylist()  # noqa: E731
+    for a, b in zip(stored(old), stored(new)):
+        assert _same(a, b), a["image_id"]
     final = unpack(pack(new, drop_image=True))
     assert all(s.encoded is None and s.image is None and s.verifier_memo is None for s in final)
+
+
+def _ipc(table):
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    return sink.getvalue()
+
+
+def test_a_partly_scored_beam_and_a_bf16_encoding_travel_as_they_are():
+    """The lavis backend scores the candidates' verifier half before stage 4 completes: the scores travel
+    (stored in the stage cache as NaN, not carried so); a bfloat16 encoding comes back bit for bit."""
+    import torch
+
+    s = image_state.ImageState("a", "demo", "test")
+    s.retrieved = [{"corpus_id": 3, "text": "a dog", "cosine": 0.5, "verifier": 0.25}]
+    s.verified = [{"corpus_id": 3, "text": "a dog", "verifier": 0.25, "retrieval_rank": 0}]
+    s.entities, s.prompt = ["dog"], "There is a dog in the image."
+    s.candidates = [{"text": "a dog runs", "lm_logprob_sum": -3.0, "lm_logprob_mean": -1.0, "n_tokens": 3,
+                     "beam_rank": 0, "retrieval_cosine": math.nan, "verifier": 0.75, "clipscore_cosine": math.nan}]
+    s.retrieval_embedding = np.arange(4, dtype=np.float32) / 3
+    s.verifier_memo = torch.randn(3, 5).to(torch.bfloat16)
+    s.done, s.computed = {"retrieve", "verify", "caption"}, {"caption"}
+    bad = image_state.ImageState("b", "demo", "test", error="decode: broken")
+    back, broken = unpack(pack([s, bad]))
+    assert back.candidates[0]["verifier"] == 0.75 and back.retrieved[0]["verifier"] == 0.25
+    assert math.isnan(registry.stage("caption").output.stored(back)["candidates"][0]["verifier"])  # stored: NaN
+    assert np.array_equal(back.retrieval_embedding, s.retrieval_embedding)
+    assert back.verifier_memo.dtype == torch.bfloat16 and torch.equal(back.verifier_memo, s.verifier_memo)
+    assert (back.done, back.computed, back.entities, back.prompt) == (s.done, s.computed, s.entities, s.prompt)
+    assert broken.error == "decode: broken" and not broken.done and broken.candidates == []
 
 
 def _save(im, path, **kw):
@@ -89,14 +130,14 @@ def test_large_images_travel_compact_and_decode_to_the_same_pixels(tmp_path):
         s = image_state.decode_state(name, "folder", "test", None, path)
         assert s.ok, s.error
         raw = s.image.width * s.image.height * 3
-        blob = pickle.dumps(s)
-        assert len(blob) <= 1.01 * raw + 4096, name  # never (much) more than the decoded pixels
-        back = pickle.loads(blob)
+        blob = pack([s])
+        assert blob.nbytes <= 1.01 * raw + 4096, name  # never (much) more than the decoded pixels
+        (back,) = unpack(blob)
         assert back.image is None
         ref = decode_image(path)
         assert np.array_equal(np.asarray(back.pil()), np.asarray(ref.image)), name
-    big = pickle.dumps(image_state.decode_state("b", "folder", "test", None, files["big.jpg"]))
-    assert len(big) < 4000 * 3000 * 3 / 10  # a JPEG travels at a fraction of its pixels
+    big = pack([image_state.decode_state("b", "folder", "test", None, files["big.jpg"])])
+    assert big.nbytes < 4000 * 3000 * 3 / 10  # a JPEG travels at a fraction of its pixels
 
 
 def test_scorer_loads_the_image_tower_only_when_an_embedding_is_missing(world):

@@ -29,7 +29,7 @@ def configs_for(target: str, data: Path, sets: Iterable[str] = ()) -> list[Any]:
             return [load_config(target, sets).resolved()]
         tables = load_tables()
         if target in tables:
-            return [p.cfg.resolved() for p in distinct_runs(plan_table(tables[target], None, sets))]
+            return [p.resolved for p in distinct_runs(plan_table(tables[target], None, sets))]
     except ConfigError as e:
         raise PrepareError(f"--for {target}: {e}") from None
     known = [*list_presets(), *load_tables()]

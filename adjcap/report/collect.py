@@ -89,7 +89,7 @@ def load_run(path: str | Path) -> RunData:
     run = RunData(path=path, name=path.name)
     if rd.config_path.exists():
         try:
-            cfg = rd.config()
+            cfg = rd.config().resolved()  # read back here: the run's image root, its paths expanded
             run.config_name = cfg.name
             run.description = cfg.description
             run.benchmark = cfg.benchmark
@@ -97,7 +97,7 @@ def load_run(path: str | Path) -> RunData:
             run.protocol = cfg.rerank.protocol
             run.apply_split = cfg.rerank.apply_split
             if cfg.benchmark in cfg.benchmarks:
-                run.image_root = Path(cfg.resolved().benchmarks[cfg.benchmark].images)
+                run.image_root = Path(cfg.benchmarks[cfg.benchmark].images)
         except Exception as e:  # noqa: BLE001 - the report still renders what it can
             run.description = f"(config.toml could not be read: {e})"
     run.metrics.update(rd.metrics_docs())

@@ -27,6 +27,7 @@ class RowPlan:
     row: Row
     benchmark: str
     cfg: Config | None = None  # None when the row cannot run (``problem`` says why)
+    resolved: Config | None = None  # ``cfg`` resolved, once, here (the row's own edge)
     run_dir: Path | None = None
     problem: str | None = None
     heads_from: Path | None = None  # the run directory whose heads/ this row applies (row.heads_from's run)
@@ -104,6 +105,7 @@ def plan_table(table: TableDef, benchmark: str | None = None, sets: list[str] | 
             plan.problem = f"preset '{row.preset}' is missing"
         else:
             plan.cfg = row_config(row, bench, sets, updates)
+            plan.resolved = plan.cfg.resolved()
             root = Path(runs_dir) if runs_dir else Path(plan.cfg.paths.runs_dir)
             plan.run_dir = root / f"{row.run_key}-{bench}{tag}"
         plans.append(plan)
@@ -113,10 +115,10 @@ def plan_table(table: TableDef, benchmark: str | None = None, sets: list[str] | 
             continue
         src = by_label[plan.row.heads_from]
         if src.cfg is None:
-            plan.cfg, plan.run_dir = None, None
+            plan.cfg, plan.resolved, plan.run_dir = None, None, None
             plan.problem = f"its heads' row '{src.row.label}' cannot run ({src.problem})"
         elif src.cfg.rerank.protocol == "training-free":
-            plan.cfg, plan.run_dir = None, None
+            plan.cfg, plan.resolved, plan.run_dir = None, None, None
             plan.problem = f"its heads' row '{src.row.label}' fits no heads (rerank.protocol = training-free)"
         else:
             plan.heads_from = src.run_dir

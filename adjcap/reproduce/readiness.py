@@ -14,7 +14,7 @@ def table_missing(table: TableDef, sets: Iterable[str] = ()) -> list[str]:
     """What the table's runs need and this machine lacks (each thing once, in first-use order)."""
     out: dict[str, None] = {}
     for p in distinct_runs(plan_table(table, None, list(sets))):
-        for n in missing(needs_of(p.cfg.resolved())):
+        for n in missing(needs_of(p.resolved)):
             out[n.what] = None
     return list(out)
 

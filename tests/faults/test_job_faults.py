@@ -28,7 +28,7 @@ import pytest
 from adjcap.rundir import RunDir
 from adjcap.config import load_config
 from adjcap.pipeline import load_models
-from adjcap.jobs.extract_features import read_records
+from adjcap.run_plan import read_records
 
 from .listening import descendants
 from .own_world import own_world_settings
