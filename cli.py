@@ -167,12 +167,17 @@ def caption(
     run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="output directory (default runs/caption-<folder>-<hash>)"),
     absolute_paths: bool = typer.Option(False, "--absolute-paths", help="absolute image paths in captions.jsonl "
                                         "(default: relative to FOLDER, so a moved folder keeps working)"),
+    candidates: Optional[Path] = typer.Option(None, "--candidates", help="adjudicate your own captions instead of "
+                                              "IFCap's: a JSONL/Parquet file, one {image, candidates, logprobs} per "
+                                              "image (captioner.family=candidates)"),
     verbose: bool = VERBOSE,
 ):
     """Caption a folder of your own images: the same Ray job, one caption per image with its candidates.
     Checks the preset's weights and memory first and says what is missing (adjcap prepare --for PRESET)."""
+    own = {"captioner.family": "candidates", "captioner.candidates.file": str(candidates.expanduser().resolve())} \
+        if candidates is not None else {}
     cfg = _cfg(preset, sets, config_file, _typed(**{"ray.workers": workers, "ray.address": address,
-                                                    "ray.verbose": verbose or None}))
+                                                    "ray.verbose": verbose or None, **own}))
     from adjcap.jobs import caption as job
 
     _run(lambda: job.main(cfg, folder, heads=heads, out=out, run_dir=run_dir, absolute_paths=absolute_paths))
@@ -180,7 +185,7 @@ def caption(
 
 @app.command("reproduce")
 def reproduce(
-    table: Optional[str] = typer.Argument(None, help="reproduction | scoreboard | protocols | ablation | "
+    table: Optional[str] = typer.Argument(None, help="reproduction | scoreboard | protocols | ablation | captioner-sweep | "
                                           "verifier-substrate | xdomain | chair | clipscore | corpus-swap"),
     benchmark: Optional[str] = typer.Option(None, help="run every row on this benchmark (demo: the demo world, "
                                             "tiny models, CPU); default: the paper's"),

@@ -95,8 +95,20 @@ class RetrievalCfg(_Strict):
 
 class VerifierCfg(_Strict):
     enabled: bool = Field(True, description="run stage 2; false keeps the first k retrieved, in retrieval order")
+    family: Literal["blip_itm", "blip2_itm", "clip"] = Field(
+        "blip_itm", description="the judge of stages 2 and 4: blip_itm (BLIP ITM head, match probability in (0, 1)), "
+        "blip2_itm (BLIP-2 Q-Former ITM head, match probability in (0, 1)) or clip (any open_clip dual encoder: "
+        "sigmoid(scale * cosine + bias) in (0, 1) for a model with a logit bias (SigLIP), else (cosine + 1) / 2 "
+        "in [0, 1])"
+    )
     model: str = Field(
-        "Salesforce/blip-itm-large-coco", description="BLIP ITM: hub id, local directory or a LAVIS .pth file"
+        "Salesforce/blip-itm-large-coco", description="blip_itm: hub id, local directory or a LAVIS .pth file; "
+        "blip2_itm: hub id or local directory (Salesforce/blip2-itm-vit-g); clip: open_clip architecture name "
+        "(ViT-SO400M-14-SigLIP-384)"
+    )
+    pretrained: str | None = Field(
+        None, description="clip family: the open_clip pretrained tag (webli), hf-hub:REPO or a local checkpoint of "
+        "verifier.model (unused by the other families)"
     )
     keep: int = Field(5, gt=0, description="k: verified captions kept out of the L retrieved")
     max_text_tokens: int = Field(35, gt=0, description="LAVIS truncates ITM text at 35 tokens")
@@ -138,7 +150,41 @@ class EntityCfg(_Strict):
     classifier_temperature: float = Field(0.01, description="clip_classifier: softmax temperature over the vocabulary")
 
 
+class HfCaptionerCfg(_Strict):
+    """captioner.family = hf: a transformers image-to-text model that beam-searches."""
+
+    model: str = Field("Salesforce/blip-image-captioning-large",
+                       description="hub id or save_pretrained directory of a BlipForConditionalGeneration, "
+                       "GitForCausalLM or VisionEncoderDecoderModel")
+    prompt: str | None = Field(None, description="text the caption continues (BLIP: 'a picture of'); None: "
+                               "the model's own start; the caption is the continuation only")
+
+
+class CandidatesCfg(_Strict):
+    """captioner.family = candidates: captions from any system, read from a file (adjcap.data.candidates)."""
+
+    file: str | None = Field(None, description="JSONL or Parquet: one row per image {image, candidates, "
+                             "logprobs (optional)}; `adjcap caption DIR --candidates FILE` sets it")
+    lm: str = Field("gpt2", description="the LM judge where a row has no logprobs: a text-only causal LM "
+                    "(hub id or directory) scoring each candidate")
+    lm_batch_size: int = Field(32, gt=0, description="candidates per forward pass of the LM judge")
+
+    @field_validator("file")
+    @classmethod
+    def _absolute(cls, v: str | None) -> str | None:
+        """A relative path is taken from the working directory, once: the run's identity then counts the
+        file by its content (adjcap.identity.content_id reads paths, not bare names)."""
+        if v and "{" not in v and not v.startswith("~") and not os.path.isabs(v):
+            return os.path.abspath(v)
+        return v
+
+
 class CaptionerCfg(_Strict):
+    family: Literal["ifcap", "hf", "candidates"] = Field(
+        "ifcap", description="which captioner makes the candidates: IFCap (the settings below), a transformers "
+        "model (captioner.hf) or a file of candidates (captioner.candidates); adjcap.captioners")
+    hf: HfCaptionerCfg = Field(default_factory=HfCaptionerCfg)
+    candidates: CandidatesCfg = Field(default_factory=CandidatesCfg)
     checkpoint: str = Field("{data}/ifcap/checkpoints/train_coco/coco-indomain-004.pt",
                             description="the released IFCap checkpoint (.pt), loaded strictly")
     clip: EncoderCfg = Field(default_factory=lambda: EncoderCfg(model="ViT-B-32", pretrained="openai"))
@@ -663,9 +709,26 @@ def _picker_vs_protocol(cfg: Config) -> str | None:
     return None
 
 
+def _verifier_family(cfg: Config) -> str | None:
+    v = cfg.verifier
+    if not v.enabled or v.family == "blip_itm":
+        return None
+    if v.backend != "transformers":
+        return (f"verifier.backend={v.backend} runs BLIP ITM only; verifier.family={v.family} needs "
+                "verifier.backend=transformers")
+    if v.model.startswith("Salesforce/blip-itm"):
+        example = "Salesforce/blip2-itm-vit-g" if v.family == "blip2_itm" else "ViT-SO400M-14-SigLIP-384"
+        return (f"verifier.family={v.family} but verifier.model is the BLIP ITM checkpoint {v.model}; set "
+                f"verifier.model (e.g. {example})")
+    if v.family == "clip" and not v.pretrained:
+        return ("verifier.family=clip needs verifier.pretrained: an open_clip pretrained tag of verifier.model "
+                "(e.g. webli), hf-hub:REPO or a local checkpoint")
+    return None
+
+
 # conflicts the configuration alone shows, refused when it loads (before Ray or any feature pass):
 # each returns one line naming the settings and what to do, or None
-CONFLICTS = (_picker_vs_protocol,)
+CONFLICTS = (_picker_vs_protocol, _verifier_family)
 
 
 def _explain(e: ValidationError) -> str:

@@ -54,7 +54,7 @@ FEATURE_SCHEMA = pa.schema(
         ("entities", pa.list_(pa.string())),
         ("prompt", pa.string()),
         ("candidates", pa.list_(CANDIDATE)),
-        ("verifier_backend", pa.string()),  # "transformers" or "lavis"; null without a verifier
+        ("verifier_backend", pa.string()),  # "transformers", "lavis" or "open_clip"; null without a verifier
     ]
 )
 

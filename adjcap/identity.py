@@ -52,7 +52,8 @@ def stage_of(cfg: Config, key: str) -> str | None:
         stage, reads = st.name, st.reads
         names = [p.replace("{benchmark}", cfg.benchmark) for p in reads.settings]
         if any(_covers(p, key) for p in names):
-            return None if any(_covers(p, key) for p in reads.speed + reads.by_content) else stage
+            skip = reads.speed + reads.by_content + (reads.unread(cfg) if reads.unread else ())
+            return None if any(_covers(p, key) for p in skip) else stage
     return None
 
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from adjcap.models.sources import weights_of
+from adjcap.captioners import judge_needed
+from adjcap.models.sources import Weights, looks_like_path, weights_of
 
 # the benchmark steps of `adjcap prepare` by the folder they lay out under {data}
 DATA_STEPS = ("ifcap", "coco", "flickr30k", "nocaps")
@@ -53,6 +54,12 @@ def _data_step(cfg: Any, path: str) -> str | None:
     return rel.parts[0] if rel.parts and rel.parts[0] in DATA_STEPS else None
 
 
+def weights_of_judge(lm: str) -> Weights:
+    """The LM judge of a candidates file as a weights entry (a hub id or a local directory)."""
+    local = looks_like_path(lm) or Path(lm).expanduser().exists()
+    return Weights("LM judge", "file" if local else "hf", lm, None if local else "verifier")
+
+
 @check("weights")
 def weights(cfg: Any) -> list[Need]:
     out = []
@@ -60,6 +67,11 @@ def weights(cfg: Any) -> list[Need]:
         step = "models" if w.kind != "file" else _data_step(cfg, w.name)
         hint = "" if step else f"{w.name} is a local path in the config: put the file there or change the config"
         out.append(Need("weights", f"{w.role} {w.key}", w.locate(), step, hint))
+    cap = cfg.captioner
+    if cap.family == "candidates" and judge_needed(cap):  # a file without log-probs: its LM judge
+        w = weights_of_judge(cap.candidates.lm)
+        out.append(Need("weights", f"LM judge {w.key}", w.locate(), "models" if w.kind != "file" else None,
+                        "" if w.kind != "file" else f"{w.name} is a local path in the config"))
     return out
 
 
@@ -101,7 +113,7 @@ def data(cfg: Any) -> list[Need]:
 def nltk_data(cfg: Any) -> list[Need]:
     """NLTK's tokenizer, tagger and WordNet when the entity filter tags with NLTK."""
     e = cfg.captioner.entities
-    if e.mode != "frequency" or e.tagger != "nltk":
+    if cfg.captioner.family != "ifcap" or e.mode != "frequency" or e.tagger != "nltk":
         return []
     from adjcap.entities import NLTK_RESOURCES, missing_nltk_resources
 

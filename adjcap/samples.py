@@ -262,3 +262,22 @@ def _type_name(t: pa.DataType) -> str:
     if pa.types.is_struct(t):
         return "struct"
     return str(t)
+
+
+def candidates_of(table: pa.Table) -> list[dict[str, Any]]:
+    """A run's candidates as a candidates file's rows (:mod:`adjcap.data.candidates`): per image (once,
+    whatever its splits), its candidates in the run's order with their log-prob sums, token counts and
+    means, so that ``--candidates`` adjudicates exactly what the run did. Failed images are left out; a
+    text the beam holds twice (two token sequences decoding alike: rare) is kept once, at its first place
+    (a candidates file repeating a candidate is refused)."""
+    out, seen = [], set()
+    for row in table.select(["image_id", "error", "candidates"]).to_pylist():
+        if row["error"] is not None or not row["candidates"] or row["image_id"] in seen:
+            continue
+        seen.add(row["image_id"])
+        seen: set[str] = set()
+        cands = [c for c in row["candidates"] if not (c["text"] in seen or seen.add(c["text"]))]
+        out.append({"image": row["image_id"], "candidates": [c["text"] for c in cands],
+                    "logprobs": [c["lm_logprob_sum"] for c in cands], "n_tokens": [c["n_tokens"] for c in cands],
+                    "logprob_means": [c["lm_logprob_mean"] for c in cands]})
+    return out

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 import numpy as np
 import pyarrow as pa
 
+from adjcap import captioners
 from adjcap.features import CANDIDATE, RETRIEVED, VERIFIED
 from adjcap.image_state import ImageState
 from adjcap.models import budget
@@ -47,6 +48,8 @@ class Reads:
     settings: tuple[str, ...]
     speed: tuple[str, ...] = ()
     by_content: tuple[str, ...] = ()  # read, but identified by what they lead to (an input below)
+    # the keys under ``settings`` this config does not read (another family's settings): not in its identity
+    unread: Callable[["Config"], tuple[str, ...]] | None = None
 
 
 @dataclass(frozen=True)
@@ -234,16 +237,12 @@ def _size_verifier(cfg: "Config", gpu: bool, holds: frozenset[str]) -> tuple[int
 
 
 def _load_captioner(cfg: "Config", ld: Loading):
-    from adjcap.models.roles import load_captioner
-
-    return load_captioner(cfg.captioner, cfg.device)
+    """The configured captioner family's model (:mod:`adjcap.captioners`: ifcap, hf, candidates)."""
+    return captioners.family(cfg.captioner.family).load(cfg, cfg.device)
 
 
 def _size_captioner(cfg: "Config", gpu: bool, holds: frozenset[str]) -> tuple[int, int]:
-    cap = cfg.captioner
-    clip = budget.encoder_params(cap.clip)
-    own = budget.captioner_params(cap) - clip
-    return own + clip, own * _precision(cap.precision, gpu) + clip * _precision(cap.clip.precision, gpu)
+    return captioners.family(cfg.captioner.family).size(cfg, gpu)
 
 
 def _load_scorer(cfg: "Config", ld: Loading):
@@ -331,10 +330,7 @@ def _verify(states: list[ImageState], m: Mapping[str, Any], cfg: "Config") -> No
 
 
 def _caption(states: list[ImageState], m: Mapping[str, Any], cfg: "Config") -> None:
-    from adjcap import stages
-
-    c = m["captioner"]
-    stages.caption(states, c.captioner, c.clip, cfg.captioner, c.vocabulary)
+    captioners.family(cfg.captioner.family).run(states, m["captioner"], cfg)
 
 
 def _score(states: list[ImageState], m: Mapping[str, Any], cfg: "Config") -> None:
@@ -345,6 +341,13 @@ def _score(states: list[ImageState], m: Mapping[str, Any], cfg: "Config") -> Non
 
 
 _ENC_SPEED = ("image_batch_size", "text_batch_size")
+
+
+def _verifier_unread(cfg: "Config") -> tuple[str, ...]:
+    """The verifier keys its family does not read: BLIP ITM neither ``family`` nor ``pretrained`` (so the
+    runs from before verifier families keep their identities), BLIP-2 not ``pretrained``."""
+    return {"blip_itm": ("verifier.family", "verifier.pretrained"), "blip2_itm": ("verifier.pretrained",),
+            "clip": ()}[cfg.verifier.family]
 
 register(
     Family("retrieval", _load_retrieval, _size_retrieval),
@@ -370,7 +373,7 @@ register(
     ),
     Stage(
         "verify", "verifier", ("verifier",),
-        Reads(("numerics", "verifier"), speed=("verifier.batch_size",)),
+        Reads(("numerics", "verifier"), speed=("verifier.batch_size",), unread=_verifier_unread),
         StageOutput(
             pa.schema([("image_id", pa.string()), ("retrieved", pa.list_(RETRIEVED)),
                        ("verified", pa.list_(VERIFIED)), ("verifier_backend", pa.string())]),
@@ -382,7 +385,9 @@ register(
         "caption", "captioner", ("captioner",),
         # captioner.search is not speed-only: the reference search's beams differ (the property test)
         Reads(("numerics", "captioner"),
-              speed=("captioner.batch_size", *(f"captioner.clip.{k}" for k in _ENC_SPEED))),
+              speed=("captioner.batch_size", "captioner.candidates.lm_batch_size",
+                     *(f"captioner.clip.{k}" for k in _ENC_SPEED)),
+              unread=captioners.unread),  # the other captioner families' settings
         StageOutput(
             pa.schema([("image_id", pa.string()), ("entities", pa.list_(pa.string())), ("prompt", pa.string()),
                        ("candidates", pa.list_(CANDIDATE))]),

@@ -220,6 +220,56 @@ def caption(
     return _guarded("caption", run, states)
 
 
+def _candidate_rows(beam) -> list[dict]:
+    """Stage 3's fields of each candidate (the scores stage 4 fills are NaN)."""
+    return [{"text": c.text, "lm_logprob_sum": float(c.lm_logprob_sum), "lm_logprob_mean": float(c.lm_logprob_mean),
+             "n_tokens": int(c.n_tokens), "beam_rank": int(c.beam_rank), "retrieval_cosine": math.nan,
+             "verifier": math.nan, "clipscore_cosine": math.nan} for c in beam]
+
+
+def caption_hf(states: list[ImageState], captioner, ccfg: CaptionerCfg) -> list[ImageState]:
+    """A transformers captioner's N-best beam (:mod:`adjcap.models.hf_captioner`), ``ccfg.batch_size``
+    images per ``generate``; no entities, the prompt is ``captioner.hf.prompt``."""
+
+    def run(batch: list[ImageState]) -> None:
+        for start in range(0, len(batch), ccfg.batch_size):
+            part = batch[start : start + ccfg.batch_size]
+            beams = captioner.beams(_images(part), beam_width=ccfg.beam_width, max_len=ccfg.max_len,
+                                    prompt=ccfg.hf.prompt, decoder=ccfg.decoder)
+            for s, beam in zip(part, beams):
+                s.entities, s.prompt, s.candidates = [], ccfg.hf.prompt, _candidate_rows(beam)
+
+    return _guarded("caption", run, states)
+
+
+def caption_candidates(states: list[ImageState], table, judge, ccfg: CaptionerCfg) -> list[ImageState]:
+    """Each image's candidates from a file (:class:`adjcap.data.candidates.CandidateTable`) in the file's
+    order; log-prob sum, token count and mean from the file where it gives them, else from the LM judge
+    (``judge``, :class:`adjcap.models.text_lm.TextLM`; its tokenizer alone counts tokens)."""
+    from adjcap.decoding import Candidate
+
+    def run(batch: list[ImageState]) -> None:
+        sets = []
+        for s in batch:
+            got = table.get(s.image_id)
+            if got is None:
+                raise ValueError(f"no candidates for image '{s.image_id}' in {table.source}")
+            sets.append(got)
+        judged = [t for c in sets if c.logprobs is None for t in c.texts]
+        scores = iter(judge.score(judged, ccfg.candidates.lm_batch_size) if judged else [])
+        for s, c in zip(batch, sets):
+            if c.logprobs is None:
+                sums, counts = zip(*(next(scores) for _ in c.texts))
+            else:
+                sums = c.logprobs
+                counts = c.n_tokens or judge.count(c.texts)
+            means = c.logprob_means or tuple(x / n for x, n in zip(sums, counts))
+            beam = [Candidate(t, x, m, n, j, True) for j, (t, x, m, n) in enumerate(zip(c.texts, sums, means, counts))]
+            s.entities, s.prompt, s.candidates = [], None, _candidate_rows(beam)
+
+    return _guarded("caption", run, states)
+
+
 def _bottom_captions(batch: list[ImageState], n: int) -> list[list[str]]:
     """The contrastive-decoding negatives (DESIGN 4, a negative result kept as an option): the
     verifier's bottom n of the L retrieved (retrieval order's last n without a verifier)."""

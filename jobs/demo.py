@@ -12,7 +12,9 @@ from pathlib import Path
 from adjcap import lavis_env
 from adjcap.config import Config, load_config
 from adjcap.demo.tiny import QUALITY, build_tiny_world
+from adjcap.demo.tiny_judges import JUDGE_DIRS, build_tiny_judge, judge_config, judge_ready
 from adjcap.demo.tiny_lavis import build_tiny_lavis
+from adjcap.demo.train_hf_captioner import FOLDER as TINY_CAPTIONER, ensure_tiny_captioner
 from adjcap.demo.world import build_demo_world, demo_corpus_texts
 from adjcap.rundir import RunDir
 from adjcap.jobs import run
@@ -21,7 +23,7 @@ from adjcap.jobs import run
 # the demo preset's model and data keys: what `on_demo_world` swaps into another preset
 DEMO_WORLD_KEYS = (
     "benchmark", "retrieval.encoder", "retrieval.shard_size", "retrieval.index_precision",
-    "verifier.model", "verifier.batch_size",
+    "verifier.family", "verifier.model", "verifier.pretrained", "verifier.batch_size",
     "captioner.checkpoint", "captioner.tokenizer", "captioner.lm_config", "captioner.mapping_heads",
     "captioner.max_len", "captioner.batch_size", "captioner.clip",
     "captioner.entities.tagger", "captioner.entities.vocabulary",
@@ -65,7 +67,35 @@ def prepare(cfg: Config) -> Config:
     print(f"demo judges on {q['images']} held-out scenes: retrieval CLIP recall@1/5 {r['i2t_r@1']:.2f}/{r['i2t_r@5']:.2f} "
           f"(captioner CLIP {q['captioner_clip']['i2t_r@1']:.2f}/{q['captioner_clip']['i2t_r@5']:.2f}), "
           f"BLIP ITM accuracy {v['accuracy']:.2f}")
+    second_captioner(cfg, rcfg)
+    tiny_judge(rcfg)
     return _lavis_judge(cfg, rcfg, paths["blip"])
+
+
+def second_captioner(cfg: Config, rcfg: Config) -> None:
+    """The demo's tiny BLIP captioner (the ``hf`` family, :mod:`adjcap.demo.train_hf_captioner`) when
+    ``cfg`` captions with it: trained on first use (a few CPU minutes), then reused; nothing otherwise
+    (``make demo`` captions with IFCap and never trains it). ``rcfg``: ``cfg`` resolved."""
+    cache = Path(rcfg.paths.cache_dir)
+    if rcfg.captioner.family != "hf" or Path(rcfg.captioner.hf.model) != cache / "tiny" / TINY_CAPTIONER:
+        return
+    with _step("tiny BLIP captioner (second captioner family)"):
+        ensure_tiny_captioner(cache, demo_corpus_texts(cache / "demo"), seed=cfg.seed)
+
+
+def tiny_judge(rcfg: Config) -> None:
+    """The demo's tiny judge of ``verifier.family`` (BLIP-2 ITM, SigLIP), built on first use when the
+    config's verifier is it (the tiny world must be built: :func:`prepare`). ``rcfg``: resolved."""
+    v = rcfg.verifier
+    if not v.enabled or v.family not in JUDGE_DIRS:
+        return
+    cache = Path(rcfg.paths.cache_dir)
+    if judge_config(cache, v.family) != {"family": v.family, **({"pretrained": v.pretrained} if v.pretrained else {}),
+                                         "model": v.model}:
+        return  # the user's own judge
+    if not judge_ready(cache, v.family):
+        with _step(f"tiny {v.family} judge"):
+            build_tiny_judge(cache, v.family, seed=rcfg.seed)
 
 
 def _lavis_judge(cfg: Config, rcfg: Config, demo_blip: Path) -> Config:

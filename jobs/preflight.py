@@ -66,10 +66,31 @@ def prepare_command(cfg: Config, gone: list[Need]) -> str:
     return cmd
 
 
+def candidates_problem(cfg: Config) -> str | None:
+    """With ``captioner.family = candidates``: why its file cannot be used (not UTF-8 / JSON, an empty
+    or repeated candidate, an image the benchmark lacks: the file's line named), or None."""
+    if cfg.captioner.family != "candidates":
+        return None
+    from adjcap.captioners import candidates_table
+    from adjcap.data.candidates import CandidatesError, match_records
+    from adjcap.run_plan import read_records
+
+    try:
+        table = candidates_table(cfg.captioner)
+        records = read_records(cfg.model_copy(update={"limit": None}))  # every image the benchmark has
+        match_records(table, [r for rs in records.values() for r in rs], cfg.benchmark_cfg().images)
+    except CandidatesError as e:
+        return str(e)
+    return None
+
+
 def problems(cfg: Config) -> str | None:
     """One line saying why ``cfg`` (resolved) cannot run here, or None."""
     gone = missing(needs_of(cfg, PREFLIGHT_GROUPS))
     parts = []
+    bad_file = candidates_problem(cfg)
+    if bad_file:
+        parts.append(bad_file)
     if gone:
         fetchable = [n for n in gone if n.step]
         other = [n for n in gone if not n.step]

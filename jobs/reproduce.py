@@ -17,7 +17,7 @@ from typing import Any
 from adjcap.io import atomic_write_json, atomic_write_text
 from adjcap.report.collect import load_run
 from adjcap.report.page import table_page
-from adjcap.report.reproduced import RowResult, build_table
+from adjcap.report.reproduced import RowResult, build_table, paired_intervals
 from adjcap.report.seeds import reproduced_seeds_table
 from adjcap.reproduce import TableDef, distinct_runs, get_table, plan_table
 from adjcap.reproduce.plan import DEMO, RowPlan
@@ -84,6 +84,10 @@ def main(table_key: str | TableDef, benchmark: str | None = None, sets: list[str
         from adjcap.jobs import demo
 
         demo.prepare(runs[0].cfg)
+        for p in runs:  # a second captioner family's tiny model and each row's tiny judge of its verifier
+            demo.second_captioner(p.cfg, p.resolved)  # family, built on first use (not by `make demo`)
+            if p.benchmark == DEMO:
+                demo.tiny_judge(p.resolved)
     for p in runs:  # rows that cannot run here are said before Ray starts, and skipped
         why = preflight.problems(p.resolved)
         if why:
@@ -123,6 +127,7 @@ def main(table_key: str | TableDef, benchmark: str | None = None, sets: list[str
                                   table_page(out_table, f"adjcap reproduce {table.key}", extra=extra)),
     }
     work = stage_work(plans)
+    paired = paired_intervals(table, results)
     doc = {
         "table": table.key, "benchmark": bench, "seconds": time.time() - t0,
         "rows": [{"label": r.row.label, "preset": r.row.preset, "protocol": r.protocol, "picker": r.picker,
@@ -131,11 +136,15 @@ def main(table_key: str | TableDef, benchmark: str | None = None, sets: list[str
                   **({"seeds": {k: v for k, v in r.extra["seeds"].items()}} if r.extra.get("seeds") else {})}
                  for i, r in enumerate(results)],
         "stage_work": work,
+        "paired_differences": paired,
         "runs": len(runs),
     }
     paths["json"] = atomic_write_json(out_dir / f"{stem}.json", doc)
     for t in [out_table, *extra]:
         print(t.to_markdown())
+    for d in paired:
+        print(f"{d['label']}: CIDEr {d['delta']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}] (95% paired bootstrap over "
+              f"{d['images']} images{', excludes zero' if d['excludes_zero'] else ''})")
     print("stage work (images): computed " + ", ".join(f"{k} {v}" for k, v in work["computed"].items())
           + "; reused " + ", ".join(f"{k} {v}" for k, v in work["reused"].items()))
     print(f"table: {paths['markdown']} (.tex, .html, .json beside it)")

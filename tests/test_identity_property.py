@@ -144,7 +144,11 @@ ALTERNATIVES: dict[str, typing.Callable[[World], list[str]]] = {
     "captioner.clip.model": lambda w: ["captioner.clip.model=adjcap-tiny-clip-large"],
     # alone: without the open_clip_config.json beside it, the file loads as another model
     "captioner.clip.pretrained": lambda w: [f"captioner.clip.pretrained={w.copy(w.cfg.captioner.clip.pretrained, alone=True)}"],
+    "captioner.candidates.file": lambda w: [f"captioner.candidates.file={w.root}/candidates.jsonl"],
+    "captioner.candidates.lm": lambda w: ["captioner.candidates.lm=distilgpt2"],
     "captioner.entities.tagger": lambda w: ["captioner.entities.tagger=nltk"],
+    "captioner.hf.model": lambda w: ["captioner.hf.model=Salesforce/blip-image-captioning-base"],
+    "captioner.hf.prompt": lambda w: ["captioner.hf.prompt=a picture of"],
     "captioner.entities.vocabulary": lambda w: [f"captioner.entities.vocabulary={w.copy(w.cfg.captioner.entities.vocabulary)}"],
     "captioner.lm_config": lambda w: [f"captioner.lm_config={w.copy(w.cfg.captioner.lm_config)}"],
     "captioner.tokenizer": lambda w: [f"captioner.tokenizer={w.copy(w.cfg.captioner.tokenizer)}"],
@@ -179,7 +183,11 @@ ALTERNATIVES: dict[str, typing.Callable[[World], list[str]]] = {
     "scorer.encoder.pretrained": lambda w: [f"scorer.encoder.model={w.cfg.retrieval.encoder.model}",
                                             f"scorer.encoder.pretrained={w.copy(w.cfg.retrieval.encoder.pretrained)}"],
     "splits": lambda w: ['splits=["test"]'],
+    # another family: the captioner's tiny CLIP as an open_clip judge (verifier.family = clip)
+    "verifier.family": lambda w: [("verifier.family", "clip"), f"verifier.model={w.cfg.captioner.clip.model}",
+                                  f"verifier.pretrained={w.cfg.captioner.clip.pretrained}"],
     "verifier.model": lambda w: [f"verifier.model={w.copy(w.cfg.verifier.model)}"],
+    "verifier.pretrained": lambda w: ["verifier.pretrained=webli"],
     "verifier.tokenizer": lambda w: ["verifier.tokenizer=bert-base-cased"],
 }
 

@@ -30,6 +30,8 @@ CLIP_TOWERS: dict[str, dict[str, int]] = {
     "RN50x64": {"image": 420_380_352, "text": 202_877_953},
     "ViT-L-14": {"image": 303_966_208, "text": 123_650_305},
     "ViT-B-16": {"image": 86_192_640, "text": 63_428_097},
+    # SigLIP (the clip verifier family's): open_clip's timm ViT-SO400M/14 at 384 px; text with scale and bias
+    "ViT-SO400M-14-SigLIP-384": {"image": 428_225_600, "text": 449_734_898},
 }
 # Hugging Face BlipForImageTextRetrieval, ViT-L/16 at 384 px + BERT-base with cross-attention
 BLIP_ITM_LARGE = 446_128_642
@@ -41,9 +43,21 @@ BLIP_PARAMS: dict[str, int] = {
     "Salesforce/blip-itm-base-coco": BLIP_ITM_BASE,
     "Salesforce/blip-itm-base-flickr": BLIP_ITM_BASE,
 }
+# Hugging Face Blip2ForImageTextRetrieval: EVA ViT-g/14 at 224 px + the BERT-base Q-Former with 32 queries and
+# its text feed-forward (counted on the meta device from Blip2Config's defaults with use_qformer_text_input and
+# the Q-Former vocabulary with [DEC], 30,523, as the ITM checkpoint's config)
+BLIP2_PARAMS: dict[str, int] = {"Salesforce/blip2-itm-vit-g": 1_172_032_258}
 # IFCap without its CLIP: GPT-2 small (124,439,808) + the mapping network (46,864,128; both counted on
 # the meta device from the released layout, spec/ifcap.md); the checkpoint file's size is used when on disk
 IFCAP_PARAMS = 124_439_808 + 46_864_128
+
+# hf captioners (BlipForConditionalGeneration, ViT-L/16 or ViT-B/16 at 384 px + the BERT-base decoder) and
+# the LM judge of a candidates file, counted on the meta device from their configs
+HF_CAPTIONER_PARAMS: dict[str, int] = {
+    "Salesforce/blip-image-captioning-large": 446_290_492,
+    "Salesforce/blip-image-captioning-base": 223_971_644,
+}
+CAUSAL_LM_PARAMS: dict[str, int] = {"gpt2": 124_439_808, "openai-community/gpt2": 124_439_808}
 
 BYTES_PER_PARAM = {"fp32": 4, "fp16": 2, "bf16": 2}
 _SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
@@ -114,10 +128,15 @@ def encoder_params(encoder: Any, towers: Iterable[str] = ("image", "text")) -> i
 
 
 def verifier_params(verifier: Any) -> int:
+    """The verifier section's model, by its family (``verifier.family``; a section without one is BLIP ITM)."""
     if not verifier.enabled:
         return 0
+    family = getattr(verifier, "family", "blip_itm")
+    if family == "clip":  # an open_clip model: verifier.model is the architecture, verifier.pretrained the weights
+        return encoder_params(verifier)
     local = local_params(verifier.model)
-    return local if local is not None else BLIP_PARAMS.get(verifier.model, 0)
+    table = BLIP2_PARAMS if family == "blip2_itm" else BLIP_PARAMS
+    return local if local is not None else table.get(verifier.model, 0)
 
 
 def captioner_params(captioner: Any) -> int:
@@ -125,6 +144,18 @@ def captioner_params(captioner: Any) -> int:
     local = local_params(captioner.checkpoint)
     own = local if local is not None else IFCAP_PARAMS
     return own + encoder_params(captioner.clip)
+
+
+def hf_captioner_params(model: str) -> int:
+    """A transformers captioner (``captioner.hf.model``): its local weights, else the table (0: unknown)."""
+    local = local_params(model)
+    return local if local is not None else HF_CAPTIONER_PARAMS.get(model, 0)
+
+
+def causal_lm_params(model: str) -> int:
+    """The LM judge (``captioner.candidates.lm``): its local weights, else the table (0: unknown)."""
+    local = local_params(model)
+    return local if local is not None else CAUSAL_LM_PARAMS.get(model, 0)
 
 
 def precision_bytes(precision: str, gpu: bool) -> int:

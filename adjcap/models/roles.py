@@ -8,12 +8,13 @@ scorer reuses the retrieval encoder (both towers then) and the verifier.
 |----------------------|---------------------------------------------------------------|
 | retriever            | retrieval encoder, image tower (+ the caption index)          |
 | corpus encoder       | retrieval encoder, text tower                                 |
-| verifier             | BLIP ITM (None when ``verifier.enabled`` is false)            |
+| verifier             | ``verifier.family``'s judge: BLIP ITM, BLIP-2 ITM or an open_clip |
+|                      | model (None when ``verifier.enabled`` is false)               |
 | captioner            | IFCap + its CLIP (+ the CLIP-classifier entity vocabulary)    |
 | scorer               | output-scorer encoder (``scorer.encoder``, default the retrieval |
 |                      | encoder: its text tower, the image tower loaded on first need)  |
 |                      | + the CLIPScore encoder (``eval.clipscore``, when it differs  |
-|                      | from the output scorer) + BLIP ITM                            |
+|                      | from the output scorer) + the verifier                        |
 """
 
 from __future__ import annotations
@@ -57,11 +58,33 @@ class ScorerEncoder:
         return self.image.encode_images(*args, **kwargs)
 
 
-def load_verifier(verifier: VerifierCfg, device: str):
-    """BLIP ITM, or None when the verifier is disabled (presets without stage 2)."""
+def _blip_itm(verifier: VerifierCfg, device: str):
     from adjcap.models.blip import load_verifier_from_config
 
-    return load_verifier_from_config(verifier, device=device) if verifier.enabled else None
+    return load_verifier_from_config(verifier, device=device)
+
+
+def _blip2_itm(verifier: VerifierCfg, device: str):
+    from adjcap.models.blip2 import load_blip2_from_config
+
+    return load_blip2_from_config(verifier, device=device)
+
+
+def _clip(verifier: VerifierCfg, device: str):
+    from adjcap.models.clip_verifier import load_clip_verifier_from_config
+
+    return load_clip_verifier_from_config(verifier, device=device)
+
+
+# verifier.family -> its loader; each returns a judge with the verifier interface of
+# adjcap.models.blip.Verifier (encode_images, memo_from_image_embeds, score: one score per pair)
+VERIFIER_LOADERS = {"blip_itm": _blip_itm, "blip2_itm": _blip2_itm, "clip": _clip}
+
+
+def load_verifier(verifier: VerifierCfg, device: str):
+    """The judge of ``verifier.family`` (BLIP ITM, BLIP-2 ITM or an open_clip model), or None when the
+    verifier is disabled (presets without stage 2)."""
+    return VERIFIER_LOADERS[verifier.family](verifier, device) if verifier.enabled else None
 
 
 @dataclass

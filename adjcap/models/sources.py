@@ -422,18 +422,28 @@ def weights_of(cfg: Any, checkpoint: bool = True) -> list[Weights]:
         out.append(Weights(role, "file" if _is_local(value) else "hf", value, None if _is_local(value) else files))
 
     clip("retrieval encoder", cfg.retrieval.encoder)
-    if cfg.verifier.enabled:
+    if cfg.verifier.enabled and cfg.verifier.family == "clip":  # an open_clip model (and its hub tokenizer)
+        clip("verifier", cfg.verifier)
+        if tok := hf_tokenizer_of(cfg.verifier.model):
+            hub("verifier tokenizer", tok, "tokenizer")
+    elif cfg.verifier.enabled:
         hub("verifier", cfg.verifier.model, "verifier")
         if cfg.verifier.backend == "lavis":
             hub("verifier tokenizer", cfg.verifier.tokenizer, "tokenizer")
-    if checkpoint:
-        out.append(Weights("IFCap checkpoint", "file", cfg.captioner.checkpoint))
-    clip("IFCap CLIP", cfg.captioner.clip)
+    cap = cfg.captioner
+    ifcap = cap.family == "ifcap"
+    if checkpoint and ifcap:
+        out.append(Weights("IFCap checkpoint", "file", cap.checkpoint))
+    if ifcap:
+        clip("IFCap CLIP", cap.clip)
+    elif cap.family == "hf":
+        hub("captioner", cap.hf.model, "verifier")  # config + weights, as the verifier's
     clip("output scorer", cfg.scorer_encoder())
     clip("CLIPScore encoder", cfg.eval.clipscore)
-    hub("GPT-2 tokenizer", cfg.captioner.tokenizer, "tokenizer")
-    if cfg.captioner.lm_config != "gpt2":
-        out.append(Weights("GPT-2 config", "file", cfg.captioner.lm_config))
+    if ifcap:
+        hub("GPT-2 tokenizer", cap.tokenizer, "tokenizer")
+        if cap.lm_config != "gpt2":
+            out.append(Weights("GPT-2 config", "file", cap.lm_config))
     seen: set[tuple[str, str]] = set()
     uniq = []
     for w in out:
@@ -441,6 +451,13 @@ def weights_of(cfg: Any, checkpoint: bool = True) -> list[Weights]:
             seen.add((w.kind, w.key))
             uniq.append(w)
     return uniq
+
+
+def hf_tokenizer_of(model: str) -> str | None:
+    """The Hugging Face tokenizer an open_clip architecture's text tower reads (SigLIP's), or None."""
+    import open_clip
+
+    return ((open_clip.get_model_config(model) or {}).get("text_cfg") or {}).get("hf_tokenizer_name")
 
 
 def _locate_file(w: Weights, cache_dir: str | None) -> str | None:
@@ -463,8 +480,8 @@ def _locate_open_clip(w: Weights, cache_dir: str | None) -> str | None:
 
 
 # the files a hub repo must hold locally, per what it is used as (any one of each group)
-HUB_FILES = {"verifier": (("config.json",), ("model.safetensors", "pytorch_model.bin")),
-             "tokenizer": (("tokenizer.json", "vocab.json"),)}
+HUB_FILES = {"verifier": (("config.json",), ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")),
+             "tokenizer": (("tokenizer.json", "vocab.json", "spiece.model"),)}
 
 
 def _locate_hf(w: Weights, cache_dir: str | None) -> str | None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from adjcap.captioners import describe
 from adjcap.rundir import RunDir
 
 LM_PICKER = "lm"
@@ -23,6 +24,7 @@ class RunData:
     name: str
     config_name: str | None = None
     description: str = ""
+    captioner: str = ""  # where the candidates came from, when not IFCap (adjcap.captioners.describe)
     benchmark: str | None = None
     picker: str | None = None  # the configured headline picker (rerank.picker)
     protocol: str | None = None  # the configured protocol (rerank.protocol)
@@ -92,6 +94,7 @@ def load_run(path: str | Path) -> RunData:
             cfg = rd.config().resolved()  # read back here: the run's image root, its paths expanded
             run.config_name = cfg.name
             run.description = cfg.description
+            run.captioner = describe(cfg)
             run.benchmark = cfg.benchmark
             run.picker = cfg.rerank.picker
             run.protocol = cfg.rerank.protocol

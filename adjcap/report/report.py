@@ -417,6 +417,9 @@ def write_report(
         if run.description:
             md.append(f"{run.description}\n")
             body.append(f"<p>{html.escape(run.description)}</p>")
+        if run.captioner:
+            md.append(f"{run.captioner}\n")
+            body.append(f"<p>{html.escape(run.captioner)}</p>")
         ivs = run_intervals(run)
         add(metrics_table(run, lab, ivs), f"{lab}-metrics")
         for proto in run.protocols:  # rerank.seeds: the seed study beside the main table

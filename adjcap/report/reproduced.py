@@ -135,3 +135,27 @@ def build_table(table: TableDef, results: list[RowResult], benchmark: str | None
             cells += [m, p, _delta(m, p)]
         out.rows.append(cells)
     return out
+
+
+def paired_intervals(table: TableDef, results: list[RowResult]) -> list[dict[str, Any]]:
+    """The table's differences whose subtrahend is an LM-only pick: the minuend's CIDEr minus the LM-only
+    pick of the minuend's own run and protocol (the same beams, on the same images: as the run's report
+    pairs them, :func:`adjcap.report.headline.picker_differences`), with its 95% paired bootstrap interval."""
+    from pathlib import Path
+
+    from adjcap.report.collect import LM_PICKER, load_run
+    from adjcap.report.headline import picker_differences
+
+    by_label = {r.row.label: r for r in results}
+    out = []
+    for d in table.differences:
+        a, b = by_label.get(d.minuend), by_label.get(d.subtrahend)
+        if (a is None or b is None or a.status != "ok" or b.picker != LM_PICKER or not a.run_dir
+                or not Path(a.run_dir).is_dir()):
+            continue
+        diff = picker_differences(load_run(a.run_dir), a.protocol, a.picker).get("CIDEr")
+        if diff is not None:
+            out.append({"label": d.label, "metric": "CIDEr", "delta": diff.delta, "low": diff.low, "high": diff.high,
+                        "excludes_zero": bool(diff.excludes_zero), "images": int(diff.n_images),
+                        "run_dir": a.run_dir, "protocol": a.protocol})
+    return out

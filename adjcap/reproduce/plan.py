@@ -53,11 +53,13 @@ def _is_encoder(d: Any) -> bool:
 def to_demo(data: dict[str, Any]) -> dict[str, Any]:
     """A config dict moved onto the demo world: every open_clip encoder becomes the large or small
     tiny CLIP (by its model name), a registered corpus the demo world's stand-in for it, the other models
-    and sizes come from ``demo.toml``."""
+    and sizes come from ``demo.toml`` (the verifier by its ``verifier.family``)."""
     m = demo_mapping()
 
     def walk(d: dict[str, Any]) -> None:
         for k, v in d.items():
+            if k == "verifier":  # mapped by its family below (a clip-family verifier looks like an encoder)
+                continue
             if _is_encoder(v):
                 tiny = m["encoder"]["large" if v["model"] in m["large_models"] else "small"]
                 v.update(tiny)
@@ -70,6 +72,8 @@ def to_demo(data: dict[str, Any]) -> dict[str, Any]:
         data["retrieval"]["corpus"] = m["corpus"].get(corpus, corpus)
     for key, value in m["set"].items():
         set_key(data, key, value)
+    for key, value in m.get("verifier", {}).get(data["verifier"].get("family", "blip_itm"), {}).items():
+        set_key(data, f"verifier.{key}", value)  # another family's judge: the tiny one of its class
     return data
 
 

@@ -18,7 +18,7 @@ from adjcap.prepare.verify import zip_problem
 # what a role needs from a hub repo (patterns for snapshot_download)
 _HF_FILES = {
     "verifier": ["*.json", "*.txt"],
-    "tokenizer": ["*.json", "*.txt"],
+    "tokenizer": ["*.json", "*.txt", "*.model"],  # *.model: SentencePiece (SigLIP's tokenizer)
 }
 _SHA_IN_URL = re.compile(r"/([0-9a-f]{64})/")
 

@@ -1,0 +1,235 @@
+"""The BLIP-2 ITM verifier (``verifier.family = "blip2_itm"``): transformers ``Blip2ForImageTextRetrieval``
+with its image-text matching head, one image against many captions.
+
+``load_blip2_verifier("Salesforce/blip2-itm-vit-g")`` (or a local ``save_pretrained`` directory) returns
+a :class:`Blip2Verifier` with the verifier interface :mod:`adjcap.stages` calls (as
+:class:`adjcap.models.blip.Verifier`):
+
+* :meth:`Blip2Verifier.encode_images` runs the (large, frozen) vision encoder once per image; its output
+  is the memo stage 4 reuses (``image_embeds``, carried in the image's state);
+* :meth:`Blip2Verifier.score` runs the Q-Former with the model's learnt query tokens and each caption's
+  tokens against that memo, then the ITM head averaged over the query positions, as the model's own
+  ITM forward does; captions are bucketed by length;
+* :meth:`Blip2Verifier.score_pairs` is the plain per-pair ``model(pixel_values, input_ids,
+  attention_mask, use_image_text_matching_head=True)`` forward: the reference the memo path is
+  tested against.
+
+The score is the softmax match probability (class 1) of the ITM logits, in (0, 1). Text follows LAVIS's
+BLIP-2 ITM: captions cleaned by ``pre_caption`` when ``caption_preprocess="lavis"``, the tokenizer's
+own [CLS] ... [SEP] (BLIP-2's Q-Former has no [ENC] token: ``verifier.itm_first_token`` is not read),
+truncated at ``max_text_tokens``. Images go through LAVIS's eval transform with the checkpoint's image
+processor's size, mean and std (:class:`adjcap.models.blip_lavis.LavisEvalTransform`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from adjcap.config import VerifierCfg
+from adjcap.models.blip import lavis_pre_caption, quiet_progress
+from adjcap.models.precision import dtype_name, pick_device, pick_dtype
+from adjcap.models.sources import ModelUnavailableError, hub_or_dir
+
+BLIP2_VERIFIER = "Salesforce/blip2-itm-vit-g"
+
+
+@dataclass
+class Blip2Memo:
+    """The vision encoder's output per image, reused by every caption of the image."""
+
+    image_embeds: torch.Tensor  # [n, P, Dv]
+
+    def __len__(self) -> int:
+        return int(self.image_embeds.shape[0])
+
+
+class Blip2Verifier:
+    """A BLIP-2 ITM model with its tokenizer and image transform on one device."""
+
+    backend = "transformers"
+    family = "blip2_itm"
+
+    def __init__(self, model: Any, tokenizer: Any, image_processor: Any, *, model_id: str, device: torch.device,
+                 dtype: torch.dtype, max_text_tokens: int = 35, caption_preprocess: str = "lavis",
+                 image_batch_size: int = 16, pair_batch_size: int = 256) -> None:
+        if caption_preprocess not in ("lavis", "none"):
+            raise ValueError(f"caption_preprocess must be 'lavis' or 'none'; got {caption_preprocess!r}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.image_processor = image_processor
+        self.model_id = model_id
+        self.device = device
+        self.dtype = dtype
+        self.max_text_tokens = int(max_text_tokens)
+        self.caption_preprocess = caption_preprocess
+        self.image_batch_size = int(image_batch_size)
+        self.pair_batch_size = int(pair_batch_size)
+        pad = model.config.qformer_config.pad_token_id
+        self.pad_id = int(pad if pad is not None else (tokenizer.pad_token_id or 0))
+
+    @property
+    def precision(self) -> str:
+        return dtype_name(self.dtype)
+
+    @property
+    def slug(self) -> str:
+        return re.sub(r"[^A-Za-z0-9._-]+", "_", self.model_id).strip("_")
+
+    # ---- text --------------------------------------------------------------------------------
+    def clean(self, text: str) -> str:
+        return lavis_pre_caption(text) if self.caption_preprocess == "lavis" else text
+
+    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        """Captions -> token ids ([CLS] ... [SEP]) truncated at ``max_text_tokens``, unpadded."""
+        if not texts:
+            return []
+        enc = self.tokenizer([self.clean(t) for t in texts], truncation=True, max_length=self.max_text_tokens,
+                             padding=False, add_special_tokens=True)["input_ids"]
+        return [list(ids) for ids in enc]
+
+    def pad(self, seqs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(1, max(len(s) for s in seqs))
+        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+            mask[i, : len(s)] = 1
+        return ids, mask
+
+    # ---- images ------------------------------------------------------------------------------
+    def preprocess(self, images: Sequence[Image.Image] | Image.Image) -> torch.Tensor:
+        if isinstance(images, Image.Image):
+            images = [images]
+        return self.image_processor(images=list(images), return_tensors="pt")["pixel_values"].float()
+
+    @torch.inference_mode()
+    def encode_images(self, images: Sequence[Image.Image] | torch.Tensor) -> Blip2Memo:
+        """The vision encoder's last hidden state per image (PIL images or preprocessed pixels)."""
+        pixels = images if isinstance(images, torch.Tensor) else None
+        items = None if pixels is not None else list(images)
+        n = int(pixels.shape[0]) if pixels is not None else len(items)
+        if n == 0:
+            raise ValueError("encode_images needs at least one image")
+        outs = []
+        for start in range(0, n, self.image_batch_size):
+            batch = (pixels[start : start + self.image_batch_size] if pixels is not None
+                     else self.preprocess(items[start : start + self.image_batch_size]))
+            vision_dtype = next(self.model.vision_model.parameters()).dtype
+            outs.append(self.model.vision_model(pixel_values=batch.to(self.device, dtype=vision_dtype))[0])
+        return Blip2Memo(torch.cat(outs))
+
+    def memo_from_image_embeds(self, embeds: torch.Tensor) -> Blip2Memo:
+        """A memo from vision-encoder outputs computed earlier (stage 2's, carried in the state)."""
+        return Blip2Memo(embeds.to(self.device))
+
+    # ---- scoring -----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def score(self, memo: Blip2Memo, texts_per_image: Sequence[Sequence[str]]) -> list[np.ndarray]:
+        """ITM match probabilities: one float32 array per image, one value per caption, in order."""
+        if len(texts_per_image) != len(memo):
+            raise ValueError(f"score: {len(texts_per_image)} caption lists for {len(memo)} encoded images")
+        counts = [len(t) for t in texts_per_image]
+        seqs = self.tokenize([t for texts in texts_per_image for t in texts])
+        owner = np.repeat(np.arange(len(memo)), counts)
+        probs = np.zeros(len(seqs), dtype=np.float32)
+        order = sorted(range(len(seqs)), key=lambda j: len(seqs[j]))  # similar lengths share a chunk
+        for start in range(0, len(order), self.pair_batch_size):
+            rows = order[start : start + self.pair_batch_size]
+            ids, mask = self.pad([seqs[j] for j in rows])
+            img = torch.as_tensor(owner[rows], dtype=torch.long, device=self.device)
+            probs[rows] = self.itm(memo.image_embeds.index_select(0, img), ids, mask)
+        starts = np.concatenate([[0], np.cumsum(counts)]).astype(int)
+        return [probs[starts[i] : starts[i + 1]].copy() for i in range(len(memo))]
+
+    def score_images(self, images: Sequence[Image.Image], texts_per_image: Sequence[Sequence[str]]) -> list[np.ndarray]:
+        return self.score(self.encode_images(images), texts_per_image)
+
+    def itm_logits(self, image_embeds: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The ITM logits [n, 2] of rows (image_embeds[i], ids[i]): the model's ITM branch after its
+        vision encoder (query tokens + text through the Q-Former, ITM head averaged over the queries)."""
+        m = self.model
+        n = ids.shape[0]
+        query = m.query_tokens.expand(n, -1, -1)
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        att = torch.cat([torch.ones(query.shape[:-1], dtype=torch.long, device=self.device), mask], dim=1)
+        embeds = m.embeddings(input_ids=ids, query_embeds=query)
+        image_att = torch.ones(image_embeds.shape[:-1], dtype=torch.long, device=self.device)
+        out = m.qformer(query_embeds=embeds, query_length=query.shape[1], attention_mask=att,
+                        encoder_hidden_states=image_embeds, encoder_attention_mask=image_att).last_hidden_state
+        out = out.to(dtype=m.itm_head.weight.dtype)
+        return m.itm_head(out[:, : query.shape[1], :]).mean(dim=1)
+
+    def itm(self, image_embeds: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
+        return self.itm_logits(image_embeds, ids, mask).float().softmax(dim=-1)[:, 1].cpu().numpy()
+
+    @torch.inference_mode()
+    def score_pairs(self, images: Sequence[Image.Image] | torch.Tensor, texts: Sequence[str],
+                    batch_size: int = 16) -> np.ndarray:
+        """Reference: the model's own ITM forward per (image, text) pair (image re-encoded per pair)."""
+        n = int(images.shape[0]) if isinstance(images, torch.Tensor) else len(images)
+        if n != len(texts):
+            raise ValueError(f"score_pairs: {n} images for {len(texts)} texts")
+        seqs = self.tokenize(list(texts))
+        cfg = self.model.config
+        out = np.zeros(n, dtype=np.float32)
+        for start in range(0, n, batch_size):
+            sl = slice(start, start + batch_size)
+            pix = images[sl] if isinstance(images, torch.Tensor) else self.preprocess(list(images[sl]))
+            ids, mask = self.pad(seqs[sl])
+            if cfg.image_token_index is not None:  # the processor's layout: the query positions in the text
+                q = cfg.num_query_tokens
+                ids = torch.cat([torch.full((ids.shape[0], q), cfg.image_token_index, dtype=torch.long), ids], 1)
+                mask = torch.cat([torch.ones((mask.shape[0], q), dtype=torch.long), mask], 1)
+            res = self.model(pixel_values=pix.to(self.device, dtype=self.dtype), input_ids=ids.to(self.device),
+                             attention_mask=mask.to(self.device), use_image_text_matching_head=True)
+            out[sl] = res.logits_per_image.float().softmax(dim=-1)[:, 1].cpu().numpy()
+        return out
+
+
+def load_blip2_verifier(model: str | os.PathLike = BLIP2_VERIFIER, *, device: str | torch.device = "auto",
+                        precision: str = "auto", max_text_tokens: int = 35, caption_preprocess: str = "lavis",
+                        image_batch_size: int = 16, pair_batch_size: int = 256,
+                        cache_dir: str | None = None) -> Blip2Verifier:
+    """Load a BLIP-2 ITM verifier from a Hugging Face id or a local save_pretrained directory. The
+    Q-Former and query tokens stay in fp32 at any precision (the model class keeps them so)."""
+    from transformers import AutoTokenizer, Blip2ForImageTextRetrieval, BlipImageProcessor
+
+    from adjcap.models.blip_lavis import LavisEvalTransform
+
+    dev = pick_device(device)
+    dtype = pick_dtype(precision, dev)
+    src = hub_or_dir(model, what="BLIP-2 ITM verifier", config_key="verifier.model", cache_dir=cache_dir)
+    try:
+        with quiet_progress():
+            net = Blip2ForImageTextRetrieval.from_pretrained(src.source, dtype=dtype, cache_dir=cache_dir,
+                                                             local_files_only=src.local_only)
+        tok = AutoTokenizer.from_pretrained(src.source, cache_dir=cache_dir, local_files_only=src.local_only)
+        image_processor = LavisEvalTransform.like(
+            BlipImageProcessor.from_pretrained(src.source, cache_dir=cache_dir, local_files_only=src.local_only))
+    except OSError as e:
+        if src.is_dir:
+            raise FileNotFoundError(f"{src.source}: incomplete BLIP-2 verifier directory ({e})") from e
+        raise ModelUnavailableError(
+            f"BLIP-2 ITM verifier '{src.source}' could not be loaded ({str(e).splitlines()[0]}): download it with "
+            f"`adjcap prepare models` or `huggingface-cli download {src.source} --local-dir DIR` and set "
+            "verifier.model=DIR") from e
+    net = net.to(device=dev).eval()
+    for p in net.parameters():
+        p.requires_grad_(False)
+    return Blip2Verifier(net, tok, image_processor, model_id=src.model_id, device=dev, dtype=dtype,
+                         max_text_tokens=max_text_tokens, caption_preprocess=caption_preprocess,
+                         image_batch_size=image_batch_size, pair_batch_size=pair_batch_size)
+
+
+def load_blip2_from_config(cfg: VerifierCfg, *, device: str = "auto") -> Blip2Verifier:
+    """Load from a resolved ``VerifierCfg`` (``family = "blip2_itm"``)."""
+    return load_blip2_verifier(cfg.model, device=device, precision=cfg.precision, max_text_tokens=cfg.max_text_tokens,
+                               caption_preprocess=cfg.caption_preprocess, image_batch_size=cfg.batch_size)
