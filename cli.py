@@ -197,7 +197,7 @@ def caption(
 @app.command("reproduce")
 def reproduce(
     table: Optional[str] = typer.Argument(None, help="reproduction | scoreboard | protocols | ablation | captioner-sweep | "
-                                          "verifier-substrate | xdomain | chair | clipscore"),
+                                          "verifier-substrate | xdomain | chair | clipscore | corpus-swap"),
     benchmark: Optional[str] = typer.Option(None, help="run every row on this benchmark (demo: the demo world, "
                                             "tiny models, CPU); default: the paper's"),
     workers: Optional[int] = WORKERS,
@@ -207,6 +207,8 @@ def reproduce(
                                             "(default: paths.runs_dir)"),
     address: Optional[str] = ADDRESS,
     list_: bool = typer.Option(False, "--list", help="list the tables, their rows and presets, and exit"),
+    seeds: Optional[str] = typer.Option(None, "--seeds", help="the seed study on every row that fits heads: "
+                                        "rerank.seeds, comma-separated (e.g. 42,43,44)"),
 ):
     """Run every row of one of the paper's tables and render it beside the published values."""
     from adjcap.reproduce import listing_with_status
@@ -215,7 +217,12 @@ def reproduce(
     if list_ or table is None:
         typer.echo(listing_with_status())
         return
-    updates = _typed(**{"ray.workers": workers, "limit": limit, "ray.address": address})
+    try:
+        seed_list = [int(x) for x in seeds.split(",") if x.strip()] if seeds is not None else None
+    except ValueError:
+        typer.secho(f"error: --seeds {seeds!r}: give integers separated by commas, e.g. 42,43,44", fg="red", err=True)
+        raise typer.Exit(2) from None
+    updates = _typed(**{"ray.workers": workers, "limit": limit, "ray.address": address, "rerank.seeds": seed_list})
     try:
         from adjcap.reproduce import get_table, plan_table
 
@@ -372,7 +379,8 @@ def doctor(preset: str = PRESET, sets: Optional[List[str]] = SET):
 
 @app.command("prepare")
 def prepare(
-    what: Optional[List[str]] = typer.Argument(None, help="coco | flickr30k | nocaps | ifcap | models | nltk | spice | all"),
+    what: Optional[List[str]] = typer.Argument(None, help="coco | flickr30k | nocaps | ifcap | models | nltk | spice | "
+                                               "coco-instances | corpus-cc3m | corpus-laion-coco | all"),
     data: Optional[Path] = typer.Option(None, "--data", help="data root (default: $ADJCAP_DATA or ~/adjcap-data)"),
     from_dir: Optional[Path] = typer.Option(None, "--from", help="lay out from local copies in DIR instead of downloading"),
     dry_run: bool = typer.Option(False, "--dry-run", help="list what would be fetched, from where, and the total size"),
@@ -385,6 +393,8 @@ def prepare(
     sources: Optional[Path] = typer.Option(None, "--sources", help="a TOML file laid over adjcap/prepare/sources.toml"),
     for_: Optional[List[str]] = typer.Option(None, "--for", help="exactly what a preset or a reproduce table needs "
                                              "(adjcap config --list, adjcap reproduce --list; repeatable)"),
+    max_captions: Optional[int] = typer.Option(None, "--max-captions", min=1, help="corpus-cc3m, corpus-laion-coco: "
+                                               "keep N captions, sampled with a fixed seed (recorded in the manifest)"),
 ):
     """Fetch, verify and lay out benchmarks, the IFCap release, model weights, NLTK data and SPICE jars."""
     from adjcap.prepare import Options, PrepareError, run
@@ -392,7 +402,8 @@ def prepare(
     if data is None:
         data = Path(_cfg(preset, sets, None, computes=False).resolved().paths.data_dir)
     opts = Options(data=data, from_dir=from_dir, dry_run=dry_run, workers=workers, preset=preset,
-                   coco_zip=coco_zip, mirror=mirror, sources=sources, sets=list(sets or []), targets=list(for_ or []))
+                   coco_zip=coco_zip, mirror=mirror, sources=sources, sets=list(sets or []), targets=list(for_ or []),
+                   max_captions=max_captions)
     try:
         run(what or [], opts, verify=verify)
     except (PrepareError, OSError) as e:

@@ -82,6 +82,19 @@ class RetrievalCfg(_Strict):
     )
     index_precision: Literal["fp16", "fp32"] = Field("fp16", description="dtype of the stored caption index vectors")
     shard_size: int = Field(65536, gt=0, description="corpus captions per index shard")
+    corpus: str | None = Field(
+        None, description="search this registered caption corpus (adjcap/data/corpora.toml: cc3m, laion-coco, "
+        "demo-alt; `adjcap prepare corpus-NAME`) instead of the benchmark's own; None = benchmarks.<name>.corpus"
+    )
+
+    @field_validator("corpus")
+    @classmethod
+    def _known_corpus(cls, v: str | None) -> str | None:
+        if v is not None:
+            from adjcap.data.corpora import get_corpus  # the registry owns the names
+
+            get_corpus(v)  # DataError (a ValueError) naming the known corpora
+        return v
 
 
 class VerifierCfg(_Strict):
@@ -257,6 +270,27 @@ class RerankCfg(_Strict):
         256, ge=1, description="images per optimiser step when fitting the heads; None = full batch (the "
                                "largest size within 0.5% of the best held-out Borda loss: BENCHMARKS.md)"
     )
+
+    seeds: list[int] | None = Field(
+        None, description="the seed study: heads fitted once per seed on the same features, each learned picker "
+        "scored per seed, mean and sd across seeds and Cohen's d against fixed and lm (e.g. [42, 43, 44]); "
+        "None = [seed], the one seed the paper reports (no study)"
+    )
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct_seeds(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (not v or len(set(v)) != len(v)):
+            raise ValueError(f"rerank.seeds = {v}: give distinct seeds, e.g. [42, 43, 44] (or leave it unset)")
+        return v
+
+    def seed_list(self, seed: int) -> list[int]:
+        """The seeds of the study (``seed``, the run's own, when none are listed)."""
+        return list(self.seeds) if self.seeds is not None else [int(seed)]
+
+    def meta(self) -> dict[str, Any]:
+        """The section as recorded beside the heads (seeds only when given: unchanged records without)."""
+        return self.model_dump(mode="json", exclude={"seeds"} if self.seeds is None else None)
 
     @field_validator("picker")
     @classmethod
@@ -440,6 +474,13 @@ class Config(_Strict):
             return v
 
         data = expand(self.model_dump(mode="python"))
+        name = self.retrieval.corpus
+        if name is not None and data["benchmark"] in data["benchmarks"]:  # the benchmark searches that corpus
+            from adjcap.data.corpora import get_corpus
+
+            bench = data["benchmarks"][data["benchmark"]]
+            bench["corpus"] = str(get_corpus(name).path(data["paths"]["data_dir"], data["paths"]["cache_dir"]))
+            bench["corpus_format"] = "lines"
         if self.precision is not None:
             for section in (data["retrieval"]["encoder"], data["verifier"], data["captioner"]["clip"],
                             data["eval"]["clipscore"], data["scorer"]["encoder"]):

@@ -89,14 +89,20 @@ def data(cfg: Any) -> list[Need]:
     if b.format == "folder":  # the user's own images: no references; the folder is checked by the job
         files = []
     files += [("images", b.images)] if b.format != "folder" else []
+    corpus_step = None
     if b.corpus:
         files.append(("caption corpus", b.corpus))
+        if cfg.retrieval.corpus is not None:  # a registered corpus: its prepare step lays it out
+            from adjcap.data.corpora import get_corpus
+
+            corpus_step = get_corpus(cfg.retrieval.corpus).source
+            corpus_step = corpus_step if corpus_step != "demo" else None
     seen, out = set(), []
     for what, path in files:
         if path in seen:
             continue
         seen.add(path)
-        step = _data_step(cfg, path)
+        step = corpus_step if what == "caption corpus" and corpus_step else _data_step(cfg, path)
         owner = "retrieval" if b.format == "folder" else cfg.benchmark
         out.append(Need("data", f"{owner} {what} {path}", _exists(path), step,
                         "" if step else f"{path} is a path in the config: put the file there or change the config"))

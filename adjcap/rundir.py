@@ -18,7 +18,9 @@
       features/summary.json                         per split: images, done, failed, skipped; seconds
       fit/<protocol>.json                           what the protocol chose: alpha, beta, losses, fit images
       heads/                                        trifuse.safetensors, memattend.safetensors, heads.json
+      heads/seeds/<seed>/                           rerank.seeds: the heads fitted with each seed of the study
       predictions/<protocol>/<picker>.json          COCO results [{image_id, caption, candidate_index, coco_id?}]
+      predictions/<protocol>/seeds/<picker>.seed-<seed>.json   rerank.seeds: each learned picker's picks per seed
       metrics/<protocol>.json                       every picker's metrics, rank statistics, per-image scores
       samples.parquet, samples.md                   one row per image and split: references, candidates with every
                                                     judge's score, every picker's pick, per-image metrics (card: .md)
@@ -319,6 +321,33 @@ class RunDir:
     def predictions(self, protocol: str, picker: str) -> list[dict[str, Any]]:
         return _read_json(self.predictions_path(protocol, picker), [])
 
+    # ---- the seed study (rerank.seeds) -------------------------------------------------------
+    def seed_heads_dir(self, seed: int) -> Path:
+        return self.heads_dir / "seeds" / str(int(seed))
+
+    def seed_predictions_dir(self, protocol: str) -> Path:
+        return self.predictions_dir(protocol) / "seeds"
+
+    def clear_seed_study(self, protocol: str) -> None:
+        """Remove a protocol's seed predictions and every seed's heads (a refit writes its own)."""
+        import shutil
+
+        for d in (self.seed_predictions_dir(protocol), self.heads_dir / "seeds"):
+            if d.is_dir():
+                shutil.rmtree(d)
+
+    def write_seed_predictions(self, protocol: str, picker: str, seed: int, entries: list[dict[str, Any]]) -> Path:
+        return atomic_write_json(self.seed_predictions_dir(protocol) / f"{picker}.seed-{int(seed)}.json", entries)
+
+    def seed_prediction_files(self, protocol: str) -> dict[tuple[str, int], Path]:
+        """(picker, seed) -> predictions file of the protocol's seed study (empty without one)."""
+        out: dict[tuple[str, int], Path] = {}
+        for p in sorted(self.seed_predictions_dir(protocol).glob("*.seed-*.json")):
+            picker, _, seed = p.name[: -len(".json")].rpartition(".seed-")
+            if picker and seed.lstrip("-").isdigit() and not p.name.startswith("."):
+                out[(picker, int(seed))] = p
+        return dict(sorted(out.items(), key=lambda kv: (kv[0][0], kv[0][1])))
+
     # ---- metrics and report ------------------------------------------------------------------
     @property
     def metrics_dir(self) -> Path:
@@ -336,7 +365,8 @@ class RunDir:
         p = self.metrics_path(protocol)
         if not p.exists():
             return False
-        newest = max((f.stat().st_mtime_ns for f in self.prediction_files(protocol).values()), default=0)
+        files = [*self.prediction_files(protocol).values(), *self.seed_prediction_files(protocol).values()]
+        newest = max((f.stat().st_mtime_ns for f in files), default=0)
         return p.stat().st_mtime_ns >= newest
 
     def metrics_files(self) -> list[Path]:

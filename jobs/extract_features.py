@@ -30,6 +30,7 @@ from adjcap.batch_sink import Sink, count_done
 from adjcap.config import Config
 from adjcap.data.records import Record
 from adjcap.features import rows_to_table
+from adjcap.data.corpora import exposure
 from adjcap.lavis_env import runtime_env as lavis_runtime_env
 from adjcap.rundir import RunDir
 from adjcap.run_plan import RunPlan
@@ -233,6 +234,15 @@ def _stream(cfg: Config, corpus, todo: list[Record], found: dict, first: int, gp
     return ds
 
 
+def corpus_exposure(plan: RunPlan) -> dict:
+    """The corpus retrieval searched (the plan's, read once), its size and its overlap with each split's
+    references (:func:`adjcap.data.corpora.exposure`; ``reproduce corpus-swap`` shows them)."""
+    cfg = plan.cfg
+    name = cfg.retrieval.corpus or f"{cfg.benchmark} (its own)"
+    return exposure(plan.corpus, name, {split: {r.image_id: list(r.references) for r in recs}
+                                        for split, recs in plan.records.items()})
+
+
 def main(plan: RunPlan, resume: bool = True) -> dict:
     """Inside a Ray session: extract what is missing, write and print the summary."""
     t0, cpu0, main0 = time.time(), time.process_time(), time.thread_time()
@@ -245,7 +255,8 @@ def main(plan: RunPlan, resume: bool = True) -> dict:
     # (and of its main thread alone: what it does per image itself, without Ray's threads; and by thread)
     run.write_summary({"splits": summary, "seconds": dt, "driver_cpu_s": time.process_time() - cpu0,
                        "driver_main_thread_cpu_s": time.thread_time() - main0,
-                       "driver_cpu_s_by_thread": threads.by_name(), "stages": stage_stats})
+                       "driver_cpu_s_by_thread": threads.by_name(), "stages": stage_stats,
+                       "corpus": corpus_exposure(plan)})
     for split, s in summary.items():
         print(f"features {cfg.benchmark}-{split}: {s['images']} images, {s['done']} done, "
               f"{s['failed']} failed, {s['skipped']} already written")

@@ -4,7 +4,9 @@ learns), and write one COCO-results predictions file per applicable picker into
 
 Besides the configured picker, the same beam dump is also picked by the LM alone (IFCap's own pick),
 each frozen scorer alone and the fixed fusion, and - when heads were fit - TriFuse and MemAttend
-alone, so the report can show the paper's ablation rows side by side. A picker whose inputs are
+alone, so the report can show the paper's ablation rows side by side. With ``rerank.seeds``, each
+learned picker is also written once per seed (``predictions/<protocol>/seeds/``, the heads of each
+seed in ``heads/seeds/<seed>/``): the seed study the evaluation summarises. A picker whose inputs are
 absent (e.g. ``verifier`` on a run without a verifier) is skipped and listed under
 ``not_applicable`` in fit/<protocol>.json.
 
@@ -26,7 +28,8 @@ import torch
 
 from adjcap.config import Config, load_config
 from adjcap.identity import feature_identity
-from adjcap.rerank import Heads, applicability, fit_device, load_features, load_heads, pick, run_protocol, save_heads
+from adjcap.rerank import (Heads, applicability, fit_device, get_picker, load_features, load_heads, pick, run_protocol,
+                           save_heads)
 from adjcap.rundir import RunDir
 from adjcap.tracking import log_run, parse_log_specs
 from adjcap.jobs.evaluate import write_samples
@@ -109,23 +112,35 @@ def main(cfg: Config, run: RunDir, heads_dir: str | Path | None = None) -> dict[
     if r.picker not in pickers:
         pickers.append(r.picker)
     coco_ids = run.coco_ids(cfg.benchmark, r.apply_split)
-    written = {}
-    for name in pickers:
-        if name == r.picker:
+
+    def entries(name: str, heads: Heads | None) -> list[dict[str, Any]]:
+        if name == r.picker and heads is result.heads:
             chosen = {iid: (p.index, p.caption) for iid, p in result.picks[r.apply_split].items()}
         else:
-            idx = pick(apply, name, result.heads, alpha=result.alpha, beta=result.beta)
+            idx = pick(apply, name, heads, alpha=result.alpha, beta=result.beta)
             chosen = {iid: (int(i), apply.texts[k][int(i)]) for k, (iid, i) in enumerate(zip(apply.image_ids, idx))}
-        entries = []
+        out = []
         for iid, (i, caption) in chosen.items():
             e = {"image_id": iid, "caption": caption, "candidate_index": i}
             if iid in coco_ids:
                 e["coco_id"] = coco_ids[iid]
-            entries.append(e)
-        written[name] = str(run.write_predictions(r.protocol, name, entries))
+            out.append(e)
+        return out
+
+    written = {name: str(run.write_predictions(r.protocol, name, entries(name, result.heads))) for name in pickers}
+    run.clear_seed_study(r.protocol)
+    learned = [name for name in pickers if get_picker(name).learned]
+    for seed, heads in result.seed_heads.items():  # rerank.seeds: each learned picker once per seed
+        save_heads(run.seed_heads_dir(seed), heads, meta={"seed": seed})
+        for name in learned:
+            run.write_seed_predictions(r.protocol, name, seed, entries(name, heads))
+    if r.seeds is not None and not result.seed_heads:
+        print(f"fit: rerank.seeds = {r.seeds} ignored: " + ("the heads were given (--heads), not fitted here"
+                                                             if given is not None else "nothing is fitted"))
     print(f"fit: protocol {r.protocol}, picker {r.picker}"
           + (f", heads from {heads_dir}" if heads_dir is not None else "")
           + (f", heads fit on {result.n_fit_images} images of '{result.fit_split}'" if result.heads is not None else "")
+          + (f", seeds {', '.join(map(str, result.seed_heads))}" if result.seed_heads else "")
           + f"; predictions for {len(written)} pickers in {run.predictions_dir(r.protocol)}"
           + (f"; not applicable: {', '.join(f'{n} ({w})' for n, w in not_applicable.items())}" if not_applicable else ""))
     return written

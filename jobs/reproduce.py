@@ -4,7 +4,8 @@ with the paper's published values beside the measured ones (Markdown, LaTeX, HTM
 
 Rows share their work: rows of one run directory (the same preset read at other pickers) run once,
 and rows that agree up to a stage reuse its outputs from the stage cache (``cache.share_stages``).
-A row whose preset is missing or whose run fails is shown as such; the other rows still run."""
+A row whose preset is missing or whose run fails is shown as such; the other rows still run. A row
+with ``heads_from`` (tables.toml) runs after the row it names and applies that run's heads frozen."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from adjcap.io import atomic_write_json, atomic_write_text
 from adjcap.report.collect import load_run
 from adjcap.report.page import table_page
 from adjcap.report.reproduced import RowResult, build_table, paired_intervals
-from adjcap.reproduce import distinct_runs, get_table, plan_table
+from adjcap.report.seeds import reproduced_seeds_table
+from adjcap.reproduce import TableDef, distinct_runs, get_table, plan_table
 from adjcap.reproduce.plan import DEMO, RowPlan
 from adjcap.rundir import RunDir
 from adjcap import stage_registry
@@ -37,6 +39,14 @@ def _measure(plan: RowPlan, failed: dict[Path, str]) -> RowResult:
         return res
     data = load_run(plan.run_dir)
     res.metrics = data.picker_metrics(plan.protocol, plan.picker) or None
+    corpus = RunDir(plan.run_dir).summary().get("corpus")
+    if res.metrics is not None and corpus:  # the corpus retrieval searched: its size, its overlap (columns "corpus.*")
+        res.metrics = {**res.metrics, "corpus": corpus}
+        if plan.cfg is not None and plan.cfg.retrieval.corpus:
+            res.extra["corpus"] = plan.cfg.retrieval.corpus
+    study = data.metrics.get(plan.protocol, {}).get("seeds", {}).get("pickers", {}).get(plan.picker)
+    if study:  # --seeds: this row's pick was fitted once per seed
+        res.extra["seeds"] = study
     if res.metrics is None:
         res.status = "not evaluated"
     return res
@@ -59,9 +69,10 @@ def stage_work(plans: list[RowPlan]) -> dict[str, dict[str, int]]:
     return out
 
 
-def main(table_key: str, benchmark: str | None = None, sets: list[str] | tuple[str, ...] = (),
+def main(table_key: str | TableDef, benchmark: str | None = None, sets: list[str] | tuple[str, ...] = (),
          updates: dict[str, Any] | None = None, runs_dir: str | Path | None = None) -> dict[str, Any]:
-    table = get_table(table_key)
+    """``table_key``: a table of tables.toml, or a parsed definition (:func:`adjcap.reproduce.parse_tables`)."""
+    table = get_table(table_key) if isinstance(table_key, str) else table_key
     plans = plan_table(table, benchmark, sets, updates, runs_dir)
     for p in plans:
         if p.problem:
@@ -86,9 +97,14 @@ def main(table_key: str, benchmark: str | None = None, sets: list[str] | tuple[s
     if ready:
         with ray_session(ready[0].resolved):
             for i, p in enumerate(ready, 1):
-                print(f"== {table.key} run {i}/{len(ready)}: {p.row.preset} on {p.benchmark} -> {p.run_dir}")
+                print(f"== {table.key} run {i}/{len(ready)}: {p.row.preset} on {p.benchmark} -> {p.run_dir}"
+                      + (f" (heads of {p.heads_from.name})" if p.heads_from is not None else ""))
+                if p.heads_from is not None and p.heads_from in failed:
+                    failed[p.run_dir] = f"its heads' run {p.heads_from.name} failed"
+                    continue
                 try:  # each row's run plan, from its config resolved once (adjcap.reproduce.plan_table)
-                    run.execute(run.plan_run(p.cfg, p.resolved, p.run_dir))
+                    run.execute(run.plan_run(p.cfg, p.resolved, p.run_dir),
+                                heads_dir=RunDir(p.heads_from).heads_dir if p.heads_from is not None else None)
                 except KeyboardInterrupt:
                     raise
                 except Exception as e:  # noqa: BLE001 - one failing row is reported in its cell, the others run
@@ -98,13 +114,17 @@ def main(table_key: str, benchmark: str | None = None, sets: list[str] | tuple[s
     results = [_measure(p, failed) for p in plans]
     bench = benchmark or table.benchmark
     out_table = build_table(table, results, benchmark)
+    seeds_tab = reproduced_seeds_table(results)
+    extra = [t for t in (seeds_tab,) if t is not None]
     root = Path(runs_dir) if runs_dir else Path(runs[0].cfg.paths.runs_dir if runs else "runs")
     out_dir = root / "reproduce"
     stem = f"{table.key}-{bench}"
     paths = {
-        "markdown": atomic_write_text(out_dir / f"{stem}.md", out_table.to_markdown()),
-        "latex": atomic_write_text(out_dir / f"{stem}.tex", out_table.to_latex()),
-        "html": atomic_write_text(out_dir / f"{stem}.html", table_page(out_table, f"adjcap reproduce {table.key}")),
+        "markdown": atomic_write_text(out_dir / f"{stem}.md",
+                                      "\n".join(t.to_markdown() for t in [out_table, *extra])),
+        "latex": atomic_write_text(out_dir / f"{stem}.tex", "\n".join(t.to_latex() for t in [out_table, *extra])),
+        "html": atomic_write_text(out_dir / f"{stem}.html",
+                                  table_page(out_table, f"adjcap reproduce {table.key}", extra=extra)),
     }
     work = stage_work(plans)
     paired = paired_intervals(table, results)
@@ -112,14 +132,16 @@ def main(table_key: str, benchmark: str | None = None, sets: list[str] | tuple[s
         "table": table.key, "benchmark": bench, "seconds": time.time() - t0,
         "rows": [{"label": r.row.label, "preset": r.row.preset, "protocol": r.protocol, "picker": r.picker,
                   "status": r.status, "run_dir": r.run_dir,
-                  "measured": {c.header: v for c, v in zip(table.columns, out_table.rows[i][3::3])}}
+                  "measured": {c.header: v for c, v in zip(table.columns, out_table.rows[i][3::3])},
+                  **({"seeds": {k: v for k, v in r.extra["seeds"].items()}} if r.extra.get("seeds") else {})}
                  for i, r in enumerate(results)],
         "stage_work": work,
         "paired_differences": paired,
         "runs": len(runs),
     }
     paths["json"] = atomic_write_json(out_dir / f"{stem}.json", doc)
-    print(out_table.to_markdown())
+    for t in [out_table, *extra]:
+        print(t.to_markdown())
     for d in paired:
         print(f"{d['label']}: CIDEr {d['delta']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}] (95% paired bootstrap over "
               f"{d['images']} images{', excludes zero' if d['excludes_zero'] else ''})")

@@ -17,14 +17,15 @@ from adjcap.jobs.ray_session import ray_session
 
 
 def main(cfg: Config, run_dir: str | Path | None = None, resume: bool = True, evaluate_after: bool = True,
-         log: Sequence[str] = (), summary: bool = True) -> RunDir:
+         log: Sequence[str] = (), summary: bool = True, heads_dir: str | Path | None = None) -> RunDir:
     """``cfg`` as the user gave it (placeholders kept: it is what config.toml records). ``log``:
     experiment trackers to log the finished run to (``mlflow[=URI]``, ``wandb[=PROJECT]``). ``summary``:
     end with the list of what was written (a caller that writes more prints its own). The edge: the
-    config is resolved here, once, and the run plan built from it (:func:`plan_run`)."""
+    config is resolved here, once, and the run plan built from it (:func:`plan_run`). ``heads_dir``:
+    apply the heads another run fitted (its ``heads/``) instead of fitting (``adjcap fit --heads``)."""
     trackers = parse_log_specs(log)  # a bad --log fails before anything runs
     return execute(plan_run(cfg, cfg.resolved(), run_dir), resume=resume, evaluate_after=evaluate_after,
-                   trackers=trackers, summary=summary)
+                   trackers=trackers, summary=summary, heads_dir=heads_dir)
 
 
 def plan_run(cfg: Config, rcfg: Config, run_dir: str | Path | RunDir | None = None) -> RunPlan:
@@ -35,9 +36,9 @@ def plan_run(cfg: Config, rcfg: Config, run_dir: str | Path | RunDir | None = No
 
 
 def execute(plan: RunPlan, resume: bool = True, evaluate_after: bool = True, trackers: Sequence = (),
-            summary: bool = True) -> RunDir:
+            summary: bool = True, heads_dir: str | Path | None = None) -> RunDir:
     """Run a planned job: features -> fit and predict -> evaluate -> report, in the plan's run directory.
-    ``trackers``: :func:`adjcap.tracking.parse_log_specs`' output."""
+    ``trackers``: :func:`adjcap.tracking.parse_log_specs`' output; ``heads_dir``: as :func:`main`'s."""
     started = time.time_ns()
     run, rcfg = plan.run, plan.cfg
     scored = False
@@ -50,7 +51,7 @@ def execute(plan: RunPlan, resume: bool = True, evaluate_after: bool = True, tra
                 prov.add_cluster()
                 extract_features.main(plan, resume=resume)
                 if evaluate_after:
-                    fit.main(rcfg, run)
+                    fit.main(rcfg, run, heads_dir=heads_dir)
             if evaluate_after:
                 scored = evaluate_and_tabulate(rcfg, run, plan.records)
         if evaluate_after and scored:  # rendered from the finished results (provenance.json complete)

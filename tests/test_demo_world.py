@@ -103,7 +103,8 @@ def test_deterministic_bytes(tmp_path: Path):
     a = build_demo_world(tmp_path / "a", seed=7, **SMALL)
     b = build_demo_world(tmp_path / "b", seed=7, **SMALL)
     fa, fb = _all_files(a["root"]), _all_files(b["root"])
-    assert fa.keys() == fb.keys() and len(fa) == 6 + 4 + 3 + 1 + 1  # 6 test + 4 val images, 3 caption files, manifest, lexicon
+    # 6 test + 4 val images, 3 caption files, manifest, lexicon, the second corpus
+    assert fa.keys() == fb.keys() and len(fa) == 6 + 4 + 3 + 1 + 1 + 1
     assert fa == fb
     c = build_demo_world(tmp_path / "c", seed=8, **SMALL)
     assert c["test"].read_bytes() != a["test"].read_bytes()

@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 from adjcap.config import list_presets, load_config
 from adjcap.index import benchmark_corpus
 from adjcap.report.reproduced import RowResult, build_table
-from adjcap.reproduce import get_table, load_tables, parse_tables, plan_table
+from adjcap.reproduce import distinct_runs, get_table, load_tables, parse_tables, plan_table
+from adjcap.identity import feature_identity
 from adjcap.stage_cache import stage_identities
 from adjcap.stage_registry import names as stage_names
 from adjcap.cli import app
@@ -157,3 +158,46 @@ def test_demo_table_says_what_was_run_and_which_encoder():
     coco = build_table(t, [RowResult(r.row, "coco", r.protocol, r.picker, metrics=r.metrics, extra=r.extra)
                            for r in res], "coco")
     assert coco.title.startswith(t.title) and [row[0] for row in coco.rows] == [r.label for r in t.rows]
+
+
+def test_a_row_takes_its_heads_from_another_rows_run(tmp_path):
+    """xdomain's cross-benchmark inductive rows: COCO-val heads applied frozen to NoCaps and Flickr30k. Each
+    runs after the COCO row, in a run of its own that shares every stage with the transductive row of its
+    preset (the stage cache computes its features once), and its paper cells say "not published"."""
+    t = get_table("xdomain")
+    plans = plan_table(t, "demo", runs_dir=tmp_path)
+    by = {p.row.label: p for p in plans}
+    coco = by["COCO Karpathy test, Ours"]
+    inductive = [p for p in plans if p.row.heads_from]
+    assert {p.benchmark for p in inductive} == {"demo"} and len(inductive) == 5
+    assert {p.row.preset for p in inductive} == {"xdomain-nocaps", "xdomain-flickr30k"}
+    for p in inductive:
+        assert p.heads_from == coco.run_dir and p.cfg.rerank.protocol == "inductive"
+        twin = by[p.row.label.replace(" (COCO-val heads, inductive)", "")]
+        assert twin.cfg.rerank.protocol == "transductive" and twin.run_dir != p.run_dir
+        assert feature_identity(p.cfg) == feature_identity(twin.cfg)  # every stage the same: computed once
+    order = [p.run_dir for p in distinct_runs(plans)]
+    assert order.index(coco.run_dir) < min(order.index(p.run_dir) for p in inductive)
+    assert len({p.run_dir for p in inductive}) == 2  # NoCaps' four domain rows are one run
+    # the paper publishes no cross-benchmark inductive number: said in the cell, on the paper's benchmark
+    res = [RowResult(r, r.benchmark or t.benchmark, "inductive", "ensemble",
+                     metrics={"metrics": {"CIDEr": 70.0, "SPICE": 10.0}, "domains": {}}) for r in t.rows]
+    rows = build_table(t, res).rows
+    for row, r in zip(rows, t.rows):
+        assert (row[4] == "not published") == bool(r.heads_from), row
+    assert "| not published |" in build_table(t, res).to_markdown()
+    # a row naming no row, or a row that takes its own heads from another, is refused when the table loads
+    bad = """
+[tables.t]
+title = "T"
+benchmark = "coco"
+columns = [{ header = "CIDEr", measured = "metrics.CIDEr" }]
+rows = [{ label = "a", preset = "headline" }, { label = "b", preset = "headline", heads_from = "%s" },
+        { label = "c", preset = "headline", heads_from = "b" }]
+"""
+    from adjcap.config import ConfigError
+
+    with pytest.raises(ConfigError, match="'zz', which is no row"):
+        parse_tables(bad % "zz")
+    with pytest.raises(ConfigError, match="takes its own from 'a'"):
+        parse_tables(bad % "a")

@@ -8,6 +8,7 @@ English ("A red circle next to a green triangle on the grass."). A text-only tra
 
     root/images/demo-{val,test}-NNNN.png
     root/annotations/{train,val,test}_captions.json     {file name: [5 captions]}
+    root/annotations/alt_captions.txt                    a second corpus in another style, one caption a line
     root/manifest.json                                   written last; marks the world complete
 
 The scene of every image (background, objects with colour/size/position) is in the manifest, so tests
@@ -349,6 +350,49 @@ def _captions(scene: dict[str, Any], rng: random.Random, n: int = 5) -> list[str
     return out
 
 
+# The second caption corpus (``alt_captions.txt``, the corpus registry's ``demo-alt``): the same kind of
+# scenes described in another style, as web alt-text reads (the stand-in for CC3M / LAION-COCO in
+# `adjcap reproduce corpus-swap --benchmark demo`): other templates and other words for the objects, colours
+# and places, no counts, no left/right.
+_ALT_NOUNS = {"circle": "disc", "square": "tile", "triangle": "pyramid", "star": "starburst", "ball": "sphere",
+              "box": "crate", "kite": "glider", "clock": "timepiece", "umbrella": "parasol", "car": "automobile",
+              "tree": "oak", "house": "cottage", "stop sign": "octagon placard"}
+_ALT_COLOURS = {"red": "crimson", "green": "emerald", "blue": "navy", "yellow": "golden", "orange": "amber",
+                "purple": "violet", "pink": "rose", "white": "ivory", "black": "ebony", "brown": "chestnut"}
+_ALT_PLACES = {"grass": ("meadow", "lawn outdoors"), "beach": ("seaside", "coast"), "street": ("city road", "avenue"),
+               "snow": ("winter field", "snowy slope"), "table": ("tabletop", "wooden desk"),
+               "wall": ("studio backdrop", "blank backdrop")}
+
+
+def _alt_captions(scene: dict[str, Any], rng: random.Random, n: int = 5) -> list[str]:
+    objs: list[_Obj] = scene["objects"]
+    place = rng.choice(_ALT_PLACES[scene["background"]])
+    things = [f"{_ALT_COLOURS[o.colour]} {_ALT_NOUNS[o.kind]}" for o in objs]
+    listed = _join(list(dict.fromkeys(things)))
+    cands = [
+        f"stock photo of {listed} in a {place}",
+        f"{listed} against a {place}, vector illustration",
+        f"close up of {listed} at the {place}",
+        f"cartoon {_ALT_NOUNS[objs[0].kind]} design on a {place} background",
+        f"royalty free image: {listed} and a {place}",
+        f"{_ALT_COLOURS[objs[-1].colour]} {_ALT_NOUNS[objs[-1].kind]} icon, flat style",
+    ]
+    rng.shuffle(cands)
+    return cands[:n]
+
+
+ALT_SCENES_PER_CORPUS_IMAGE = 2  # x n_corpus_images / 3: 400 scenes, 2,000 captions beside the 3,000 of the first
+
+
+def alt_corpus_lines(seed: int, n_scenes: int) -> list[str]:
+    """The demo world's second corpus: ``n_scenes`` scenes of their own random stream, 5 captions each."""
+    rng = random.Random(f"adjcap-demo:{seed}:alt-corpus")
+    out: list[str] = []
+    for _ in range(n_scenes):
+        out += _alt_captions(_sample_scene(rng), rng)
+    return out
+
+
 # --------------------------------------------------------------------------------------------
 # The world
 # --------------------------------------------------------------------------------------------
@@ -383,6 +427,7 @@ def _paths(root: Path) -> dict[str, Path]:
         "images": root / "images",
         "annotations": ann,
         "train": ann / "train_captions.json",
+        "alt": ann / "alt_captions.txt",  # the second corpus (other style); outside the manifest, like the lexicon
         "val": ann / "val_captions.json",
         "test": ann / "test_captions.json",
         "manifest": root / "manifest.json",
@@ -421,6 +466,7 @@ def build_demo_world(
     if _complete(paths, params):
         if not paths["lexicon"].is_file():
             atomic_write_json(paths["lexicon"], demo_lexicon())
+        _write_alt(paths["alt"], seed, ALT_SCENES_PER_CORPUS_IMAGE * n_corpus_images // 3)
         return paths
     atomic_write_json(paths["lexicon"], demo_lexicon())
     paths["images"].mkdir(parents=True, exist_ok=True)
@@ -447,11 +493,19 @@ def build_demo_world(
     digest = hashlib.sha256()
     for rel in sorted(files):
         digest.update(rel.encode() + b"\0" + (root / rel).read_bytes())
+    _write_alt(paths["alt"], seed, ALT_SCENES_PER_CORPUS_IMAGE * n_corpus_images // 3)
     atomic_write_json(
         paths["manifest"],
         {"params": params, "fingerprint": digest.hexdigest()[:16], "files": files, "scenes": scenes},
     )
     return paths
+
+
+def _write_alt(path: Path, seed: int, n_scenes: int) -> None:
+    """Written when absent or not what this code makes (a few ms: checked on every build)."""
+    body = ("\n".join(alt_corpus_lines(seed, n_scenes)) + "\n").encode("utf-8")
+    if not path.is_file() or path.read_bytes() != body:
+        atomic_write_bytes(path, body)
 
 
 @dataclass

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from adjcap.config import BenchmarkCfg, ConfigError, EncoderCfg, RetrievalCfg
+from adjcap.data.corpora import read_manifest
 from adjcap.data.corpus import Corpus, load_corpus
 from adjcap.io import file_content_id
 from adjcap.index.store import (
@@ -149,8 +150,12 @@ def ensure_index(retrieval: RetrievalCfg, cache_dir: str | Path, corpus: Corpus,
     still = [s for s, _, _ in todo if verify_shard(out, s) is None]
     if still:
         raise CaptionIndexError(f"{out}: shards {still[:5]} were not written by the encoder; rerun encode-corpus")
+    extra: dict[str, Any] = {"corpus_source": str(corpus.source), "corpus_format": corpus_format}
+    prepared = read_manifest(corpus.source)  # a corpus `adjcap prepare` laid out: where from, how sampled
+    if prepared is not None:
+        extra["corpus_manifest"] = prepared
     finalize_index(out, encoder_id=enc_id, corpus_fingerprint=corpus.fingerprint, num_shards=len(ranges),
-                   expected_count=len(corpus.texts), extra={"corpus_source": str(corpus.source), "corpus_format": corpus_format})
+                   expected_count=len(corpus.texts), extra=extra)
     return out
 
 

@@ -5,7 +5,8 @@
   COCO id or file name) against any reference layout ``adjcap.data.benchmarks`` reads.
 * :func:`evaluate_run` - every ``predictions/<protocol>/<picker>.json`` of a run directory ->
   ``metrics/<protocol>.json`` (COCO metrics, NoCaps domains, CHAIR proxy, CLIPScore from the
-  feature table, rank statistics).
+  feature table, rank statistics; with ``predictions/<protocol>/seeds/``, the seed study of
+  :mod:`adjcap.metrics.seeds` under ``seeds``).
 * :class:`Evaluator` - many prediction sets against one reference set, sharing the reference
   tokenisation and one METEOR process.
 """
@@ -33,6 +34,7 @@ from adjcap.metrics.coco import (
 )
 from adjcap.java.runtime import MetricError
 from adjcap.metrics.meteor import MeteorScorer, try_shared_meteor
+from adjcap.metrics.seeds import BASELINES, seed_study
 from adjcap.metrics.ranks import pick_disagreement, retrieval_verifier_spearman, top1_agreement
 from adjcap.metrics.spice import SpiceConfig
 from adjcap.metrics.tokenizer import ptb_tokenize
@@ -448,23 +450,34 @@ def evaluate_run(
             pickers: dict[str, Any] = {}
             per_image: dict[str, Any] = {}
             picks: dict[str, dict[str, Any]] = {}
-            for f in files:
+
+            def score_file(f: Path) -> tuple[dict[str, Any], dict[str, Any]]:
                 entries = load_predictions(f)
                 preds, rows, _ = resolve_predictions(entries, refs_obj.resolve, on_missing=on_missing, source=str(f))
                 res = ev.score(preds)
                 if chair_note:
                     res["notes"]["chair_instances"] = chair_note
-                picks[f.stem] = {i: _pick_key(e) for i, e in rows.items()}
+                keys = {i: _pick_key(e) for i, e in rows.items()}
                 if features is not None:
-                    cs = clipscore_from_features(features, picks[f.stem], w=w)
+                    cs = clipscore_from_features(features, keys, w=w)
                     res["clipscore"] = cs.to_dict()
                     if cs.source == "clipscore_cosine" and eval_cfg is not None and hasattr(eval_cfg, "clipscore"):
                         res["clipscore"]["encoder"] = f"{eval_cfg.clipscore.model} {eval_cfg.clipscore.pretrained or ''}".strip()
                     for i, v in cs.per_image.items():
                         if i in res["per_image"]:
                             res["per_image"][i]["CLIPScore"] = v
+                return res, keys
+
+            for f in files:
+                res, picks[f.stem] = score_file(f)
                 per_image[f.stem] = res.pop("per_image")
                 pickers[f.stem] = res
+            seed_scored: dict[str, dict[int, Any]] = {}
+            seed_per_image: dict[str, dict[int, Any]] = {}
+            for (picker, seed), f in run.seed_prediction_files(proto).items():  # rerank.seeds
+                res, _ = score_file(f)
+                seed_per_image.setdefault(picker, {})[seed] = res.pop("per_image")
+                seed_scored.setdefault(picker, {})[seed] = res
             stats: dict[str, Any] = {}
             if rank is not None:
                 stats["retrieval_verifier_spearman"] = rank
@@ -482,6 +495,10 @@ def evaluate_run(
                                   "note": "images whose feature row has an error: not scored, counted here"},
                 "per_image": per_image,
             }
+            if seed_scored:
+                study = seed_study(seed_scored, seed_per_image, {b: per_image[b] for b in BASELINES if b in per_image})
+                study["per_image"] = {p: {str(s): v for s, v in d.items()} for p, d in seed_per_image.items()}
+                doc["seeds"] = study
             run.write_metrics(proto, _clean_json(doc))
             written[proto] = doc
     return written

@@ -32,6 +32,7 @@ from adjcap.metrics.bootstrap import (
 )
 from adjcap.report.collect import RunData, load_run
 from adjcap.report.page import html_page
+from adjcap.report.seeds import seeds_table
 from adjcap.report.tables import Table
 from adjcap.rundir import RunDir
 
@@ -291,6 +292,8 @@ def to_text(c: Comparison) -> str:
         for row in rows:
             lines.append("  " + "  ".join(str(x).ljust(w) if k in (0, 5) else str(x).rjust(w)
                                           for k, (x, w) in enumerate(zip(row, widths))).rstrip())
+    for tab in seed_tables(c):
+        lines += ["", tab.title, tab.to_markdown().split("\n", 2)[-1].rstrip()]
     lines += ["", _caption(c)]
     if c.only_a or c.only_b:
         lines.append(f"evaluated in one run only: A {', '.join(c.only_a) or '-'}; B {', '.join(c.only_b) or '-'}")
@@ -301,10 +304,17 @@ def to_text(c: Comparison) -> str:
     return "\n".join(lines) + "\n"
 
 
+def seed_tables(c: Comparison) -> list[Table]:
+    """Each run's seed study (rerank.seeds), for the protocols that have one."""
+    return [t for run, lab in ((c.a, c.label_a), (c.b, c.label_b)) for proto in run.protocols
+            if (t := seeds_table(run, lab, proto)) is not None]
+
+
 def _tables(c: Comparison) -> list[Table]:
     tabs = [differences_table(c, pc) for pc in c.pickers]
     if tabs:
         tabs[-1].caption = _caption(c)
+    tabs += seed_tables(c)
     tabs.append(diff_table("config.toml: what differs", c.config_diff, c.label_a, c.label_b))
     tabs.append(diff_table("provenance.json: what differs (times and steps left out)", c.provenance_diff,
                            c.label_a, c.label_b))

@@ -15,7 +15,7 @@ def html_page(title: str, body: str, script: str = "") -> str:
             + body + (f"<script>{script}</script>" if script else "") + "</body></html>")
 
 
-def table_page(table: Table, title: str, intro: str = "") -> str:
-    """A page holding one table under an ``<h1>`` title."""
+def table_page(table: Table, title: str, intro: str = "", extra: list[Table] | tuple[Table, ...] = ()) -> str:
+    """A page holding one table (and the ``extra`` tables after it) under an ``<h1>`` title."""
     return html_page(title, f"<h1>{html.escape(title)}</h1>" + (f"<p>{html.escape(intro)}</p>" if intro else "")
-                     + table.to_html())
+                     + table.to_html() + "".join(t.to_html() for t in extra))

@@ -24,6 +24,7 @@ from adjcap.report.page import table_page
 from adjcap import provenance
 from adjcap.report.gallery import GALLERY_CSS, GALLERY_JS, gallery_html, gallery_items, write_paged_gallery
 from adjcap.report.plots import cider_by_configuration, hallucination_per_class
+from adjcap.report.seeds import seeds_table
 from adjcap.report.published import PAPER_COLUMNS, PAPER_HEADERS, comparison_table, context_table
 from adjcap.report.tables import Table, bold_best
 from adjcap.rundir import RunDir
@@ -421,6 +422,8 @@ def write_report(
             body.append(f"<p>{html.escape(run.captioner)}</p>")
         ivs = run_intervals(run)
         add(metrics_table(run, lab, ivs), f"{lab}-metrics")
+        for proto in run.protocols:  # rerank.seeds: the seed study beside the main table
+            add(seeds_table(run, lab, proto), f"{lab}-{proto}-seeds")
         add(peers_table(run, lab, base), "published-" + (run.benchmark or "") if len(runs) == 1
             else f"{lab}-published-{run.benchmark}")
         for proto in run.protocols:

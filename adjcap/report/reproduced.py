@@ -67,6 +67,9 @@ def measured_value(res: RowResult, col: Column) -> float | None:
     return _number(lookup(res.metrics, col.measured.format(**res.row.vars))) if res.metrics else None
 
 
+NOT_PUBLISHED = "not published"  # the paper cell of a row the paper has no number for (tables.toml: match = {})
+
+
 def _delta(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else a - b
 
@@ -74,9 +77,9 @@ def _delta(a: float | None, b: float | None) -> float | None:
 def row_label(res: RowResult, table: TableDef) -> str:
     """The row's label, with the retrieval encoder the run actually used when the row was run away
     from its paper benchmark (the demo world maps every encoder onto a tiny one)."""
-    enc = res.extra.get("encoder")
+    enc, corpus = res.extra.get("encoder"), res.extra.get("corpus")
     if enc and res.benchmark != (res.row.benchmark or table.benchmark) and enc not in res.row.label:
-        return f"{res.row.label} [run with {enc}]"
+        return f"{res.row.label} [run with {enc}" + (f", corpus {corpus}]" if corpus else "]")
     return res.row.label
 
 
@@ -109,10 +112,11 @@ def build_table(table: TableDef, results: list[RowResult], benchmark: str | None
         what = " / ".join(x for x in (res.protocol, res.picker) if x)
         cells: list[Any] = [row_label(res, table), row.preset,
                             what if res.status == "ok" else f"{what} ({res.status})".strip()]
+        unpublished = show_pub and row.match == {} and not row.published_values
         for c in table.columns:
             m = measured_value(res, c)
             p = published_value(table, row, c) if show_pub else None
-            cells += [m, p, _delta(m, p)]
+            cells += [m, NOT_PUBLISHED if unpublished else p, _delta(m, p)]
         out.rows.append(cells)
         by_label[row.label] = res
     for i, d in enumerate(table.differences):

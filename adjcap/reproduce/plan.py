@@ -1,6 +1,8 @@
 """From a table definition to the runs it needs: each row's config (preset + row overrides + the
 caller's ``--set``, on the paper's benchmark or another one, the demo world's tiny models on
-``demo``) and its run directory. Rows with the same preset, overrides and benchmark are one run."""
+``demo``) and its run directory. Rows with the same preset, overrides and benchmark are one run. A
+row with ``heads_from`` applies the heads of that row's run (its ``heads/``) instead of fitting, and
+runs after it."""
 
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ class RowPlan:
     resolved: Config | None = None  # ``cfg`` resolved, once, here (the row's own edge)
     run_dir: Path | None = None
     problem: str | None = None
+    heads_from: Path | None = None  # the run directory whose heads/ this row applies (row.heads_from's run)
 
     @property
     def protocol(self) -> str | None:
@@ -49,8 +52,8 @@ def _is_encoder(d: Any) -> bool:
 
 def to_demo(data: dict[str, Any]) -> dict[str, Any]:
     """A config dict moved onto the demo world: every open_clip encoder becomes the large or small
-    tiny CLIP (by its model name), the other models and sizes come from ``demo.toml`` (the verifier by
-    its ``verifier.family``)."""
+    tiny CLIP (by its model name), a registered corpus the demo world's stand-in for it, the other models
+    and sizes come from ``demo.toml`` (the verifier by its ``verifier.family``)."""
     m = demo_mapping()
 
     def walk(d: dict[str, Any]) -> None:
@@ -64,6 +67,9 @@ def to_demo(data: dict[str, Any]) -> dict[str, Any]:
                 walk(v)
 
     walk(data)
+    corpus = data.get("retrieval", {}).get("corpus")
+    if corpus is not None:  # another corpus: the demo world's own second one stands in
+        data["retrieval"]["corpus"] = m["corpus"].get(corpus, corpus)
     for key, value in m["set"].items():
         set_key(data, key, value)
     for key, value in m.get("verifier", {}).get(data["verifier"].get("family", "blip_itm"), {}).items():
@@ -107,14 +113,28 @@ def plan_table(table: TableDef, benchmark: str | None = None, sets: list[str] | 
             root = Path(runs_dir) if runs_dir else Path(plan.cfg.paths.runs_dir)
             plan.run_dir = root / f"{row.run_key}-{bench}{tag}"
         plans.append(plan)
+    by_label = {p.row.label: p for p in plans}
+    for plan in plans:
+        if plan.row.heads_from is None or plan.cfg is None:
+            continue
+        src = by_label[plan.row.heads_from]
+        if src.cfg is None:
+            plan.cfg, plan.resolved, plan.run_dir = None, None, None
+            plan.problem = f"its heads' row '{src.row.label}' cannot run ({src.problem})"
+        elif src.cfg.rerank.protocol == "training-free":
+            plan.cfg, plan.resolved, plan.run_dir = None, None, None
+            plan.problem = f"its heads' row '{src.row.label}' fits no heads (rerank.protocol = training-free)"
+        else:
+            plan.heads_from = src.run_dir
     return plans
 
 
 def distinct_runs(plans: list[RowPlan]) -> list[RowPlan]:
-    """The first plan of every run directory (rows reading other pickers of the same run share it)."""
+    """The first plan of every run directory (rows reading other pickers of the same run share it),
+    rows that apply another row's heads after every row that fits its own."""
     seen: set[Path] = set()
     out = []
-    for p in plans:
+    for p in sorted(plans, key=lambda p: p.heads_from is not None):  # stable: table order otherwise
         if p.cfg is not None and p.run_dir not in seen:
             seen.add(p.run_dir)
             out.append(p)

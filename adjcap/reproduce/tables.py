@@ -35,12 +35,18 @@ class Row:
     match: dict[str, Any] | None = None  # selects the published row; None: {name: label}
     published_values: dict[str, float] = field(default_factory=dict)  # column header -> value
     vars: dict[str, str] = field(default_factory=dict)
+    # the label of another row of the table whose run's heads this row applies frozen (not fitted here:
+    # e.g. COCO-val heads on NoCaps); that row runs first
+    heads_from: str | None = None
 
     @property
     def run_key(self) -> str:
-        """Rows with equal keys are one run (same preset, overrides and benchmark)."""
+        """Rows with equal keys are one run (same preset, overrides, benchmark and heads' row)."""
         slug = hashlib.sha256("\n".join(self.sets).encode()).hexdigest()[:8] if self.sets else ""
-        return f"{self.preset}-{slug}" if slug else self.preset
+        key = f"{self.preset}-{slug}" if slug else self.preset
+        if self.heads_from:
+            key += f"-heads{hashlib.sha256(self.heads_from.encode()).hexdigest()[:8]}"
+        return key
 
 
 @dataclass(frozen=True)
@@ -81,7 +87,8 @@ def _column(d: dict[str, Any], where: str) -> Column:
 
 
 def _row(d: dict[str, Any], where: str) -> Row:
-    unknown = set(d) - {"label", "preset", "set", "benchmark", "protocol", "picker", "match", "published_values", "vars"}
+    unknown = set(d) - {"label", "preset", "set", "benchmark", "protocol", "picker", "match", "published_values", "vars",
+                        "heads_from"}
     if unknown:
         raise ConfigError(f"{where}: unknown row keys {sorted(unknown)}")
     if "label" not in d or "preset" not in d:
@@ -89,7 +96,7 @@ def _row(d: dict[str, Any], where: str) -> Row:
     return Row(label=str(d["label"]), preset=str(d["preset"]), sets=tuple(d.get("set", ())),
                benchmark=d.get("benchmark"), protocol=d.get("protocol"), picker=d.get("picker"),
                match=d.get("match"), published_values=dict(d.get("published_values", {})),
-               vars={k: str(v) for k, v in d.get("vars", {}).items()})
+               vars={k: str(v) for k, v in d.get("vars", {}).items()}, heads_from=d.get("heads_from"))
 
 
 def parse_tables(text: str, source: str = "tables.toml") -> dict[str, TableDef]:
@@ -105,6 +112,17 @@ def parse_tables(text: str, source: str = "tables.toml") -> dict[str, TableDef]:
             cols = shared[cols]
         rows = tuple(_row(r, f"{where} row {i + 1}") for i, r in enumerate(t.get("rows", [])))
         labels = [r.label for r in rows]
+        by_label = {r.label: r for r in rows}
+        for r in rows:
+            if r.heads_from is None:
+                continue
+            src = by_label.get(r.heads_from)
+            if src is None:
+                raise ConfigError(f"{where}: row '{r.label}' takes its heads from '{r.heads_from}', which is no row "
+                                  "of the table; name another row's label")
+            if src.heads_from is not None:
+                raise ConfigError(f"{where}: row '{r.label}' takes its heads from '{r.heads_from}', which takes its own "
+                                  f"from '{src.heads_from}'; name the row that fits them")
         diffs = tuple(Difference(label=str(x["label"]), minuend=str(x["minuend"]), subtrahend=str(x["subtrahend"]),
                                  published_values=dict(x.get("published_values", {})))
                       for x in t.get("differences", []))
@@ -151,6 +169,7 @@ def listing(status: Callable[[TableDef], str] | None = None) -> str:
                 d = defaults.get(r.preset, "? / ?").split(" / ")
                 what = f"{r.protocol or d[0]} / {r.picker or d[1]}"
             extra = f" --set {' --set '.join(r.sets)}" if r.sets else ""
+            extra += f" with the heads of '{r.heads_from}'" if r.heads_from else ""
             state = "" if r.preset in known else "   (preset missing)"
             lines.append(f"    {r.label:52s} {r.preset}{extra} on {r.benchmark or t.benchmark} ({what}){state}")
     return "\n".join(lines)

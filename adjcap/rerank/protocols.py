@@ -14,7 +14,10 @@ into a held-out part (``rerank.holdout_fraction``) and the rest. alpha (grid 0..
 value whose z-mix alpha z(LM) + (1-alpha) z(cos) has the lowest listwise loss against the Borda
 target on the held-out part; for learned pickers the heads are fit on the rest and beta (grid 0..1,
 step 0.05) is chosen the same way from beta z(TriFuse) + (1-beta) z(MemAttend); the final heads are
-then refit on the whole fit table. Ties go to the smaller grid value. References are never read:
+then refit on the whole fit table. Ties go to the smaller grid value.
+
+With ``rerank.seeds``: the heads are fitted once per listed seed on the same fit features (the run's
+own ``seed`` reuses the heads above), with the same alpha and beta (``ProtocolResult.seed_heads``). References are never read:
 only ``image_id``, ``error``, ``candidates`` and ``verified`` columns are.
 """
 
@@ -66,6 +69,8 @@ class ProtocolResult:
     selection: dict[str, Any] = field(default_factory=dict)
     diagnostics: dict[str, dict[str, float]] = field(default_factory=dict)  # split -> name -> value
     n_fit_images: int = 0
+    # the seed study (rerank.seeds): seed -> heads fitted with that seed on the same fit features
+    seed_heads: dict[int, Heads] = field(default_factory=dict)
 
     def predictions(self, split: str | None = None) -> pa.Table:
         """The picks of ``split`` (default: the apply split) as a PREDICTION_SCHEMA table."""
@@ -98,6 +103,7 @@ class ProtocolResult:
             "losses": self.losses,
             "selection": self.selection,
             "diagnostics": self.diagnostics,
+            **({"seeds": sorted(self.seed_heads)} if self.seed_heads else {}),
         }
 
 
@@ -224,10 +230,16 @@ def run_protocol(
         assert fit_feats is not None
         used_heads = fit_heads(fit_feats, r, seed=cfg.seed, device=device)
         used_heads.meta.update(
-            {"fit_split": fit_split, "protocol": protocol, "rerank": r.model_dump(mode="json")}
+            {"fit_split": fit_split, "protocol": protocol, "rerank": r.meta()}
         )
     if used_heads is not None:
         used_heads.meta.update({"alpha": alpha, "beta": beta, "lm_feature": lm_feature})
+    seed_heads: dict[int, Heads] = {}
+    if learned and heads is None and r.seeds is not None:
+        assert fit_feats is not None and used_heads is not None
+        for s in r.seed_list(cfg.seed):  # the run's own seed is the heads above (the same fit)
+            seed_heads[s] = used_heads if s == cfg.seed else fit_heads(fit_feats, r, seed=s, device=device)
+            seed_heads[s].meta.update({"alpha": alpha, "beta": beta, "lm_feature": lm_feature})
 
     picks: dict[str, dict[str, Pick]] = {}
     failed: dict[str, list[str]] = {}
@@ -260,4 +272,5 @@ def run_protocol(
         selection=selection,
         diagnostics=diagnostics,
         n_fit_images=fit_feats.n_images if fit_feats is not None else 0,
+        seed_heads=seed_heads,
     )

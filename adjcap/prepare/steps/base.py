@@ -35,6 +35,7 @@ class Options:
     sets: list[str] = field(default_factory=list)  # config overrides for the models step
     configs: list[Any] = field(default_factory=list)  # resolved configs (`--for`): the models step fetches theirs
     targets: list[str] = field(default_factory=list)  # `--for PRESET|TABLE` (repeatable)
+    max_captions: int | None = None  # corpus steps: sample this many captions (adjcap.data.corpora.sample)
 
 
 @dataclass
