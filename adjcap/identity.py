@@ -41,6 +41,26 @@ def config_view(cfg: Config) -> dict[str, Any]:
     return flatten(data)
 
 
+# Settings added after runs existed, each at the value that computes what those runs computed: at that
+# value a setting stays out of every identity, so the runs and stage caches made before it existed keep
+# resuming; any other value enters the identity like every setting (docs/architecture.md, "Identity").
+ADDED_LATER: dict[str, Any] = {
+    "tf32": False,                      # exact fp32 matmuls
+    "retrieval.corpus": None,           # the benchmark's own corpus
+    "verifier.attention": "eager",      # transformers' own BLIP attention
+    "*.text_token_budget": 0,           # one text batch per batch size, padded to its longest
+}
+
+
+def neutral(key: str, value: Any) -> bool:
+    """``key`` is a setting of :data:`ADDED_LATER` at its old behaviour's value."""
+    for pattern, old in ADDED_LATER.items():
+        hit = key.endswith(pattern[1:]) if pattern.startswith("*") else key == pattern
+        if hit and value == old:
+            return True
+    return False
+
+
 def _covers(pattern: str, key: str) -> bool:
     return key == pattern or key.startswith(pattern + ".")
 
@@ -61,7 +81,7 @@ def config_identity(cfg: Config) -> dict[str, dict[str, Any]]:
     """stage -> {dotted key: value} of the settings it reads (not for speed), as configured."""
     out: dict[str, dict[str, Any]] = {s: {} for s in stage_registry.names()}
     for key, value in sorted(config_view(cfg).items()):
-        stage = stage_of(cfg, key)
+        stage = None if neutral(key, value) else stage_of(cfg, key)
         if stage is not None:
             out[stage][key] = value
     return out

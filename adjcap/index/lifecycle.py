@@ -77,11 +77,20 @@ def index_identity(retrieval: RetrievalCfg, cache_dir: str | Path, encoder_id: s
 
 def encoder_identity(enc: EncoderCfg) -> str:
     """A stable id of a (resolved) encoder section without loading it: name + tag, or name + the local
-    checkpoint's content id (:func:`adjcap.io.file_content_id`: content, not path)."""
+    checkpoint's content id (:func:`adjcap.io.file_content_id`: content, not path), + its precision
+    and token budget where they are not the paper's."""
     pretrained = enc.pretrained
     if pretrained and Path(pretrained).is_file():
-        return f"{enc.model}:file-{file_content_id(Path(pretrained))}"
-    return f"{enc.model}:{pretrained or 'random'}"
+        ident = f"{enc.model}:file-{file_content_id(Path(pretrained))}"
+    else:
+        ident = f"{enc.model}:{pretrained or 'random'}"
+    # what moves the vectors' bits: the precision the tower runs in and the token budget (left out at
+    # the paper's fp32 and no budget, so the indexes built before these counted keep their ids)
+    if enc.precision != "fp32":
+        ident += f":{enc.precision}"
+    if enc.text_token_budget:
+        ident += f":budget-{enc.text_token_budget}"
+    return ident
 
 
 def index_location(retrieval: RetrievalCfg, cache_dir: str | Path, encoder_id: str, corpus_fingerprint: str) -> Path:
