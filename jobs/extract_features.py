@@ -213,7 +213,7 @@ def _stream(cfg: Config, corpus, todo: list[Record], found: dict, first: int, gp
     ds = ds.map_batches(decode_batch, fn_kwargs={"board": board}, batch_size=bs, batch_format="pyarrow",
                         num_cpus=cfg.ray.decode_cpus, compute=TaskPoolStrategy(size=decode_tasks(cfg)))
     plan = check_pools(cfg, first)
-    index_ref = None
+    index_ref = nouns_ref = None
     for p in layout:
         kwargs = {"cfg": cfg, "board": board, **p.kwargs}
         if sink is not None and p.kwargs.get("last"):
@@ -227,11 +227,36 @@ def _stream(cfg: Config, corpus, todo: list[Record], found: dict, first: int, gp
                 index_ref = ray.remote(num_cpus=cfg.ray.decode_cpus, max_calls=1)(put_index).remote(
                     str(index_for(cfg, corpus)), corpus.texts)
             kwargs["given"] = {**kwargs["given"], "index": index_ref}
+        if "captioner" in stage_registry.families_of(p.kwargs.get("stages", ())) and needs_nouns(cfg):
+            # stage 3's corpus nouns, tagged once per corpus and kept with the index (adjcap.index.nouns),
+            # put once per job: the captioner actors never read the corpus (the run plan read it once)
+            if nouns_ref is None:
+                nouns_ref = ray.put(corpus_nouns(cfg, corpus))
+            kwargs["given"] = {**kwargs["given"], "nouns": nouns_ref}
         ds = ds.map_batches(
             p.actor, fn_constructor_kwargs=kwargs, batch_size=sizes[p.pool], batch_format="pyarrow",
             compute=ActorPoolStrategy(size=pool_layout.actors(cfg, p.pool)), **plan[p.pool], **p.options,
         )
     return ds
+
+
+def needs_nouns(cfg: Config) -> bool:
+    """Stage 3 counts nouns over the corpus captions (IFCap's frequency entity filter)."""
+    return cfg.captioner.family == "ifcap" and cfg.captioner.entities.mode == "frequency"
+
+
+def corpus_nouns(cfg: Config, corpus):
+    """The corpus captions' nouns from the index's directory, tagged there first when missing."""
+    from adjcap.index.lifecycle import encoder_identity, index_location
+    from adjcap.index.nouns import ensure_nouns
+
+    where = index_location(cfg.retrieval, cfg.paths.cache_dir, encoder_identity(cfg.retrieval.encoder),
+                           corpus.fingerprint)
+    try:
+        return ensure_nouns(where, corpus.texts, corpus.fingerprint, cfg.captioner.entities.tagger, say=print)
+    except (LookupError, OSError, ValueError) as e:  # the tagger's data missing: stage 3 tags per image
+        print(f"entities: the corpus nouns were not tagged ({e}); the captioner tags each image's captions")
+        return None
 
 
 def corpus_exposure(plan: RunPlan) -> dict:
