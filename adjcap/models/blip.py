@@ -56,6 +56,17 @@ def lavis_pre_caption(caption: str, max_words: int = LAVIS_MAX_WORDS) -> str:
     return caption
 
 
+def pad_token_ids(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unpadded token id lists -> (ids, attention mask) [N, longest], padded with ``pad_id`` on the right."""
+    width = max(1, max(len(s) for s in seqs))
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+        mask[i, : len(s)] = 1
+    return ids, mask
+
+
 @dataclass
 class ImageMemo:
     """Per-image state reused by every caption: ViT output and per-layer cross-attention K/V."""
@@ -180,13 +191,7 @@ class Verifier:
         return out
 
     def pad(self, seqs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        width = max(1, max(len(s) for s in seqs))
-        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for i, s in enumerate(seqs):
-            ids[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
-            mask[i, : len(s)] = 1
-        return ids, mask
+        return pad_token_ids(seqs, self.pad_id)
 
     # ---- images ------------------------------------------------------------------------------
     def preprocess(self, images: Sequence[Image.Image] | Image.Image) -> torch.Tensor:

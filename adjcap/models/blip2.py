@@ -34,7 +34,7 @@ import torch
 from PIL import Image
 
 from adjcap.config import VerifierCfg
-from adjcap.models.blip import lavis_pre_caption, quiet_progress
+from adjcap.models.blip import lavis_pre_caption, pad_token_ids, quiet_progress
 from adjcap.models.precision import dtype_name, pick_device, pick_dtype
 from adjcap.models.sources import ModelUnavailableError, hub_or_dir
 
@@ -96,13 +96,7 @@ class Blip2Verifier:
         return [list(ids) for ids in enc]
 
     def pad(self, seqs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        width = max(1, max(len(s) for s in seqs))
-        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for i, s in enumerate(seqs):
-            ids[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
-            mask[i, : len(s)] = 1
-        return ids, mask
+        return pad_token_ids(seqs, self.pad_id)
 
     # ---- images ------------------------------------------------------------------------------
     def preprocess(self, images: Sequence[Image.Image] | Image.Image) -> torch.Tensor:
