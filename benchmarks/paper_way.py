@@ -36,8 +36,9 @@ class _Images:
 
     def __init__(self, images: Sequence[Any]):
         self.images = list(images)
-        # stage 2 hands stage 4 an image encoding; the paper's way has none to hand on
-        self.image_embeds = [torch.zeros(0) for _ in self.images]
+        # stage 2 hands stage 4 an image encoding (one batched tensor, copied to the host once); the
+        # paper's way has none to hand on: an empty row per image
+        self.image_embeds = torch.zeros(len(self.images), 0)
 
     def __len__(self) -> int:
         return len(self.images)
