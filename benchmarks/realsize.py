@@ -483,7 +483,7 @@ class PoolMemory(threading.Thread):
 
 def estimated_bytes(cfg) -> int:
     """All four pools at once (the loaders build open_clip models in fp32, then cast) + Ray itself."""
-    from adjcap.models.budget import pool_budget
+    from adjcap.pools import pool_budget
 
     b = pool_budget(cfg, gpu=False)
     return sum(b[p]["bytes"] for p in ("retriever", "verifier", "captioner", "scorer")) + (3 << 30)
