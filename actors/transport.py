@@ -19,9 +19,12 @@ from adjcap import stage_registry
 from adjcap.image_state import ImageState
 
 _STR = pa.string()
+# the pixels the decode task prepared, one entry per geometry (adjcap.pixel_prep): uint8 [height, width, 3]
+PIXELS = pa.list_(pa.struct([("key", _STR), ("height", pa.int32()), ("width", pa.int32()), ("data", pa.binary())]))
 # the image's own columns, then the verifier's image encoding (not a stage output: stage 4 reuses it)
 IMAGE = pa.schema([("image_id", _STR), ("benchmark", _STR), ("split", _STR), ("domain", _STR), ("error", _STR),
-                   ("encoded", pa.binary()), ("done", pa.list_(_STR)), ("computed", pa.list_(_STR))])
+                   ("encoded", pa.binary()), ("pixels", PIXELS), ("done", pa.list_(_STR)),
+                   ("computed", pa.list_(_STR))])
 MEMO = pa.schema([("verifier_memo", pa.binary()), ("verifier_memo_shape", pa.list_(pa.int64())),
                   ("verifier_memo_dtype", _STR)])
 
@@ -73,6 +76,9 @@ def pack(states: list[ImageState], drop_image: bool = False) -> pa.Table:
         cols["domain"].append(s.domain)
         cols["error"].append(s.error)
         cols["encoded"].append(None if drop_image else s.encoded)
+        cols["pixels"].append(None if drop_image or not s.pixels else
+                              [{"key": k, "height": a.shape[0], "width": a.shape[1], "data": a.tobytes()}
+                               for k, a in s.pixels.items()])
         cols["done"].append(sorted(s.done))
         cols["computed"].append(sorted(s.computed))
         taken: dict[str, Any] = {}
@@ -113,6 +119,8 @@ def unpack(table: pa.Table) -> list[ImageState]:
         s = ImageState(get("image_id")[i], get("benchmark")[i], get("split")[i], get("domain")[i] or None,
                        get("error")[i] or None)
         s.encoded = get("encoded")[i]
+        s.pixels = {p["key"]: np.frombuffer(p["data"], np.uint8).reshape(p["height"], p["width"], 3)
+                    for p in get("pixels")[i] or ()}
         s.computed = set(get("computed")[i] or ())
         done = set(get("done")[i] or ())
         for name, own in per_stage:

@@ -31,13 +31,16 @@ BEAM = ("decoder", "beam_width", "max_len", "precision")
 class CaptionerFamily:
     """``load(cfg, device)`` the model; ``size(cfg, gpu)`` its (parameters, bytes) without loading it;
     ``run(states, model, cfg)`` stage 3's batch function; ``settings``: the captioner section's keys it
-    reads (its identity when it is the configured family; ``family`` counts unless it is ``ifcap``)."""
+    reads (its identity when it is the configured family; ``family`` counts unless it is ``ifcap``);
+    ``pixels(cfg)``: the image preprocessing its model wants, without loading it (:mod:`adjcap.pixel_prep`;
+    None: the decoded image itself; nothing: it reads no image)."""
 
     name: str
     load: Callable[["Config", str], Any]
     size: Callable[["Config", bool], tuple[int, int]]
     run: Callable[[list, Any, "Config"], Any]
     settings: tuple[str, ...]
+    pixels: Callable[["Config"], tuple[Any, ...]] = lambda cfg: (None,)
 
 
 def _bytes(p: str, gpu: bool) -> int:
@@ -59,6 +62,12 @@ def _size_ifcap(cfg: "Config", gpu: bool) -> tuple[int, int]:
     # IFCap's loader keeps fp32 at precision "auto" (adjcap.models.ifcap): counted as it loads
     lm = budget.precision_bytes(cap.precision, gpu, auto_half=False)
     return own + clip, own * lm + clip * _bytes(cap.clip.precision, gpu)
+
+
+def _pixels_ifcap(cfg: "Config") -> tuple[Any, ...]:
+    from adjcap.models.clip import pixel_prep_for
+
+    return (pixel_prep_for(cfg.captioner.clip),)
 
 
 def _run_ifcap(states, c, cfg: "Config"):
@@ -138,9 +147,10 @@ def _run_candidates(states, m: CandidatesModel, cfg: "Config"):
 
 
 FAMILIES: dict[str, CaptionerFamily] = {f.name: f for f in (
-    CaptionerFamily("ifcap", _load_ifcap, _size_ifcap, _run_ifcap, (*IFCAP_ONLY, *BEAM, "batch_size")),
+    CaptionerFamily("ifcap", _load_ifcap, _size_ifcap, _run_ifcap, (*IFCAP_ONLY, *BEAM, "batch_size"), _pixels_ifcap),
     CaptionerFamily("hf", _load_hf, _size_hf, _run_hf, ("family", "hf", *BEAM, "batch_size")),
-    CaptionerFamily("candidates", _load_candidates, _size_candidates, _run_candidates, ("family", "candidates")),
+    CaptionerFamily("candidates", _load_candidates, _size_candidates, _run_candidates, ("family", "candidates"),
+                    lambda cfg: ()),
 )}
 
 

@@ -359,6 +359,9 @@ class RayCfg(_Strict):
     decode_cpus: float = Field(0.25, gt=0.0, description="CPUs per image-decoding task")
     decode_tasks: int | None = Field(None, gt=0, description="image-decoding tasks at once, cluster-wide (each is "
                                      "a worker process holding torch); None: 2 x workers")
+    prepare_pixels: bool = Field(True, description="the decode tasks resize and crop each image for the pools' "
+                                 "models (uint8 pixels, normalised on the model's device), so the GPU actors "
+                                 "decode no JPEG and run no PIL; false: the pools decode the image's bytes")
     batch_size: int | None = Field(None, gt=0, description="images per Ray Data batch of every pool (ray.pool.<pool>."
                                    "batch_size overrides one pool's); None: 64 on a cluster with GPUs, 16 without")
     rows_per_part: int = Field(256, gt=0, description="feature rows per Parquet part file")

@@ -25,6 +25,8 @@ class ImageState:
     # the image as encoded bytes (see :func:`encode_for_transport`): what travels between pools
     encoded: bytes | None = None
     image: Any = None  # the decoded PIL.Image (RGB), cached in one process; not pickled when encoded is set
+    # the pixels the decode task prepared for the pools' models, by geometry (adjcap.pixel_prep): uint8 [H, W, 3]
+    pixels: dict[str, np.ndarray] = field(default_factory=dict)
     retrieved: list[dict] = field(default_factory=list)
     verified: list[dict] = field(default_factory=list)
     entities: list[str] = field(default_factory=list)
@@ -54,6 +56,7 @@ class ImageState:
     def drop_image(self) -> None:
         self.image = None
         self.encoded = None
+        self.pixels = {}
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled (between Ray pools) without the decoded pixels when the encoded bytes are there."""

@@ -89,11 +89,14 @@ class Loading:
 class Family:
     """A model family a pool loads. ``load(cfg, loading)`` (``cfg`` resolved) returns the model;
     ``size(cfg, gpu, holds)`` returns (parameters, bytes at run precision) of what ``load`` would
-    load in a process holding the families ``holds`` (reused models count once, where loaded)."""
+    load in a process holding the families ``holds`` (reused models count once, where loaded);
+    ``pixels(cfg)``: the image preprocessing its models want, without loading them, which the job's
+    decode tasks prepare (:mod:`adjcap.pixel_prep`; None: the decoded image itself; none: no image)."""
 
     name: str
     load: Callable[["Config", Loading], Any]
     size: Callable[["Config", bool, frozenset[str]], tuple[int, int]]
+    pixels: Callable[["Config"], tuple[Any, ...]] = lambda cfg: ()
 
 
 @dataclass(frozen=True)
@@ -187,6 +190,15 @@ def load_families(cfg: "Config", names_: Iterable[str], given: Mapping[str, Any]
     return models
 
 
+def pixel_preps(cfg: "Config", stage_names: Iterable[str]) -> tuple[tuple[Any, ...], bool]:
+    """(the distinct pixel preparations the families of ``stage_names`` want, whether every one is known):
+    the decode tasks prepare them once per image; when one is not known (a model that preprocesses
+    otherwise), the image's bytes travel too and that pool decodes them itself."""
+    wanted = [p for f in families_of(stage_names) for p in _FAMILIES[f].pixels(cfg)]
+    distinct = {p.key: p for p in wanted if p is not None}
+    return tuple(distinct.values()), all(p is not None for p in wanted)
+
+
 # --------------------------------------------------------------------------------------------
 # the families
 # --------------------------------------------------------------------------------------------
@@ -203,6 +215,12 @@ def _load_retrieval(cfg: "Config", ld: Loading):
 
     towers = ("image", "text") if "scorer" in ld.holds else ("image",)
     return load_retrieval_encoder(cfg.retrieval.encoder, cfg.device, towers=towers)
+
+
+def _pixels_retrieval(cfg: "Config") -> tuple[Any, ...]:
+    from adjcap.models.clip import pixel_prep_for
+
+    return (pixel_prep_for(cfg.retrieval.encoder),)
 
 
 def _size_retrieval(cfg: "Config", gpu: bool, holds: frozenset[str]) -> tuple[int, int]:
@@ -235,6 +253,12 @@ def _load_verifier(cfg: "Config", ld: Loading):
     from adjcap.models.roles import load_verifier
 
     return load_verifier(cfg.verifier, cfg.device)
+
+
+def _pixels_verifier(cfg: "Config") -> tuple[Any, ...]:
+    from adjcap.models.roles import verifier_pixel_prep
+
+    return (verifier_pixel_prep(cfg.verifier),) if cfg.verifier.enabled else ()
 
 
 def _size_verifier(cfg: "Config", gpu: bool, holds: frozenset[str]) -> tuple[int, int]:
@@ -283,6 +307,15 @@ def _load_scorer(cfg: "Config", ld: Loading):
         loaded["verifier"] = ld.given["verifier"]
     return load_scorer(cfg.retrieval.encoder, cfg.scorer_encoder(), cfg.eval.clipscore, cfg.verifier, cfg.device,
                        loaded=loaded)
+
+
+def _pixels_scorer(cfg: "Config") -> tuple[Any, ...]:
+    """Every image tower stage 4 may run: the output and CLIPScore encoders (when an image lost its
+    stage-1 embedding) and the verifier (when it lost its stage-2 encoding)."""
+    from adjcap.models.clip import pixel_prep_for
+
+    encs = (pixel_prep_for(cfg.scorer_encoder()), pixel_prep_for(cfg.eval.clipscore))
+    return encs + _pixels_verifier(cfg)  # the lavis backend's: None (its pools decode the bytes)
 
 
 def _size_scorer(cfg: "Config", gpu: bool, holds: frozenset[str]) -> tuple[int, int]:
@@ -377,11 +410,11 @@ def _verifier_unread(cfg: "Config") -> tuple[str, ...]:
             "clip": ()}[cfg.verifier.family]
 
 register(
-    Family("retrieval", _load_retrieval, _size_retrieval),
+    Family("retrieval", _load_retrieval, _size_retrieval, _pixels_retrieval),
     Family("index", _load_index, _nothing),
-    Family("verifier", _load_verifier, _size_verifier),
-    Family("captioner", _load_captioner, _size_captioner),
-    Family("scorer", _load_scorer, _size_scorer),
+    Family("verifier", _load_verifier, _size_verifier, _pixels_verifier),
+    Family("captioner", _load_captioner, _size_captioner, lambda cfg: captioners.family(cfg.captioner.family).pixels(cfg)),
+    Family("scorer", _load_scorer, _size_scorer, _pixels_scorer),
     Stage(
         "retrieve", "retriever", ("retrieval", "index"),
         Reads(("benchmark", "benchmarks.{benchmark}.images", "benchmarks.{benchmark}.format",

@@ -30,6 +30,7 @@ from adjcap import entities as ent
 from adjcap import gpu_errors, numerics
 from adjcap.config import CaptionerCfg
 from adjcap.image_state import ImageState
+from adjcap.models.pixels import Pixels, stacked
 
 # --------------------------------------------------------------------------------------------
 # error isolation
@@ -101,7 +102,18 @@ def _free_gpu_cache() -> None:
         torch.cuda.empty_cache()
 
 
-def _images(states: Sequence[ImageState]) -> list:
+def _images(states: Sequence[ImageState], model) -> list | Pixels:
+    """What ``model.encode_images`` takes for these images: the pixels the decode tasks prepared for its
+    geometry (:mod:`adjcap.pixel_prep`; normalised on its device), else the decoded images."""
+    prep = getattr(model, "pixel_prep", None)
+    if prep is not None and states and all(prep.key in s.pixels for s in states):
+        return Pixels(stacked([s.pixels[prep.key] for s in states]), prep.key)
+    missing = [s.image_id for s in states if s.image is None and s.encoded is None]
+    if missing:
+        have = sorted({k for s in states for k in s.pixels})
+        raise ValueError(f"{getattr(model, 'model_id', type(model).__name__)} needs pixels "
+                         f"'{prep.key if prep else 'the decoded image'}', the decode tasks prepared {have} "
+                         f"and no image bytes ({missing[0]}): set ray.prepare_pixels=false")
     return [s.pil() for s in states]
 
 
@@ -115,7 +127,7 @@ def retrieve(states: list[ImageState], encoder, index, corpus_texts: Sequence[st
 
     def run(batch: list[ImageState]) -> None:
         with torch.inference_mode():
-            emb = encoder.encode_images(_images(batch), normalize=True)
+            emb = encoder.encode_images(_images(batch, encoder), normalize=True)
         scores, ids = index.search(emb, top_l)
         scores = _np(scores)
         ids = _np(ids)
@@ -150,7 +162,7 @@ def verify(states: list[ImageState], verifier, keep: int) -> list[ImageState]:
                 ]
             return
         with torch.inference_mode():
-            memo = verifier.encode_images(_images(batch))
+            memo = verifier.encode_images(_images(batch, verifier))
             probs = verifier.score(memo, [[r["text"] for r in s.retrieved] for s in batch])
             # only the vision-encoder output travels to stage 4; cross-attention K/V are recomputed
             # there from it (cheap), which keeps the per-image state small between Ray pools. One copy
@@ -203,7 +215,7 @@ def caption(
 
     def run(batch: list[ImageState]) -> None:
         with torch.inference_mode():
-            img = clip.encode_images(_images(batch), normalize=True)
+            img = clip.encode_images(_images(batch, clip), normalize=True)
             k = ccfg.fusion_captions
             fusion_texts = [[c["text"] for c in s.verified[:k]] for s in batch]
             if any(len(t) == 0 for t in fusion_texts):
@@ -278,7 +290,7 @@ def caption_hf(states: list[ImageState], captioner, ccfg: CaptionerCfg) -> list[
     def run(batch: list[ImageState]) -> None:
         for start in range(0, len(batch), ccfg.batch_size):
             part = batch[start : start + ccfg.batch_size]
-            beams = captioner.beams(_images(part), beam_width=ccfg.beam_width, max_len=ccfg.max_len,
+            beams = captioner.beams(_images(part, captioner), beam_width=ccfg.beam_width, max_len=ccfg.max_len,
                                     prompt=ccfg.hf.prompt, decoder=ccfg.decoder)
             for s, beam in zip(part, beams):
                 s.entities, s.prompt, s.candidates = [], ccfg.hf.prompt, _candidate_rows(beam)
@@ -350,12 +362,12 @@ def score(states: list[ImageState], encoder, verifier, clipscore_encoder=None, *
         if reuse:
             missing = [s for s in batch if s.retrieval_embedding is None]
             if missing:
-                emb = _np(enc.encode_images(_images(missing), normalize=True)).astype(np.float32)
+                emb = _np(enc.encode_images(_images(missing, enc), normalize=True)).astype(np.float32)
                 for s, e in zip(missing, emb):
                     s.retrieval_embedding = e
             img = [s.retrieval_embedding for s in batch]
         else:
-            img = list(_np(enc.encode_images(_images(batch), normalize=True)).astype(np.float32))
+            img = list(_np(enc.encode_images(_images(batch, enc), normalize=True)).astype(np.float32))
         out, start = [], 0
         for s, e in zip(batch, img):
             n = len(s.candidates)
@@ -402,7 +414,7 @@ def score_verifier(states: list[ImageState], verifier) -> list[ImageState]:
 def _memo_for(verifier, batch: list[ImageState]):
     if all(s.verifier_memo is not None for s in batch):
         return verifier.memo_from_image_embeds(torch.stack([s.verifier_memo for s in batch]))
-    return verifier.encode_images(_images(batch))
+    return verifier.encode_images(_images(batch, verifier))
 
 
 def _np(x) -> np.ndarray:

@@ -210,8 +210,10 @@ def _stream(cfg: Config, corpus, todo: list[Record], found: dict, first: int, gp
     ds = ray.data.from_arrow([table.slice(i, rows) for i in range(0, n, rows)])
     # bounded: unbounded, Ray Data starts one decode process per free decode_cpus of the cluster (23 on
     # two 8-CPU nodes, ~0.8 GiB each), far more than the pools can take images from
-    ds = ds.map_batches(decode_batch, fn_kwargs={"board": board}, batch_size=bs, batch_format="pyarrow",
-                        num_cpus=cfg.ray.decode_cpus, compute=TaskPoolStrategy(size=decode_tasks(cfg)))
+    preps, keep_bytes = decode_pixels(cfg, layout)
+    ds = ds.map_batches(decode_batch, fn_kwargs={"board": board, "preps": preps, "keep_bytes": keep_bytes},
+                        batch_size=bs, batch_format="pyarrow", num_cpus=cfg.ray.decode_cpus,
+                        compute=TaskPoolStrategy(size=decode_tasks(cfg)))
     plan = check_pools(cfg, first)
     index_ref = nouns_ref = None
     for p in layout:
@@ -238,6 +240,19 @@ def _stream(cfg: Config, corpus, todo: list[Record], found: dict, first: int, gp
             compute=ActorPoolStrategy(size=pool_layout.actors(cfg, p.pool)), **plan[p.pool], **p.options,
         )
     return ds
+
+
+def decode_pixels(cfg: Config, layout: Sequence[PoolRun]) -> tuple[tuple, bool]:
+    """(the pixel geometries the decode tasks prepare for the pools' models, whether the image's bytes
+    travel too): bytes only where some pool's model preprocesses otherwise (a transformers captioner's
+    own processor, the ``lavis`` backend's environment) or ``ray.prepare_pixels`` is off
+    (docs/architecture.md, "Pixels prepared once")."""
+    if not cfg.ray.prepare_pixels:
+        return (), True
+    names = stage_registry.names()  # (a LAVIS pool runs stage 2, or stage 4's verifier half, by its meters)
+    stages = [s for p in layout for s in p.kwargs.get("stages", p.meters) if s in names]
+    preps, known = stage_registry.pixel_preps(cfg, stages)
+    return preps, not known
 
 
 def needs_nouns(cfg: Config) -> bool:

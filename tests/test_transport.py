@@ -38,26 +38,34 @@ def world(demo_cfg):
     return cfg, load_models(cfg), read_records(cfg)["test"][:6]
 
 
-def test_features_through_the_transport_equal_features_from_decoded_pixels(world):
+@pytest.fixture(scope="module")
+def reference(world):
+    """The features of the world's images as before: every stage sees the pixels decoded from the file."""
     cfg, m, recs = world
-    # as before: every stage sees the pixels decoded straight from the file
     old = [image_state.ImageState(r.image_id, cfg.benchmark, r.split, image=decode_image(r.image_path).image) for r in recs]
     c = m.captioner
     stages.retrieve(old, m.retrieval, m.index, m.index.texts, cfg.retrieval.top_l)
     stages.verify(old, m.verifier, cfg.verifier.keep)
     stages.caption(old, c.captioner, c.clip, cfg.captioner, c.vocabulary)
     stages.score(old, m.retrieval, m.verifier)
-    # now: decoded once, then carried as bytes in the declared columns between every stage, as between Ray pools
-    new = [image_state.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path) for r in recs]
+    assert all(s.ok for s in old)
+    return _stored(old)
+
+
+def _stored(states):  # the declared columns are the feature table's types (float32 scores): equal as stored
+    return rows_to_table([s.to_row() for s in states]).to_pylist()
+
+
+def _through_every_pool(states, m, cfg):
+    """The four stages, the states packed and unpacked (as across processes) before each."""
+    c = m.captioner
 
     def hop(states):
         batch = pack(states)
         assert isinstance(batch, pa.Table) and batch.schema == transport.schema()
-        out = unpack(pa.ipc.open_stream(_ipc(batch)).read_all())  # as it crosses processes
-        assert all(s.image is None and s.encoded for s in out)  # pixels never travel
-        return out
+        return unpack(pa.ipc.open_stream(_ipc(batch)).read_all())
 
-    new = hop(new)
+    new = hop(states)
     stages.retrieve(new, m.retrieval, m.index, m.index.texts, cfg.retrieval.top_l)
     new = hop(new)
     stages.verify(new, m.verifier, cfg.verifier.keep)
@@ -66,13 +74,66 @@ def test_features_through_the_transport_equal_features_from_decoded_pixels(world
     new = hop(new)
     assert all(s.verifier_memo is not None and s.retrieval_embedding is not None for s in new)
     stages.score(new, m.retrieval, m.verifier)
-    assert all(s.ok for s in old) and all(s.ok for s in new)
-    # the declared columns are the feature table's types (float32 scores): equal as stored
-    stored = lambda states: rows_to_table([s.to_row() for s in states]).to_pylist()  # noqa: E731
-    for a, b in zip(stored(old), stored(new)):
+    return new
+
+
+def test_features_through_the_transport_equal_features_from_decoded_pixels(world, reference):
+    cfg, m, recs = world
+    # decoded once, then carried as bytes in the declared columns between every stage, as between Ray pools
+    new = [image_state.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path) for r in recs]
+    new = unpack(pack(new))
+    assert all(s.image is None and s.encoded and not s.pixels for s in new)  # decoded pixels never travel
+    new = _through_every_pool(new, m, cfg)
+    assert all(s.ok for s in new)
+    for a, b in zip(reference, _stored(new)):
         assert _same(a, b), a["image_id"]
     final = unpack(pack(new, drop_image=True))
-    assert all(s.encoded is None and s.image is None and s.verifier_memo is None for s in final)
+    assert all(s.encoded is None and s.image is None and s.verifier_memo is None and not s.pixels for s in final)
+
+
+def test_pixels_prepared_by_the_decode_task_give_the_same_features_without_the_bytes(world, reference):
+    """The job's decode tasks resize and crop for every model of the pools (known before any loads);
+    the pools normalise them on their device, decode no image, and every feature is the same."""
+    from adjcap.actors.decode import decode_batch
+    from adjcap.jobs.extract_features import decode_pixels, pools
+    from adjcap.models.clip import pixel_prep_for
+    from adjcap.models.roles import verifier_pixel_prep
+
+    cfg, m, recs = world
+    preps, keep_bytes = decode_pixels(cfg, pools(cfg))
+    assert preps and not keep_bytes
+    # what the plan knows without loading is what each loaded model has (geometry and normalisation)
+    assert pixel_prep_for(cfg.retrieval.encoder) == m.retrieval.pixel_prep
+    assert pixel_prep_for(cfg.captioner.clip) == m.captioner.clip.pixel_prep
+    assert verifier_pixel_prep(cfg.verifier) == m.verifier.pixel_prep
+    assert {p.key for p in preps} == {m.retrieval.pixel_prep.key, m.verifier.pixel_prep.key,
+                                      m.captioner.clip.pixel_prep.key}
+    records = transport.records({"image_id": [r.image_id for r in recs], "benchmark": [cfg.benchmark] * len(recs),
+                                 "split": [r.split for r in recs], "domain": [r.domain for r in recs],
+                                 "error": [None] * len(recs), "image_path": [r.image_path for r in recs]})
+    states = unpack(decode_batch(records, None, preps, keep_bytes))
+    assert all(s.encoded is None and s.image is None and set(s.pixels) == {p.key for p in preps} for s in states)
+    new = _through_every_pool(states, m, cfg)
+    assert all(s.ok for s in new), [s.error for s in new]
+    for a, b in zip(reference, _stored(new)):
+        assert _same(a, b), a["image_id"]
+    # a model whose geometry was not prepared, with no bytes to decode: the image fails in one line
+    lost = unpack(decode_batch(records.slice(0, 1), None, (), keep_bytes=False))
+    stages.retrieve(lost, m.retrieval, m.index, m.index.texts, cfg.retrieval.top_l)
+    assert "ray.prepare_pixels=false" in lost[0].error.splitlines()[0]
+
+
+def test_the_bytes_travel_where_a_pool_preprocesses_otherwise(world):
+    from adjcap.jobs.extract_features import decode_pixels, pools
+
+    cfg = world[0]
+    for change in ({"captioner": cfg.captioner.model_copy(update={"family": "hf"})},
+                   {"verifier": cfg.verifier.model_copy(update={"backend": "lavis"})}):
+        c = cfg.model_copy(update=change)
+        preps, known = registry.pixel_preps(c, registry.names())
+        assert preps and not known, change  # the others' pixels, and the bytes for this one
+    assert decode_pixels(cfg.model_copy(update={"ray": cfg.ray.model_copy(update={"prepare_pixels": False})}),
+                         pools(cfg)) == ((), True)
 
 
 def _ipc(table):

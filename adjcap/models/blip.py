@@ -36,8 +36,10 @@ import torch
 from PIL import Image
 
 from adjcap.config import VerifierCfg
+from adjcap.models.pixels import Pixels
 from adjcap.models.precision import dtype_name, pick_device, pick_dtype
 from adjcap.models.sources import ModelUnavailableError, hf_offline, hub_or_dir
+from adjcap.pixel_prep import PixelPrep
 
 DEFAULT_VERIFIER = "Salesforce/blip-itm-large-coco"
 FLICKR_VERIFIER = "Salesforce/blip-itm-large-flickr"
@@ -194,6 +196,11 @@ class Verifier:
         return pad_token_ids(seqs, self.pad_id)
 
     # ---- images ------------------------------------------------------------------------------
+    @property
+    def pixel_prep(self) -> PixelPrep | None:
+        """The image transform split in its CPU and device halves (None: a processor it cannot split)."""
+        return getattr(self.image_processor, "pixel_prep", None)
+
     def preprocess(self, images: Sequence[Image.Image] | Image.Image) -> torch.Tensor:
         """PIL images -> pixel_values float32 [B, 3, S, S] (the checkpoint's image processor)."""
         if isinstance(images, Image.Image):
@@ -205,6 +212,8 @@ class Verifier:
     def encode_images(self, images: Sequence[Image.Image] | torch.Tensor) -> ImageMemo:
         """Run the vision encoder once per image and precompute every text layer's cross-attention
         keys/values of the image tokens."""
+        if isinstance(images, Pixels):  # prepared by the decode tasks: normalised here, on the device
+            images = images.input_for(self.pixel_prep, self.device, self.model_id)
         pixels = images if isinstance(images, torch.Tensor) else None
         items = None if pixels is not None else list(images)
         n = int(pixels.shape[0]) if pixels is not None else len(items)
@@ -385,9 +394,9 @@ def load_verifier(
 ) -> Verifier:
     """Load a BLIP ITM verifier from a Hugging Face id, a local save_pretrained directory or a LAVIS
     ``.pth`` checkpoint (converted at load time; ``tokenizer`` is its BERT tokenizer)."""
-    from transformers import AutoTokenizer, BlipForImageTextRetrieval, BlipImageProcessor
+    from transformers import AutoTokenizer, BlipForImageTextRetrieval
 
-    from adjcap.models.blip_lavis import LavisEvalTransform, load_lavis_checkpoint
+    from adjcap.models.blip_lavis import load_lavis_checkpoint
 
     dev = pick_device(device)
     dtype = pick_dtype(precision, dev)
@@ -403,9 +412,7 @@ def load_verifier(
                 src.source, dtype=dtype, cache_dir=cache_dir, local_files_only=src.local_only
             )
         tok = AutoTokenizer.from_pretrained(src.source, cache_dir=cache_dir, local_files_only=src.local_only)
-        # LAVIS's eval transform (PIL bicubic squash, /255, normalise) with this processor's size/mean/std
-        image_processor = LavisEvalTransform.like(
-            BlipImageProcessor.from_pretrained(src.source, cache_dir=cache_dir, local_files_only=src.local_only))
+        image_processor = eval_transform(src, cache_dir)
     except OSError as e:
         if src.is_dir:
             raise FileNotFoundError(f"{src.source}: incomplete verifier directory ({e})") from e
@@ -415,6 +422,30 @@ def load_verifier(
         ) from e
     return _verifier(net, tok, image_processor, src.model_id, dev, dtype, max_text_tokens, first_token,
                      caption_preprocess, image_batch_size, pair_batch_size, text_token_budget, attention)
+
+
+def eval_transform(src, cache_dir: str | None = None):
+    """LAVIS's eval transform (PIL bicubic squash, /255, normalise) with the size, mean and std of the
+    ``preprocessor_config.json`` of ``src`` (:func:`adjcap.models.sources.hub_or_dir`): BLIP's and BLIP-2's."""
+    from transformers import BlipImageProcessor
+
+    from adjcap.models.blip_lavis import LavisEvalTransform
+
+    return LavisEvalTransform.like(
+        BlipImageProcessor.from_pretrained(src.source, cache_dir=cache_dir, local_files_only=src.local_only))
+
+
+def pixel_prep_for(model: str | os.PathLike, what: str = "BLIP ITM verifier", cache_dir: str | None = None):
+    """The :attr:`Verifier.pixel_prep` a BLIP or BLIP-2 verifier from ``model`` has, read from its
+    preprocessor config without loading weights (None: a LAVIS ``.pth`` checkpoint, or not known here:
+    the job then hands the pools the image's bytes)."""
+    if str(model).endswith(".pth"):
+        return None
+    try:
+        src = hub_or_dir(model, what=what, config_key="verifier.model", cache_dir=cache_dir)
+        return eval_transform(src, cache_dir).pixel_prep
+    except Exception:  # noqa: BLE001 - unknown before loading: the pools decode themselves
+        return None
 
 
 def _verifier(net, tok, image_processor, model_id, dev, dtype, max_text_tokens, first_token, caption_preprocess,

@@ -34,9 +34,11 @@ import torch
 from PIL import Image
 
 from adjcap.config import VerifierCfg
-from adjcap.models.blip import lavis_pre_caption, pad_token_ids, quiet_progress
+from adjcap.models.blip import eval_transform, lavis_pre_caption, pad_token_ids, quiet_progress
+from adjcap.models.pixels import Pixels
 from adjcap.models.precision import dtype_name, pick_device, pick_dtype
 from adjcap.models.sources import ModelUnavailableError, hub_or_dir
+from adjcap.pixel_prep import PixelPrep
 
 BLIP2_VERIFIER = "Salesforce/blip2-itm-vit-g"
 
@@ -99,6 +101,11 @@ class Blip2Verifier:
         return pad_token_ids(seqs, self.pad_id)
 
     # ---- images ------------------------------------------------------------------------------
+    @property
+    def pixel_prep(self) -> PixelPrep | None:
+        """The image transform split in its CPU and device halves (None: a processor it cannot split)."""
+        return getattr(self.image_processor, "pixel_prep", None)
+
     def preprocess(self, images: Sequence[Image.Image] | Image.Image) -> torch.Tensor:
         if isinstance(images, Image.Image):
             images = [images]
@@ -107,6 +114,8 @@ class Blip2Verifier:
     @torch.inference_mode()
     def encode_images(self, images: Sequence[Image.Image] | torch.Tensor) -> Blip2Memo:
         """The vision encoder's last hidden state per image (PIL images or preprocessed pixels)."""
+        if isinstance(images, Pixels):  # prepared by the decode tasks: normalised here, on the device
+            images = images.input_for(self.pixel_prep, self.device, self.model_id)
         pixels = images if isinstance(images, torch.Tensor) else None
         items = None if pixels is not None else list(images)
         n = int(pixels.shape[0]) if pixels is not None else len(items)
@@ -194,9 +203,7 @@ def load_blip2_verifier(model: str | os.PathLike = BLIP2_VERIFIER, *, device: st
                         cache_dir: str | None = None) -> Blip2Verifier:
     """Load a BLIP-2 ITM verifier from a Hugging Face id or a local save_pretrained directory. The
     Q-Former and query tokens stay in fp32 at any precision (the model class keeps them so)."""
-    from transformers import AutoTokenizer, Blip2ForImageTextRetrieval, BlipImageProcessor
-
-    from adjcap.models.blip_lavis import LavisEvalTransform
+    from transformers import AutoTokenizer, Blip2ForImageTextRetrieval
 
     dev = pick_device(device)
     dtype = pick_dtype(precision, dev)
@@ -206,8 +213,7 @@ def load_blip2_verifier(model: str | os.PathLike = BLIP2_VERIFIER, *, device: st
             net = Blip2ForImageTextRetrieval.from_pretrained(src.source, dtype=dtype, cache_dir=cache_dir,
                                                              local_files_only=src.local_only)
         tok = AutoTokenizer.from_pretrained(src.source, cache_dir=cache_dir, local_files_only=src.local_only)
-        image_processor = LavisEvalTransform.like(
-            BlipImageProcessor.from_pretrained(src.source, cache_dir=cache_dir, local_files_only=src.local_only))
+        image_processor = eval_transform(src, cache_dir)
     except OSError as e:
         if src.is_dir:
             raise FileNotFoundError(f"{src.source}: incomplete BLIP-2 verifier directory ({e})") from e

@@ -39,6 +39,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from adjcap.pixel_prep import PixelPrep
+
 # Training state of a LAVIS/BLIP *retrieval* checkpoint that ITM never reads: the momentum encoders and
 # projections, the contrastive queues, the queue pointer (LAVIS names it queue_ptr, BLIP ptr_queue) and
 # the contrastive temperature.
@@ -302,6 +304,9 @@ class LavisEvalTransform:
         self.mean = torch.tensor(mean, dtype=torch.float32).view(3, 1, 1)
         self.std = torch.tensor(std, dtype=torch.float32).view(3, 1, 1)
         self.resample = int(resample)
+        # the same transform split in its CPU and device halves (:mod:`adjcap.pixel_prep`)
+        self.pixel_prep = PixelPrep(self.image_size, self.image_size, "squash", self.resample,
+                                    mean=tuple(float(v) for v in mean), std=tuple(float(v) for v in std))
 
     @classmethod
     def like(cls, processor: Any) -> LavisEvalTransform:

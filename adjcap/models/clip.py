@@ -34,8 +34,13 @@ from open_clip.transformer import text_global_pool
 from PIL import Image
 
 from adjcap.config import EncoderCfg
+from adjcap.models.pixels import Pixels
+from adjcap.pixel_prep import PixelPrep
 from adjcap.models.precision import dtype_name, pick_device, pick_dtype
-from adjcap.models.sources import PREPROCESS_KEYS, ModelUnavailableError, clip_source, tag_unavailable
+from adjcap.models.sources import (PREPROCESS_KEYS, ModelUnavailableError, clip_source, tag_preprocess,
+                                   tag_unavailable)
+
+log = logging.getLogger(__name__)
 
 TRIM_POOLS = ("argmax", "eos", "first")
 
@@ -210,6 +215,11 @@ class DualEncoder:
             )
 
     # ---- images ----------------------------------------------------------------------------
+    @property
+    def pixel_prep(self) -> PixelPrep | None:
+        """This model's transform split in its CPU and device halves (:mod:`adjcap.pixel_prep`)."""
+        return PixelPrep.from_open_clip(self.preprocess_cfg)
+
     def preprocess(self, images: Sequence[Image.Image] | Image.Image) -> torch.Tensor:
         """PIL images -> float32 CPU tensor [B, 3, H, W] with this model's resize/crop/normalisation."""
         if isinstance(images, Image.Image):
@@ -221,10 +231,13 @@ class DualEncoder:
 
     @torch.inference_mode()
     def encode_images(
-        self, images: Sequence[Image.Image] | torch.Tensor, normalize: bool = True
+        self, images: Sequence[Image.Image] | torch.Tensor | Pixels, normalize: bool = True
     ) -> torch.Tensor:
-        """PIL images, or a tensor already made by :meth:`preprocess`, -> float32 [B, D] on ``device``."""
+        """PIL images, a tensor already made by :meth:`preprocess`, or :class:`adjcap.models.pixels.Pixels`
+        of this model's :attr:`pixel_prep` -> float32 [B, D] on ``device``."""
         self._need("image")
+        if isinstance(images, Pixels):  # prepared by the decode tasks: normalised here, on the device
+            images = images.input_for(self.pixel_prep, self.device, self.model_id)
         if isinstance(images, torch.Tensor):
             pixels = images
         else:
@@ -535,3 +548,30 @@ def load_encoder_from_config(cfg: EncoderCfg, *, towers: Iterable[str] = ("image
     )
     enc.text_token_budget = cfg.text_token_budget or None
     return enc
+
+
+def pixel_prep_for(cfg: EncoderCfg) -> PixelPrep | None:
+    """The :attr:`DualEncoder.pixel_prep` that :func:`load_encoder_from_config` would give, without
+    loading any weights (the model built on the meta device, with the preprocessing its tag or
+    checkpoint sets): what the job's decode tasks prepare (:mod:`adjcap.pixel_prep`). None when it
+    cannot be known here (the job then hands the pools the image's bytes, as before)."""
+    try:
+        return _pixel_prep(cfg.model, None if cfg.pretrained in (None, "") else str(cfg.pretrained))
+    except Exception as e:  # noqa: BLE001 - an unknown here is not an error: the pools decode themselves
+        log.info(f"pixels: the preprocessing of {cfg.model} is not known before loading ({e})")
+        return None
+
+
+@functools.lru_cache(maxsize=32)
+def _pixel_prep(model: str, pretrained: str | None) -> PixelPrep | None:
+    src = clip_source(model, pretrained)
+    force = dict(src.force_preprocess or {})
+    if not force and src.pretrained is not None and src.checkpoint is None:  # a tag open_clip loads itself
+        force = tag_preprocess(open_clip.get_pretrained_cfg(src.model, src.pretrained) or {})
+    with torch.device("meta"), quiet_random_init():
+        net = open_clip.create_model(
+            src.model, pretrained=None, precision="fp32", device="meta", load_weights=False,
+            force_preprocess_cfg=force or None,
+            force_quick_gelu=src.force_quick_gelu, **({"quick_gelu": False} if src.quick_gelu_off else {}),
+        )
+    return PixelPrep.from_open_clip(open_clip.get_model_preprocess_cfg(net))

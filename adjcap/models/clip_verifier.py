@@ -72,6 +72,10 @@ class ClipVerifier:
         cos = cos.float()
         return (cos + 1) / 2 if self.bias is None else torch.sigmoid(self.scale * cos + self.bias)
 
+    @property
+    def pixel_prep(self):
+        return self.encoder.pixel_prep
+
     @torch.inference_mode()
     def encode_images(self, images: Sequence[Image.Image] | torch.Tensor) -> ClipMemo:
         return ClipMemo(self.encoder.encode_images(images, normalize=True))

@@ -55,6 +55,13 @@ class ScorerEncoder:
     def encode_texts(self, *args, **kwargs):
         return self.text.encode_texts(*args, **kwargs)
 
+    @property
+    def pixel_prep(self):
+        """The image tower's (known before it loads: :func:`adjcap.models.clip.pixel_prep_for`)."""
+        from adjcap.models.clip import pixel_prep_for
+
+        return pixel_prep_for(self.cfg) if self.image is None else self.image.pixel_prep
+
     def encode_images(self, *args, **kwargs):
         if self.image is None:
             self.image = load_retrieval_encoder(self.cfg, self.device, towers=("image",))
@@ -82,6 +89,21 @@ def _clip(verifier: VerifierCfg, device: str):
 # verifier.family -> its loader; each returns a judge with the verifier interface of
 # adjcap.models.blip.Verifier (encode_images, memo_from_image_embeds, score: one score per pair)
 VERIFIER_LOADERS = {"blip_itm": _blip_itm, "blip2_itm": _blip2_itm, "clip": _clip}
+
+
+def verifier_pixel_prep(v: VerifierCfg):
+    """The image preprocessing the judge of ``v`` wants, without loading it (:mod:`adjcap.pixel_prep`;
+    None: not known before loading, or the ``lavis`` backend, which decodes in its own environment)."""
+    if v.backend != "transformers":
+        return None
+    if v.family == "clip":
+        from adjcap.models.clip import pixel_prep_for
+        from adjcap.models.clip_verifier import verifier_encoder
+
+        return pixel_prep_for(verifier_encoder(v))
+    from adjcap.models.blip import pixel_prep_for as blip_pixel_prep
+
+    return blip_pixel_prep(v.model, "BLIP-2 ITM verifier" if v.family == "blip2_itm" else "BLIP ITM verifier")
 
 
 def load_verifier(verifier: VerifierCfg, device: str):
