@@ -218,19 +218,57 @@ def _with(models, **swap):
     return Models(**{**vars(models), **swap})
 
 
-def test_out_of_gpu_memory_halves_the_batch_and_finishes(demo_cfg, models, test_records, monkeypatch):
+def test_out_of_gpu_memory_halves_the_batch_and_carries_the_size_on(demo_cfg, models, test_records, monkeypatch, caplog):
+    """A batch out of memory is retried in halves; the halved size carries to the next batches of the
+    run (they start at it instead of failing once more at full size), logged once."""
+    import logging
+
     import torch
 
     monkeypatch.delenv("ADJCAP_NUMERICS", raising=False)  # whole batches (portable numerics: one image each)
-    recs = test_records[:4]
+    recs = test_records[:6]  # two batches: 4 images, then 2
     plain = run_pipeline(recs, demo_cfg, models, batch_size=4)
     enc = _FailsAbove(models.retrieval, "encode_images", 1, torch.cuda.OutOfMemoryError("CUDA out of memory."))
-    rows = run_pipeline(recs, demo_cfg, _with(models, retrieval=enc), batch_size=4)
-    assert enc.sizes[:6] == [4, 2, 1, 1, 1, 1]  # 4 and 2 did not fit; halved to 1 for the rest of the batch
+    with caplog.at_level(logging.WARNING, logger="adjcap.stages"):
+        rows = run_pipeline(recs, demo_cfg, _with(models, retrieval=enc), batch_size=4)
+    # 4 and 2 did not fit; halved to 1 for the rest of the batch, and the next batch starts at 1 (not at 2)
+    assert enc.sizes == [4, 2, 1, 1, 1, 1, 1, 1]
+    said = [r.getMessage() for r in caplog.records if "ran out of GPU memory" in r.getMessage()]
+    assert said == ["stage retrieve ran out of GPU memory: its next batches in this process start at 2 image(s)",
+                    "stage retrieve ran out of GPU memory: its next batches in this process start at 1 image(s)"]
     assert all(r["error"] is None for r in rows)
     assert [[x["corpus_id"] for x in r["retrieved"]] for r in rows] == \
         [[x["corpus_id"] for x in r["retrieved"]] for r in plain]
     assert [[c["text"] for c in r["candidates"]] for r in rows] == [[c["text"] for c in r["candidates"]] for r in plain]
+
+
+def test_a_halved_size_is_carried_per_stage_and_only_inside_its_owner():
+    """run_batch outside :func:`adjcap.stages.carrying` halves for the batch only; inside, per stage."""
+    import torch
+
+    from adjcap.stages import HalvedSizes, carrying, run_batch
+
+    sizes: list[int] = []
+
+    def fits_two(part):
+        sizes.append(len(part))
+        if len(part) > 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory.")
+
+    for _ in range(2):
+        run_batch("verify", fits_two, list(range(8)))
+    assert sizes == [8, 4, 2, 2, 2, 2] * 2  # no owner: each batch fails once more at full size
+    sizes.clear()
+    carried = HalvedSizes()
+    with carrying(carried):
+        run_batch("verify", fits_two, list(range(8)))
+        run_batch("verify", fits_two, list(range(8)))
+        run_batch("caption", fits_two, list(range(3)))  # another stage keeps its own size
+    assert sizes == [8, 4, 2, 2, 2, 2] + [2, 2, 2, 2] + [3, 1, 1, 1]
+    assert carried.sizes == {"verify": 2, "caption": 1}
+    sizes.clear()
+    run_batch("verify", fits_two, list(range(4)))  # the owner's block is over
+    assert sizes == [4, 2, 2]
 
 
 def test_out_of_memory_with_one_image_fails_the_job_in_one_line(demo_cfg, models, test_records, monkeypatch):
