@@ -242,6 +242,49 @@ def test_out_of_gpu_memory_halves_the_batch_and_carries_the_size_on(demo_cfg, mo
     assert [[c["text"] for c in r["candidates"]] for r in rows] == [[c["text"] for c in r["candidates"]] for r in plain]
 
 
+def test_captioner_compile_gives_the_same_beams_and_off_touches_nothing(demo_cfg, models, test_records, monkeypatch,
+                                                                        caplog):
+    """captioner.compile (issue 38's follow-up): the compiled beam step, loaded through the config like a job's
+    captioner (torch.compile's aot_eager backend: the same captured graph, no C compiler), gives the
+    uncompiled beams; off, the step is the plain function; on a CPU, inductor is ignored, said once."""
+    import logging
+
+    import torch
+    from torch._dynamo.utils import counters
+
+    from adjcap import decoding, stage_registry
+
+    monkeypatch.delenv("ADJCAP_NUMERICS", raising=False)
+    eager = decoding._gpt_step
+    assert demo_cfg.resolved().captioner.compile == "off" and models.captioner.captioner.step is eager
+    cfg = demo_cfg.model_copy(update={"captioner": demo_cfg.captioner.model_copy(update={"compile": "default"})})
+    rcfg = cfg.resolved()
+    decoding._say_ignored_on_cpu.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="adjcap.decoding"):
+        assert decoding.beam_step("default", "cpu") is eager and decoding.beam_step("default", "cpu") is eager
+    assert sum("captioner.compile is ignored on a CPU" in r.getMessage() for r in caplog.records) == 1
+
+    monkeypatch.setattr(decoding, "COMPILE_BACKEND", "aot_eager")
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        compiled = stage_registry.load_families(rcfg, ["captioner"], given={"nouns": models.captioner.nouns})
+        assert compiled["captioner"].captioner.step is decoding.compiled_step("aot_eager")
+        recs = test_records[:3]
+        plain = run_pipeline(recs, demo_cfg, models, batch_size=3)
+        rows = run_pipeline(recs, cfg, _with(models, captioner=compiled["captioner"]), batch_size=3)
+        assert counters["stats"]["unique_graphs"] >= 1  # the step did run compiled
+    finally:
+        torch._dynamo.reset()
+    assert decoding._gpt_step is eager and models.captioner.captioner.step is eager  # nothing patched
+    for got, want in zip(rows, plain):
+        assert [c["text"] for c in got["candidates"]] == [c["text"] for c in want["candidates"]]
+        assert [c["n_tokens"] for c in got["candidates"]] == [c["n_tokens"] for c in want["candidates"]]
+        for a, b in zip(got["candidates"], want["candidates"]):
+            assert abs(a["lm_logprob_sum"] - b["lm_logprob_sum"]) <= 1e-5
+            assert abs(a["lm_logprob_mean"] - b["lm_logprob_mean"]) <= 1e-5
+
+
 def test_a_halved_size_is_carried_per_stage_and_only_inside_its_owner():
     """run_batch outside :func:`adjcap.stages.carrying` halves for the batch only; inside, per stage."""
     import torch
