@@ -483,8 +483,9 @@ def _beam_batch(
     """Beam search for b images at once; rows (cache, logits) are laid out [stream][image][beam];
     stream 1 (contrastive negatives) exists only when ``neg_prompts`` is given and follows stream
     0's choices. The prompt pass is transformers' forward; each later step is ``step``
-    (:func:`_gpt_step`, maybe compiled: :func:`beam_step`) on the preallocated :class:`_BeamCache`. Beams are chosen on the device (the ancestry table
-    and the token table are gathered, the cache is not); an image whose beams have all stopped is
+    (:func:`_gpt_step`, maybe compiled: :func:`beam_step`) on the preallocated :class:`_BeamCache`.
+    Beams are chosen on the device (the ancestry table and the token table are gathered, the cache
+    is not); an image whose beams have all stopped is
     frozen on the device (its state no longer changes, as if it had left the batch); the host
     asks which images are done once every :data:`CHECK_EVERY` steps and reads the beams once, at
     the end (:func:`_collect`)."""
