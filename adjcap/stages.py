@@ -3,8 +3,9 @@
 Each stage takes a list of :class:`ImageState` plus the models it needs and fills in its part. A stage
 never raises for one bad image: the batch is retried image by image and the failing image gets its
 ``error`` set (its row is still written, so reports count it). Images whose ``error`` is already set
-are passed through untouched. Out of GPU memory a batch is retried in halves; a GPU failure is never
-an image's error but the job's end (:mod:`adjcap.gpu_errors`).
+are passed through untouched. Out of GPU memory a batch is retried in halves (the halved size carries
+to the stage's next batches in the process: :class:`HalvedSizes`); a GPU failure is never an image's
+error but the job's end (:mod:`adjcap.gpu_errors`).
 
     retrieve  : retrieval-encoder image tower + caption index   -> retrieved (L), retrieval image embedding
     verify    : BLIP ITM on the L retrieved                     -> verified (k), verifier image memo

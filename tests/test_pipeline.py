@@ -255,8 +255,11 @@ def test_captioner_compile_gives_the_same_beams_and_off_touches_nothing(demo_cfg
     from adjcap import decoding, stage_registry
 
     monkeypatch.delenv("ADJCAP_NUMERICS", raising=False)
+    from adjcap.config import list_presets, load_config
+
     eager = decoding._gpt_step
-    assert demo_cfg.resolved().captioner.compile == "off" and models.captioner.captioner.step is eager
+    assert {name: load_config(name).captioner.compile for name in list_presets()} == dict.fromkeys(list_presets(), "off")
+    assert models.captioner.captioner.step is eager  # off: the plain function, nothing patched
     cfg = demo_cfg.model_copy(update={"captioner": demo_cfg.captioner.model_copy(update={"compile": "default"})})
     rcfg = cfg.resolved()
     decoding._say_ignored_on_cpu.cache_clear()
