@@ -26,11 +26,12 @@ class LavisVerifierActor:
     def __init__(self, cfg: Config, board: Any = None):
         self.cfg = cfg
         self.meter = StageMeter("verify", board)
+        self.halved = stages.HalvedSizes()  # an out-of-memory halved batch size, carried to the next batches
         self.verifier = _load(cfg)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         states = unpack(batch)
-        with self.meter.batch(states):
+        with self.meter.batch(states), stages.carrying(self.halved):
             stages.verify(states, self.verifier, self.cfg.verifier.keep)
         return pack(states)
 
@@ -39,10 +40,11 @@ class LavisScorerActor:
     def __init__(self, cfg: Config, board: Any = None):
         self.cfg = cfg
         self.meter = StageMeter("score-verifier", board)
+        self.halved = stages.HalvedSizes()  # an out-of-memory halved batch size, carried to the next batches
         self.verifier = _load(cfg)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         states = unpack(batch)
-        with self.meter.batch(states):
+        with self.meter.batch(states), stages.carrying(self.halved):
             stages.score_verifier(states, self.verifier)
         return pack(states)

@@ -13,6 +13,7 @@ import pyarrow as pa
 import ray
 
 from adjcap import gpu_errors, pools, stage_registry
+from adjcap.stages import HalvedSizes, carrying
 from adjcap.actors.progress import StageMeter
 from adjcap.actors.transport import columns, pack, unpack
 from adjcap.batch_sink import Sink, done_columns, write_batch
@@ -36,11 +37,12 @@ class PoolActor:
         pools.check_gpu_memory(cfg, self.pool)  # before any model loads: one line when they cannot fit
         self.models = stage_registry.load_families(cfg, stage_registry.families_of(stages), given)
         self.meters = [StageMeter(s.name, board) for s in self.stages]
+        self.halved = HalvedSizes()  # an out-of-memory halved batch size, carried to this actor's next batches
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         states = unpack(batch)
         for stage, meter in zip(self.stages, self.meters):
-            with meter.batch(states):
+            with meter.batch(states), carrying(self.halved):
                 try:
                     stage.run(states, self.models, self.cfg)
                 except gpu_errors.GpuFailure as e:  # the job's end, in one line naming this pool

@@ -210,6 +210,11 @@ class CaptionerCfg(_Strict):
         "official search"
     )
     batch_size: int = Field(32, gt=0, description="images decoded together by the fast beam search")
+    compile: Literal["off", "default"] = Field(
+        "off", description="default: torch.compile (its default mode) the fast beam search's GPT-2 step, once per "
+        "captioner process, on a GPU (ignored on a CPU, said once in the log): the same beams ~1.9x faster on an "
+        "H100, after ~4.5 min of compilation per process, so for jobs of many thousand images; off in every "
+        "preset (BENCHMARKS.md). A speed setting: in no identity")
     precision: Precision = Field("fp32", description="the GPT-2 language model's (root `precision` leaves it)")
     entities: EntityCfg = Field(default_factory=EntityCfg)
     contrastive_lambda: float = Field(

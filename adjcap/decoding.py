@@ -22,6 +22,9 @@ to the host: images whose beams have all stopped are frozen on the device, the h
 KV-cached and padded it is mathematically identical to the reference but not bit-identical
 (differences ~1e-6), so a near-tie can in rare cases flip a beam.
 
+The fast search's step may run under ``torch.compile`` (``captioner.compile``, :func:`beam_step`): the
+caller holds the compiled step (the loaded captioner does), nothing is patched here.
+
 Greedy (spec 5.2): argmax per step, stop on the stop set, max_len tokens, text includes the stop token.
 
 Details that match the official code (run under transformers 4.19):
@@ -43,16 +46,21 @@ Details that match the official code (run under transformers 4.19):
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "Beam",
     "Candidate",
     "beam_search_fast",
     "beam_search_reference",
+    "beam_step",
     "beams_to_candidates",
     "clean_up_tokenization",
     "decode_prompts",
@@ -390,6 +398,44 @@ def _gpt_step(gpt, cache: _BeamCache, x: torch.Tensor, g: int, pmask: torch.Tens
     return gpt.lm_head(tr.ln_f(x))
 
 
+Step = Callable[..., torch.Tensor]
+"""A beam step: :func:`_gpt_step`, or the same function under ``torch.compile`` (:func:`beam_step`)."""
+
+COMPILE_BACKEND = "inductor"
+"""torch.compile's backend for ``captioner.compile`` (:func:`beam_step`). Inductor generates kernels (Triton
+on a GPU, C++ through a C compiler on a CPU); tests set ``"aot_eager"`` (the same captured graph, run by
+PyTorch's own kernels, no compiler) to check the compiled step's beams on a CPU."""
+
+
+@functools.cache
+def compiled_step(backend: str) -> Step:
+    """:func:`_gpt_step` under ``torch.compile(fullgraph=True, dynamic=True)``, made once per process and
+    backend: its graphs compile on the first batch (about 4.5 minutes with inductor on an H100) and serve
+    every later batch and captioner of the process (symbolic shapes: no graph per batch size or position).
+    CUDA graphs (``mode="reduce-overhead"``) are refused: the step writes its KV cache in place."""
+    return torch.compile(_gpt_step, fullgraph=True, dynamic=True, backend=backend)
+
+
+@functools.cache
+def _say_ignored_on_cpu() -> None:
+    log.warning("captioner.compile is ignored on a CPU (torch.compile's kernels need a C compiler there and "
+                "gain nothing on this step); the beam step runs eagerly")
+
+
+def beam_step(mode: str, device: torch.device | str) -> Step:
+    """The step the fast beam search runs for ``captioner.compile = mode``: the eager :func:`_gpt_step`
+    when ``"off"``, and on a CPU with inductor (said once per process); else :func:`compiled_step` of
+    :data:`COMPILE_BACKEND`. Nothing global changes: ``_gpt_step`` itself stays the eager function."""
+    if mode == "off":
+        return _gpt_step
+    if mode != "default":
+        raise ValueError(f"captioner.compile must be 'off' or 'default', got {mode!r}")
+    if torch.device(device).type == "cpu" and COMPILE_BACKEND == "inductor":
+        _say_ignored_on_cpu()
+        return _gpt_step
+    return compiled_step(COMPILE_BACKEND)
+
+
 def _collect(parts: list[tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]) -> dict[int, list[Beam]]:
     """The beams of a batch, read from the device once: parts of (image ids, tokens [n, W, L],
     scores, lengths, stopped [n, W])."""
@@ -432,12 +478,14 @@ def _beam_batch(
     temperature: float,
     neg_prompts: Sequence[torch.Tensor] | None = None,
     lam: float = 0.0,
+    step: Step = _gpt_step,
 ) -> list[list[Beam]]:
     """Beam search for b images at once; rows (cache, logits) are laid out [stream][image][beam];
     stream 1 (contrastive negatives) exists only when ``neg_prompts`` is given and follows stream
-    0's choices. The prompt pass is transformers' forward; each later step is :func:`_gpt_step`
-    on the preallocated :class:`_BeamCache`. Beams are chosen on the device (the ancestry table
-    and the token table are gathered, the cache is not); an image whose beams have all stopped is
+    0's choices. The prompt pass is transformers' forward; each later step is ``step``
+    (:func:`_gpt_step`, maybe compiled: :func:`beam_step`) on the preallocated :class:`_BeamCache`.
+    Beams are chosen on the device (the ancestry table and the token table are gathered, the cache
+    is not); an image whose beams have all stopped is
     frozen on the device (its state no longer changes, as if it had left the batch); the host
     asks which images are done once every :data:`CHECK_EVERY` steps and reads the beams once, at
     the end (:func:`_collect`)."""
@@ -494,7 +542,7 @@ def _beam_batch(
         anc[:, :, g] = own
         tok = nxt.reshape(-1).repeat(streams)
         x = wte(tok).to(emb.dtype) + wpe((plen + g).repeat_interleave(w, output_size=streams * nb * w))
-        logits = _gpt_step(gpt, cache, x, g, pmask, anc.repeat(streams, 1, 1) if streams > 1 else anc)
+        logits = step(gpt, cache, x, g, pmask, anc.repeat(streams, 1, 1) if streams > 1 else anc)
         logp = combine(logits, nb * w).view(nb, w, vocab)
         logp = logp.masked_fill(stopped[..., None], float("-inf"))
         logp[..., 0] = logp[..., 0].masked_fill(stopped, 0.0)
@@ -532,11 +580,13 @@ def beam_search_fast(
     batch_size: int | None = None,
     neg_prompts: Sequence[torch.Tensor] | None = None,
     contrastive_lambda: float = 0.0,
+    step: Step | None = None,
 ) -> list[list[Beam]]:
     """The reference beam search for many prompts ([T_i, D] each) at once, KV-cached.
     ``batch_size`` images are decoded together (None: all). Returns, per prompt, W beams sorted by
     mean log-prob descending. ``neg_prompts`` (one per prompt) + ``contrastive_lambda`` > 0: the
-    contrastive score of :func:`beam_search_reference`."""
+    contrastive score of :func:`beam_search_reference`. ``step``: the GPT-2 step (None: the eager
+    :func:`_gpt_step`; :func:`beam_step` gives the compiled one)."""
     if not prompts:
         return []
     use_neg = neg_prompts is not None and float(contrastive_lambda) != 0.0
@@ -556,6 +606,7 @@ def beam_search_fast(
             temperature,
             [neg_prompts[i] for i in idx] if use_neg else None,
             float(contrastive_lambda),
+            step or _gpt_step,
         )
         for i, r in zip(idx, res):
             out[i] = r
@@ -656,9 +707,12 @@ def decode_prompts(
     temperature: float = 1.0,
     neg_prompts: Sequence[torch.Tensor] | None = None,
     contrastive_lambda: float = 0.0,
+    step: Step | None = None,
 ) -> list[list[Candidate]]:
     """Decode prompt embeddings into candidates: ``decoder`` beam|greedy, ``search`` fast|reference.
-    ``neg_prompts`` + ``contrastive_lambda`` > 0 turn on contrastive beam search (beam decoder only)."""
+    ``neg_prompts`` + ``contrastive_lambda`` > 0 turn on contrastive beam search (beam decoder only).
+    ``step``: the fast beam search's GPT-2 step (:func:`beam_step`; None: eager); the greedy and the
+    reference searches run transformers' forward and ignore it."""
     use_neg = neg_prompts is not None and float(contrastive_lambda) != 0.0
     if neg_prompts is None and float(contrastive_lambda) != 0.0:
         raise ValueError("contrastive_lambda > 0 needs negative prompts (captioner.contrastive_lambda)")
@@ -681,7 +735,7 @@ def decode_prompts(
         all_beams = beam_search_fast(
             gpt, prompts, beam_width=beam_width, max_len=max_len, stop_ids=stop_ids,
             temperature=temperature, batch_size=batch_size,
-            neg_prompts=neg_prompts if use_neg else None, contrastive_lambda=contrastive_lambda,
+            neg_prompts=neg_prompts if use_neg else None, contrastive_lambda=contrastive_lambda, step=step,
         )
     else:
         all_beams = [

@@ -15,6 +15,7 @@ from adjcap.index.lifecycle import search_corpus
 from adjcap.index.nouns import ensure_nouns
 from adjcap.models import roles
 from adjcap.stage_cache import StageCache, stage_counts
+from adjcap.stages import HalvedSizes, carrying
 
 
 class Models(SimpleNamespace):
@@ -66,13 +67,15 @@ def run_pipeline(records: Sequence[Record], cfg: Config, models: Models | None =
                  stage_cache: StageCache | None = None, counts: dict[str, int] | None = None) -> list[dict[str, Any]]:
     """Records -> feature rows (docs/architecture.md, "Data flow of one image"), one per record, in
     record order. With a ``stage_cache`` stored stage outputs are reused and new ones stored;
-    ``counts`` (when given) accumulates the images each stage processed. An edge of its own (tests,
-    notebooks): ``cfg`` as loaded, resolved here."""
+    ``counts`` (when given) accumulates the images each stage processed. A batch size halved out of GPU
+    memory carries to the call's next batches (:class:`adjcap.stages.HalvedSizes`). An edge of its own
+    (tests, notebooks): ``cfg`` as loaded, resolved here."""
     cfg = cfg.resolved()
     benchmark = benchmark or cfg.benchmark
     models = models or _load_models(cfg, benchmark)
     bs = batch_size or pools.batch_size(cfg, pools.FUSED, str(cfg.device).startswith("cuda"))
     rows: list[dict[str, Any]] = []
+    halved = HalvedSizes()
     known = cfg.benchmarks.get(benchmark)
     exif = known.applies_exif() if known is not None else True  # records of an unconfigured folder: users' photos
     for start in range(0, len(records), bs):
@@ -80,7 +83,8 @@ def run_pipeline(records: Sequence[Record], cfg: Config, models: Models | None =
                   for r in records[start : start + bs]]
         if stage_cache is not None:
             stage_cache.prefill(states)
-        process_states(states, models, cfg)
+        with carrying(halved):
+            process_states(states, models, cfg)
         if stage_cache is not None:
             stage_cache.store(states)
         if counts is not None:

@@ -3,8 +3,9 @@
 Each stage takes a list of :class:`ImageState` plus the models it needs and fills in its part. A stage
 never raises for one bad image: the batch is retried image by image and the failing image gets its
 ``error`` set (its row is still written, so reports count it). Images whose ``error`` is already set
-are passed through untouched. Out of GPU memory a batch is retried in halves; a GPU failure is never
-an image's error but the job's end (:mod:`adjcap.gpu_errors`).
+are passed through untouched. Out of GPU memory a batch is retried in halves (the halved size carries
+to the stage's next batches in the process: :class:`HalvedSizes`); a GPU failure is never an image's
+error but the job's end (:mod:`adjcap.gpu_errors`).
 
     retrieve  : retrieval-encoder image tower + caption index   -> retrieved (L), retrieval image embedding
     verify    : BLIP ITM on the L retrieved                     -> verified (k), verifier image memo
@@ -18,7 +19,10 @@ the pool actor (``actors/pool.py``) and :func:`adjcap.pipeline.run_pipeline` cal
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
+import logging
 import math
 import traceback
 from typing import Callable, Sequence
@@ -31,6 +35,8 @@ from adjcap import gpu_errors, numerics
 from adjcap.config import CaptionerCfg
 from adjcap.image_state import ImageState
 from adjcap.models.pixels import Pixels, stacked
+
+log = logging.getLogger(__name__)
 
 # --------------------------------------------------------------------------------------------
 # error isolation
@@ -74,11 +80,49 @@ def _guarded(stage: str, fn: Callable[[list[ImageState]], None], states: list[Im
     return states
 
 
+class HalvedSizes:
+    """Per stage, the batch size an out-of-memory halved a batch to, carried to the next batches of the
+    process that holds it (a pool actor, for its whole life; :func:`adjcap.pipeline.run_pipeline`, for
+    its call): without it every next batch would fail once again at full size, each failure costing a
+    forward pass and an allocator flush. A carried size never grows back: what ran out of memory once
+    (long prompts, a full beam) can come again in any later batch, and a job restarts at full size."""
+
+    def __init__(self) -> None:
+        self.sizes: dict[str, int] = {}
+
+    def cap(self, stage: str, n: int) -> int:
+        """The size the next batch of ``n`` images of ``stage`` starts at."""
+        return min(n, self.sizes.get(stage, n))
+
+    def halved(self, stage: str, size: int) -> None:
+        """``stage`` runs out of memory above ``size`` images: carry it (logged when it changes)."""
+        if size < self.sizes.get(stage, size + 1):
+            self.sizes[stage] = size
+            log.warning("stage %s ran out of GPU memory: its next batches in this process start at %d image(s)",
+                        stage, size)
+
+
+_CARRIED: contextvars.ContextVar[HalvedSizes | None] = contextvars.ContextVar("adjcap_halved_sizes", default=None)
+
+
+@contextlib.contextmanager
+def carrying(sizes: HalvedSizes):
+    """Within the block, :func:`run_batch` starts each stage's batches at the size ``sizes`` carries and
+    carries the sizes it halves to; outside any such block a halved size holds for its batch only."""
+    token = _CARRIED.set(sizes)
+    try:
+        yield sizes
+    finally:
+        _CARRIED.reset(token)
+
+
 def run_batch(stage: str, fn: Callable[[list[ImageState]], None], batch: list[ImageState]) -> None:
-    """``fn(batch)``; out of GPU memory, the rest of the batch again in halves, down to one image
-    (a halved size holds for the rest of this batch); one image that still does not fit, or any
-    other GPU error, raises :class:`adjcap.gpu_errors.GpuFailure`. Other errors pass through."""
-    size, i = len(batch), 0
+    """``fn(batch)``; out of GPU memory, the rest of the batch again in halves, down to one image; the
+    halved size holds for the rest of this batch and, inside :func:`carrying`, for the next batches of
+    the stage (they start at it). One image that still does not fit, or any other GPU error, raises
+    :class:`adjcap.gpu_errors.GpuFailure`. Other errors pass through."""
+    carried = _CARRIED.get()
+    size, i = (carried.cap(stage, len(batch)) if carried is not None else len(batch)), 0
     while i < len(batch):
         part = batch[i : i + size]
         try:
@@ -89,6 +133,8 @@ def run_batch(stage: str, fn: Callable[[list[ImageState]], None], batch: list[Im
                 if len(part) == 1:
                     raise gpu_errors.oom_failure(stage, len(batch)) from None
                 size = max(1, len(part) // 2)
+                if carried is not None:
+                    carried.halved(stage, size)
                 _free_gpu_cache()
                 continue
             if gpu_errors.is_accelerator_error(e):

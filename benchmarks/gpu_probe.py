@@ -262,6 +262,8 @@ def index(args, ctx) -> dict:
 
 
 def capture(args, ctx) -> dict:
+    """The fast beam with its step eager and under torch.compile, passed as the loaded captioner passes it
+    (``captioner.compile``: ``beam_search_fast(step=)``), nothing patched."""
     from adjcap import decoding
     from adjcap.decoding import beam_search_fast
     from benchmarks.decoding import make_prompts, real_captioner
@@ -269,11 +271,11 @@ def capture(args, ctx) -> dict:
     dev = torch.device(args.device)
     cap = ctx.get("captioner") or real_captioner(dev, torch.float32)
     prompts = [p.to(dev) for p in make_prompts(cap, args.decode_images)]
-    eager_step = decoding._gpt_step
     out = {}
 
-    def run():
-        return beam_search_fast(cap.gpt, prompts, beam_width=20, max_len=64, stop_ids=cap.stop_ids, batch_size=64)
+    def run(step=None):
+        return beam_search_fast(cap.gpt, prompts, beam_width=20, max_len=64, stop_ids=cap.stop_ids, batch_size=64,
+                                step=step)
 
     ref = [[(b.tokens, b.finished) for b in bs] for bs in run()]
     out["eager_s"] = round(best_of(run, reps=2), 3)
@@ -282,19 +284,19 @@ def capture(args, ctx) -> dict:
             out[mode] = "skipped: over the time budget"
             continue
         torch._dynamo.reset()
-        decoding._gpt_step = torch.compile(eager_step, fullgraph=True, dynamic=True, mode=mode)
+        # "default" is what captioner.compile=default runs (decoding.compiled_step); the other mode is probed here only
+        step = decoding.beam_step("default", dev) if mode == "default" else \
+            torch.compile(decoding._gpt_step, fullgraph=True, dynamic=True, mode=mode)
         try:
             t = time.perf_counter()
-            got = run()
+            got = run(step)
             first = time.perf_counter() - t
-            s = best_of(run, reps=2, warmup=0)
+            s = best_of(lambda: run(step), reps=2, warmup=0)
             same = [[(b.tokens, b.finished) for b in bs] for bs in got] == ref
             out[mode] = {"first_call_s": round(first, 1), "s": round(s, 3), "speedup": round(out["eager_s"] / s, 2),
                          "same_beams": same}
         except Exception as e:  # noqa: BLE001
             out[mode] = {"error": f"{type(e).__name__}: {e}"[:1500]}
-        finally:
-            decoding._gpt_step = eager_step
         print(f"capture {mode}: {out[mode]}", flush=True)
     return out
 

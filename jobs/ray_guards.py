@@ -25,7 +25,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 LOST_AFTER_S = 20.0  # a GCS that refuses connections this long is gone (Ray itself gives up after 60 s)
 CHECK_EVERY_S = 2.0

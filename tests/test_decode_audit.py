@@ -65,7 +65,7 @@ def test_audit_catches_host_reads_and_a_reordered_growing_cache():
     assert s["kv_bytes_moved_per_step"] > s["kv_cache_bytes"]  # the whole cache, twice, each step
 
 
-def test_the_beam_step_is_captured_whole_by_torch_compile(cap, monkeypatch):
+def test_the_beam_step_is_captured_whole_by_torch_compile(cap):
     """No graph break in a decode step (a host read or data-dependent Python would be one): the
     step compiles with ``fullgraph=True`` (dynamic shapes; a graph for the first, the middle and
     the last position) and returns the eager beams."""
@@ -74,7 +74,7 @@ def test_the_beam_step_is_captured_whole_by_torch_compile(cap, monkeypatch):
     torch._dynamo.reset()
     ps = prompts_for(cap, 3, seed=4)
     want = beam_search_fast(cap.gpt, ps, beam_width=3, max_len=6, stop_ids=cap.stop_ids)
-    monkeypatch.setattr(decoding, "_gpt_step", torch.compile(decoding._gpt_step, fullgraph=True, backend="eager", dynamic=True))
-    got = beam_search_fast(cap.gpt, ps, beam_width=3, max_len=6, stop_ids=cap.stop_ids)
+    step = torch.compile(decoding._gpt_step, fullgraph=True, backend="eager", dynamic=True)
+    got = beam_search_fast(cap.gpt, ps, beam_width=3, max_len=6, stop_ids=cap.stop_ids, step=step)
     assert [[b.tokens for b in bs] for bs in got] == [[b.tokens for b in bs] for bs in want]
     torch._dynamo.reset()

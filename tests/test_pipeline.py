@@ -218,19 +218,103 @@ def _with(models, **swap):
     return Models(**{**vars(models), **swap})
 
 
-def test_out_of_gpu_memory_halves_the_batch_and_finishes(demo_cfg, models, test_records, monkeypatch):
+def test_out_of_gpu_memory_halves_the_batch_and_carries_the_size_on(demo_cfg, models, test_records, monkeypatch, caplog):
+    """A batch out of memory is retried in halves; the halved size carries to the next batches of the
+    run (they start at it instead of failing once more at full size), logged once."""
+    import logging
+
     import torch
 
     monkeypatch.delenv("ADJCAP_NUMERICS", raising=False)  # whole batches (portable numerics: one image each)
-    recs = test_records[:4]
+    recs = test_records[:6]  # two batches: 4 images, then 2
     plain = run_pipeline(recs, demo_cfg, models, batch_size=4)
     enc = _FailsAbove(models.retrieval, "encode_images", 1, torch.cuda.OutOfMemoryError("CUDA out of memory."))
-    rows = run_pipeline(recs, demo_cfg, _with(models, retrieval=enc), batch_size=4)
-    assert enc.sizes[:6] == [4, 2, 1, 1, 1, 1]  # 4 and 2 did not fit; halved to 1 for the rest of the batch
+    with caplog.at_level(logging.WARNING, logger="adjcap.stages"):
+        rows = run_pipeline(recs, demo_cfg, _with(models, retrieval=enc), batch_size=4)
+    # 4 and 2 did not fit; halved to 1 for the rest of the batch, and the next batch starts at 1 (not at 2)
+    assert enc.sizes == [4, 2, 1, 1, 1, 1, 1, 1]
+    said = [r.getMessage() for r in caplog.records if "ran out of GPU memory" in r.getMessage()]
+    assert said == ["stage retrieve ran out of GPU memory: its next batches in this process start at 2 image(s)",
+                    "stage retrieve ran out of GPU memory: its next batches in this process start at 1 image(s)"]
     assert all(r["error"] is None for r in rows)
     assert [[x["corpus_id"] for x in r["retrieved"]] for r in rows] == \
         [[x["corpus_id"] for x in r["retrieved"]] for r in plain]
     assert [[c["text"] for c in r["candidates"]] for r in rows] == [[c["text"] for c in r["candidates"]] for r in plain]
+
+
+def test_captioner_compile_gives_the_same_beams_and_off_touches_nothing(demo_cfg, models, test_records, monkeypatch,
+                                                                        caplog):
+    """captioner.compile (issue 38's follow-up): the compiled beam step, loaded through the config like a job's
+    captioner (torch.compile's aot_eager backend: the same captured graph, no C compiler), gives the
+    uncompiled beams; off, the step is the plain function; on a CPU, inductor is ignored, said once."""
+    import logging
+
+    import torch
+    from torch._dynamo.utils import counters
+
+    from adjcap import decoding, stage_registry
+
+    monkeypatch.delenv("ADJCAP_NUMERICS", raising=False)
+    from adjcap.config import list_presets, load_config
+
+    eager = decoding._gpt_step
+    assert {name: load_config(name).captioner.compile for name in list_presets()} == dict.fromkeys(list_presets(), "off")
+    assert models.captioner.captioner.step is eager  # off: the plain function, nothing patched
+    cfg = demo_cfg.model_copy(update={"captioner": demo_cfg.captioner.model_copy(update={"compile": "default"})})
+    rcfg = cfg.resolved()
+    decoding._say_ignored_on_cpu.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="adjcap.decoding"):
+        assert decoding.beam_step("default", "cpu") is eager and decoding.beam_step("default", "cpu") is eager
+    assert sum("captioner.compile is ignored on a CPU" in r.getMessage() for r in caplog.records) == 1
+
+    monkeypatch.setattr(decoding, "COMPILE_BACKEND", "aot_eager")
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        compiled = stage_registry.load_families(rcfg, ["captioner"], given={"nouns": models.captioner.nouns})
+        assert compiled["captioner"].captioner.step is decoding.compiled_step("aot_eager")
+        recs = test_records[:3]
+        plain = run_pipeline(recs, demo_cfg, models, batch_size=3)
+        rows = run_pipeline(recs, cfg, _with(models, captioner=compiled["captioner"]), batch_size=3)
+        assert counters["stats"]["unique_graphs"] >= 1  # the step did run compiled
+    finally:
+        torch._dynamo.reset()
+    assert decoding._gpt_step is eager and models.captioner.captioner.step is eager  # nothing patched
+    for got, want in zip(rows, plain):
+        assert [c["text"] for c in got["candidates"]] == [c["text"] for c in want["candidates"]]
+        assert [c["n_tokens"] for c in got["candidates"]] == [c["n_tokens"] for c in want["candidates"]]
+        for a, b in zip(got["candidates"], want["candidates"]):
+            assert abs(a["lm_logprob_sum"] - b["lm_logprob_sum"]) <= 1e-5
+            assert abs(a["lm_logprob_mean"] - b["lm_logprob_mean"]) <= 1e-5
+
+
+def test_a_halved_size_is_carried_per_stage_and_only_inside_its_owner():
+    """run_batch outside :func:`adjcap.stages.carrying` halves for the batch only; inside, per stage."""
+    import torch
+
+    from adjcap.stages import HalvedSizes, carrying, run_batch
+
+    sizes: list[int] = []
+
+    def fits_two(part):
+        sizes.append(len(part))
+        if len(part) > 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory.")
+
+    for _ in range(2):
+        run_batch("verify", fits_two, list(range(8)))
+    assert sizes == [8, 4, 2, 2, 2, 2] * 2  # no owner: each batch fails once more at full size
+    sizes.clear()
+    carried = HalvedSizes()
+    with carrying(carried):
+        run_batch("verify", fits_two, list(range(8)))
+        run_batch("verify", fits_two, list(range(8)))
+        run_batch("caption", fits_two, list(range(3)))  # another stage keeps its own size
+    assert sizes == [8, 4, 2, 2, 2, 2] + [2, 2, 2, 2] + [3, 1, 1, 1]
+    assert carried.sizes == {"verify": 2, "caption": 1}
+    sizes.clear()
+    run_batch("verify", fits_two, list(range(4)))  # the owner's block is over
+    assert sizes == [4, 2, 2]
 
 
 def test_out_of_memory_with_one_image_fails_the_job_in_one_line(demo_cfg, models, test_records, monkeypatch):

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from adjcap.config import CaptionerCfg
-from adjcap.decoding import Candidate, decode_prompts
+from adjcap.decoding import Candidate, beam_step, decode_prompts
 from adjcap.entities import hard_prompt
 from adjcap.models.gpt2_tokenizer import load_gpt2_tokenizer, stop_token_ids
 from adjcap.models.precision import pick_device
@@ -364,10 +364,12 @@ class IFCapCaptioner:
     **unnormalised** CLIP text embeddings of the k retrieved captions.
     """
 
-    def __init__(self, model: ClipCaptionModel, tokenizer, *, device: torch.device | str = "cpu"):
+    def __init__(self, model: ClipCaptionModel, tokenizer, *, device: torch.device | str = "cpu", compile: str = "off"):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.device = torch.device(device)
+        # the fast beam search's GPT-2 step: eager, or compiled once per process (captioner.compile)
+        self.step = beam_step(compile, self.device)
         self.stop_ids = stop_token_ids(tokenizer)
         if len(tokenizer) > model.gpt.config.vocab_size:
             raise ValueError(
@@ -478,6 +480,7 @@ class IFCapCaptioner:
             temperature=temperature,
             neg_prompts=neg,
             contrastive_lambda=contrastive_lambda,
+            step=self.step,
         )
 
     def _soft(self, x: torch.Tensor, retrieved_feats) -> torch.Tensor:
@@ -512,12 +515,14 @@ def load_ifcap(
     device: str | torch.device = "auto",
     mapping_heads: int = 8,
     precision: str = "fp32",
+    compile: str = "off",
 ) -> IFCapCaptioner:
     """Load an IFCap checkpoint (a plain state dict, as released) strictly.
 
     ``lm_config``: "gpt2" (built-in GPT-2 small config) or a directory with config.json.
     ``tokenizer``: HF id ("gpt2") or a local tokenizer directory. ``mapping_heads`` is not stored in
     the file (8 for the released models). Mapping-network sizes are inferred from the shapes.
+    ``compile``: ``captioner.compile`` (:func:`adjcap.decoding.beam_step`).
     """
     path = existing_file(checkpoint, "IFCap checkpoint", RELEASE_HINT)
     try:
@@ -548,10 +553,10 @@ def load_ifcap(
     dtype = _resolve_dtype(precision, dev)
     model = model.to(device=dev, dtype=dtype).eval()
     tok = load_gpt2_tokenizer(tokenizer)
-    return IFCapCaptioner(model, tok, device=dev)
+    return IFCapCaptioner(model, tok, device=dev, compile=compile)
 
 
 def load_ifcap_from_config(cfg: CaptionerCfg, *, device: str | torch.device = "auto") -> IFCapCaptioner:
-    """Load from a resolved ``CaptionerCfg`` (checkpoint, lm_config, tokenizer, heads, precision)."""
+    """Load from a resolved ``CaptionerCfg`` (checkpoint, lm_config, tokenizer, heads, precision, compile)."""
     return load_ifcap(cfg.checkpoint, lm_config=cfg.lm_config, tokenizer=cfg.tokenizer, device=device,
-                      mapping_heads=cfg.mapping_heads, precision=cfg.precision)
+                      mapping_heads=cfg.mapping_heads, precision=cfg.precision, compile=cfg.compile)
