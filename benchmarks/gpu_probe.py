@@ -216,7 +216,7 @@ def clip(args, ctx) -> dict:
             s = best_of(lambda: enc.encode_texts(tt, normalize=True), reps=3)
             out[f"text_{prec}_len{reps}x"] = {"texts_per_s": round(len(tt) / s, 1)}
         print(f"clip text {prec}: {[(k, v) for k, v in out.items() if k.startswith('text_' + prec)]}", flush=True)
-        del enc
+        enc = x = None  # freed before the next precision loads
         peak_reset()
     return out
 
