@@ -242,6 +242,7 @@ def test_out_of_gpu_memory_halves_the_batch_and_carries_the_size_on(demo_cfg, mo
     assert [[c["text"] for c in r["candidates"]] for r in rows] == [[c["text"] for c in r["candidates"]] for r in plain]
 
 
+@pytest.mark.slow  # ~15 s of graph capture: make test runs it, make test-fast does not
 def test_captioner_compile_gives_the_same_beams_and_off_touches_nothing(demo_cfg, models, test_records, monkeypatch,
                                                                         caplog):
     """captioner.compile (issue 38's follow-up): the compiled beam step, loaded through the config like a job's
