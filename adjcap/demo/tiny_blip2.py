@@ -25,7 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from adjcap.demo.negatives import hard_negative
-from adjcap.demo.train_base import LossTrace, TrainingPool, TrainLog, adamw, cosine_lr, deterministic, set_lr
+from adjcap.demo.train_base import (EpochSampler, LossTrace, TrainLog, TrainingPool, adamw, cosine_lr, deterministic,
+                                    set_lr)
 from adjcap.models.blip import quiet_progress
 
 
@@ -119,7 +120,7 @@ def train_tiny_blip2(blip2_dir: str | os.PathLike, pool: TrainingPool, *, seed: 
         opt = adamw(trainable, lr, weight_decay)
         gen = torch.Generator().manual_seed(seed)
         trace = LossTrace(steps)
-        perm, pos = torch.randperm(n, generator=gen), 0
+        batches = EpochSampler(n, batch, gen)
         labels = torch.cat([torch.ones(batch, dtype=torch.long), torch.zeros(batch, dtype=torch.long)])
         arange = torch.arange(batch)
 
@@ -132,10 +133,7 @@ def train_tiny_blip2(blip2_dir: str | os.PathLike, pool: TrainingPool, *, seed: 
 
         for step in range(steps):
             set_lr(opt, cosine_lr(step, steps, lr))
-            if pos + batch > n:
-                perm, pos = torch.randperm(n, generator=gen), 0
-            idx = perm[pos : pos + batch]
-            pos += batch
+            idx = batches.next()
             ks = [rng.randrange(per) for _ in range(batch)]
             texts_pos = [pool.captions[int(i)][k] for i, k in zip(idx, ks)]
             texts_neg = [negative(int(i), k) for i, k in zip(idx, ks)]

@@ -24,7 +24,8 @@ import torch.nn.functional as F
 
 from adjcap.demo.negatives import hard_negative
 from adjcap.demo.tiny_clip import CONFIG_DIR  # registers the tiny configs with open_clip
-from adjcap.demo.train_base import LossTrace, TrainingPool, TrainLog, adamw, cosine_lr, deterministic, set_lr
+from adjcap.demo.train_base import (EpochSampler, LossTrace, TrainLog, TrainingPool, adamw, cosine_lr, deterministic,
+                                    set_lr)
 from adjcap.io import atomic_write_bytes, atomic_write_json
 from adjcap.models.clip import load_dual_encoder, quiet_random_init
 from adjcap.models.sources import OPEN_CLIP_CONFIG
@@ -91,14 +92,11 @@ def train_tiny_siglip(path: str | os.PathLike, pool: TrainingPool, *, seed: int,
         opt = adamw(trainable, lr, weight_decay)
         gen = torch.Generator().manual_seed(seed)
         trace = LossTrace(steps)
-        perm, pos = torch.randperm(n, generator=gen), 0
+        batches = EpochSampler(n, batch, gen)
         signs = 2 * torch.eye(batch) - 1
         for step in range(steps):
             set_lr(opt, cosine_lr(step, steps, lr))
-            if pos + batch > n:
-                perm, pos = torch.randperm(n, generator=gen), 0
-            idx = perm[pos : pos + batch]
-            pos += batch
+            idx = batches.next()
             tid = idx * per + torch.randint(0, per, (batch,), generator=gen)
             img = img_all[idx]
             txt = F.normalize(net.encode_text(torch.cat([tok[tid], neg_tok[tid]])), dim=-1)

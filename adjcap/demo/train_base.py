@@ -75,6 +75,22 @@ def deterministic(seed: int, threads: int = 1) -> Iterator[None]:
             torch.set_num_threads(prev_threads)
 
 
+class EpochSampler:
+    """Batches of ``batch`` distinct indices of ``range(n)``: a permutation drawn from ``gen``, read in
+    order, and drawn again when fewer than ``batch`` of it are left (every tiny model's training loop)."""
+
+    def __init__(self, n: int, batch: int, gen: torch.Generator) -> None:
+        self.n, self.batch, self.gen = n, batch, gen
+        self.perm, self.pos = torch.randperm(n, generator=gen), 0
+
+    def next(self) -> torch.Tensor:
+        if self.pos + self.batch > self.n:
+            self.perm, self.pos = torch.randperm(self.n, generator=self.gen), 0
+        idx = self.perm[self.pos : self.pos + self.batch]
+        self.pos += self.batch
+        return idx
+
+
 def cosine_lr(step: int, steps: int, base: float, warmup_frac: float = 0.1) -> float:
     warm = max(1, int(steps * warmup_frac))
     if step < warm:

@@ -7,12 +7,12 @@ import os
 import random
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from adjcap.demo.train_base import LossTrace, TrainingPool, TrainLog, adamw, cosine_lr, deterministic, set_lr
+from adjcap.demo.train_base import (EpochSampler, LossTrace, TrainLog, TrainingPool, adamw, cosine_lr, deterministic,
+                                    set_lr)
 from adjcap.demo.negatives import count_negative, insert_negative, swap_negative
 from adjcap.models.blip import load_verifier, quiet_progress
 
@@ -81,7 +81,7 @@ def train_blip_itm(
         opt = adamw(named, lr, weight_decay)
         gen = torch.Generator().manual_seed(seed)
         trace = LossTrace(steps)
-        perm, pos = torch.randperm(n, generator=gen), 0
+        batches = EpochSampler(n, batch, gen)
         k = max(1, int(negatives))
         labels = torch.cat([torch.ones(batch, dtype=torch.long), torch.zeros(batch * k, dtype=torch.long)])
         class_weight = torch.tensor([1.0, float(k)])  # as many positive as negative weight
@@ -108,10 +108,7 @@ def train_blip_itm(
 
         for step in range(steps):
             set_lr(opt, cosine_lr(step, steps, lr))
-            if pos + batch > n:
-                perm, pos = torch.randperm(n, generator=gen), 0
-            idx = perm[pos : pos + batch].tolist()
-            pos += batch
+            idx = batches.next().tolist()
             texts_pos = [pool.captions[i][rng.randrange(per)] for i in idx]
             texts_neg = [negative(i, cap) for _ in range(k) for i, cap in zip(idx, texts_pos)]
             ids, mask = ver.pad(ver.tokenize(texts_pos + texts_neg))

@@ -17,7 +17,8 @@ from open_clip.transformer import text_global_pool
 from safetensors.torch import save
 
 from adjcap.demo.negatives import hard_negative
-from adjcap.demo.train_base import CLIP_POOL, LossTrace, TrainingPool, TrainLog, adamw, cosine_lr, deterministic, set_lr
+from adjcap.demo.train_base import (CLIP_POOL, EpochSampler, LossTrace, TrainLog, TrainingPool, adamw, cosine_lr,
+                                    deterministic, set_lr)
 from adjcap.io import atomic_write_bytes
 from adjcap.models.clip import load_dual_encoder
 
@@ -112,15 +113,12 @@ def train_clip(
         opt = adamw(named, lr, weight_decay)
         gen = torch.Generator().manual_seed(seed)
         trace = LossTrace(steps)
-        perm, pos = torch.randperm(n, generator=gen), 0
+        batches = EpochSampler(n, batch, gen)
         labels = torch.arange(batch)
         max_scale = math.log(100.0)
         for step in range(steps):
             set_lr(opt, cosine_lr(step, steps, lr))
-            if pos + batch > n:
-                perm, pos = torch.randperm(n, generator=gen), 0
-            idx = perm[pos : pos + batch]
-            pos += batch
+            idx = batches.next()
             tid = idx * per + torch.randint(0, per, (batch,), generator=gen)
             width = int(tok.lengths[tid].max())
             img = F.normalize(net.visual(pixels[idx]), dim=-1)
