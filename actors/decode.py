@@ -36,9 +36,7 @@ def decode_batch(batch: pa.Table, board: Any = None, preps: Sequence[PixelPrep] 
     for g, path, ex in zip(given, paths, exif):
         s = decode_state(g.image_id, g.benchmark, g.split, g.domain, path or None, g.error, bool(ex))
         if s.ok:
-            s.pixels = {p.key: p.apply(s.image) for p in preps}
-            if not keep_bytes:
-                s.encoded = None
+            s.prepare_pixels(preps, keep_bytes)
             # the stage outputs the stage cache already holds for this image travel with it
             g.image, g.encoded, g.pixels = s.image, s.encoded, s.pixels
             s = g

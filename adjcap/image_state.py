@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 
 from adjcap.data.images import decode_image, read_image_file
 from adjcap.features import empty_row
+from adjcap.pixel_prep import PixelPrep
 
 @dataclass
 class ImageState:
@@ -52,6 +53,15 @@ class ImageState:
                 raise ValueError(f"re-decoding the image failed: {d.error}")
             self.image = d.image
         return self.image
+
+    def prepare_pixels(self, preps: Iterable[PixelPrep], keep_bytes: bool = True) -> None:
+        """What a decode task does for the pools (docs/architecture.md, "Pixels prepared once"): the
+        decoded image resized and cropped for each geometry in ``preps``; without ``keep_bytes`` the
+        encoded image no longer travels (every pool's model takes one of the geometries)."""
+        image = self.pil()
+        self.pixels = {p.key: p.apply(image) for p in preps}
+        if not keep_bytes:
+            self.encoded = None
 
     def drop_image(self) -> None:
         self.image = None

@@ -583,9 +583,24 @@ def parity(a: list[dict], b: list[dict]) -> dict:
     return res
 
 
+def decoded_states(cfg, n_images: int, prepare: bool) -> tuple[list, float]:
+    """The first ``n_images`` test images decoded into states, and with ``prepare`` their pixels made as
+    the Ray job's decode tasks make them (the stages then read no image); with the CPU-s per image."""
+    from adjcap import image_state, stage_registry
+
+    recs = test_records(cfg)[:n_images]
+    preps, known = stage_registry.pixel_preps(cfg, stage_registry.names()) if prepare else ((), False)
+    t = time.process_time()
+    states = [image_state.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path) for r in recs]
+    if prepare:
+        for s in states:
+            s.prepare_pixels(preps, keep_bytes=not known)
+            s.image = None
+    return states, (time.process_time() - t) / max(1, n_images)
+
+
 def run_stages(cfg, n_images: int) -> dict:
     """One pool's models at a time, in this process: seconds per image per stage, RSS per pool."""
-    from adjcap import image_state
     from adjcap import stages
     from adjcap.data.corpus import load_corpus
     from adjcap.index import CaptionIndex
@@ -594,11 +609,12 @@ def run_stages(cfg, n_images: int) -> dict:
     from adjcap.models.precision import set_tf32
 
     set_tf32(cfg.tf32, cfg.device)  # as the pools do where they load their models
-    recs = test_records(cfg)[:n_images]
-    states = [image_state.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path) for r in recs]
+    states, decode_cpu_s = decoded_states(cfg, n_images, prepare=cfg.ray.prepare_pixels)
     corpus = load_corpus(cfg.benchmark_cfg().corpus, cfg.benchmark_cfg().corpus_format)
     dev = cfg.device
-    out: dict = {"load_s": {}, "stage_s_per_image": {}, "rss_after_load": {}}
+    # the decode tasks' CPU per image (not in the stages: the Ray job runs it in CPU tasks)
+    out: dict = {"load_s": {}, "stage_s_per_image": {}, "rss_after_load": {}, "decode_cpu_s_per_image": decode_cpu_s,
+                 "prepared_pixels": sorted({k for s in states for k in s.pixels})}
     base = rss()
 
     out["stage_cpu_s_per_image"] = {}
@@ -659,7 +675,6 @@ def run_stages(cfg, n_images: int) -> dict:
 
 def run_side_by_side(cfg, n_images: int) -> dict:
     """adjcap's stages against the paper's way (benchmarks/paper_way.py), one pool's models at a time."""
-    from adjcap import image_state
     from adjcap.data.corpus import load_corpus
     from adjcap.index import CaptionIndex
     from adjcap.models.roles import load_captioner, load_retrieval_encoder, load_verifier
@@ -668,8 +683,7 @@ def run_side_by_side(cfg, n_images: int) -> dict:
     from adjcap.models.precision import set_tf32
 
     set_tf32(cfg.tf32, cfg.device)  # as the pools do where they load their models
-    recs = test_records(cfg)[:n_images]
-    states = [image_state.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path) for r in recs]
+    states, _ = decoded_states(cfg, n_images, prepare=False)  # the paper's way decodes the image itself
     corpus = load_corpus(cfg.benchmark_cfg().corpus, cfg.benchmark_cfg().corpus_format)
     dev = cfg.device
     enc = load_retrieval_encoder(cfg.retrieval.encoder, dev, towers=("text",))
