@@ -296,6 +296,10 @@ def _size_captioner(cfg: "Config", gpu: bool, holds: frozenset[str]) -> tuple[in
     return captioners.family(cfg.captioner.family).size(cfg, gpu)
 
 
+def _pixels_captioner(cfg: "Config") -> tuple[Any, ...]:
+    return captioners.family(cfg.captioner.family).pixels(cfg)
+
+
 def _load_scorer(cfg: "Config", ld: Loading):
     """Stage 4's encoders and verifier (:func:`adjcap.models.roles.load_scorer`), reusing the retrieval
     encoder and the verifier this process holds; the job may hand it ``given["verifier"]`` (None: the
@@ -413,7 +417,7 @@ register(
     Family("retrieval", _load_retrieval, _size_retrieval, _pixels_retrieval),
     Family("index", _load_index, _nothing),
     Family("verifier", _load_verifier, _size_verifier, _pixels_verifier),
-    Family("captioner", _load_captioner, _size_captioner, lambda cfg: captioners.family(cfg.captioner.family).pixels(cfg)),
+    Family("captioner", _load_captioner, _size_captioner, _pixels_captioner),
     Family("scorer", _load_scorer, _size_scorer, _pixels_scorer),
     Stage(
         "retrieve", "retriever", ("retrieval", "index"),
