@@ -36,7 +36,7 @@ import torch
 from PIL import Image
 
 from adjcap.config import VerifierCfg
-from adjcap.models.pixels import Pixels
+from adjcap.models.pixels import Pixels, count, input_batches
 from adjcap.models.precision import dtype_name, pick_device, pick_dtype
 from adjcap.models.sources import ModelUnavailableError, hf_offline, hub_or_dir
 from adjcap.pixel_prep import PixelPrep
@@ -212,19 +212,12 @@ class Verifier:
     def encode_images(self, images: Sequence[Image.Image] | torch.Tensor) -> ImageMemo:
         """Run the vision encoder once per image and precompute every text layer's cross-attention
         keys/values of the image tokens."""
-        if isinstance(images, Pixels):  # prepared by the decode tasks: normalised here, on the device
-            images = images.input_for(self.pixel_prep, self.device, self.model_id)
-        pixels = images if isinstance(images, torch.Tensor) else None
-        items = None if pixels is not None else list(images)
-        n = int(pixels.shape[0]) if pixels is not None else len(items)
-        if n == 0:
+        images = images if isinstance(images, (torch.Tensor, Pixels)) else list(images)
+        if count(images) == 0:
             raise ValueError("encode_images needs at least one image")
         memos = []
-        for start in range(0, n, self.image_batch_size):
-            if pixels is not None:
-                batch = pixels[start : start + self.image_batch_size]
-            else:
-                batch = self.preprocess(items[start : start + self.image_batch_size])
+        for batch in input_batches(images, self.image_batch_size, prep=self.pixel_prep, device=self.device,
+                                   name=self.model_id, preprocess=self.preprocess):
             batch = batch.to(self.device, dtype=self.dtype)
             embeds = self.model.vision_model(pixel_values=batch).last_hidden_state
             memos.append(self.memo_from_image_embeds(embeds))

@@ -35,7 +35,7 @@ from PIL import Image
 
 from adjcap.config import VerifierCfg
 from adjcap.models.blip import eval_transform, lavis_pre_caption, pad_token_ids, quiet_progress
-from adjcap.models.pixels import Pixels
+from adjcap.models.pixels import Pixels, count, input_batches
 from adjcap.models.precision import dtype_name, pick_device, pick_dtype
 from adjcap.models.sources import ModelUnavailableError, hub_or_dir
 from adjcap.pixel_prep import PixelPrep
@@ -114,17 +114,12 @@ class Blip2Verifier:
     @torch.inference_mode()
     def encode_images(self, images: Sequence[Image.Image] | torch.Tensor) -> Blip2Memo:
         """The vision encoder's last hidden state per image (PIL images or preprocessed pixels)."""
-        if isinstance(images, Pixels):  # prepared by the decode tasks: normalised here, on the device
-            images = images.input_for(self.pixel_prep, self.device, self.model_id)
-        pixels = images if isinstance(images, torch.Tensor) else None
-        items = None if pixels is not None else list(images)
-        n = int(pixels.shape[0]) if pixels is not None else len(items)
-        if n == 0:
+        images = images if isinstance(images, (torch.Tensor, Pixels)) else list(images)
+        if count(images) == 0:
             raise ValueError("encode_images needs at least one image")
         outs = []
-        for start in range(0, n, self.image_batch_size):
-            batch = (pixels[start : start + self.image_batch_size] if pixels is not None
-                     else self.preprocess(items[start : start + self.image_batch_size]))
+        for batch in input_batches(images, self.image_batch_size, prep=self.pixel_prep, device=self.device,
+                                   name=self.model_id, preprocess=self.preprocess):
             vision_dtype = next(self.model.vision_model.parameters()).dtype
             outs.append(self.model.vision_model(pixel_values=batch.to(self.device, dtype=vision_dtype))[0])
         return Blip2Memo(torch.cat(outs))

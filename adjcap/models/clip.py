@@ -34,7 +34,7 @@ from open_clip.transformer import text_global_pool
 from PIL import Image
 
 from adjcap.config import EncoderCfg
-from adjcap.models.pixels import Pixels
+from adjcap.models.pixels import Pixels, count, input_batches
 from adjcap.pixel_prep import PixelPrep
 from adjcap.models.precision import dtype_name, pick_device, pick_dtype
 from adjcap.models.sources import (PREPROCESS_KEYS, ModelUnavailableError, clip_source, tag_preprocess,
@@ -236,22 +236,12 @@ class DualEncoder:
         """PIL images, a tensor already made by :meth:`preprocess`, or :class:`adjcap.models.pixels.Pixels`
         of this model's :attr:`pixel_prep` -> float32 [B, D] on ``device``."""
         self._need("image")
-        if isinstance(images, Pixels):  # prepared by the decode tasks: normalised here, on the device
-            images = images.input_for(self.pixel_prep, self.device, self.model_id)
-        if isinstance(images, torch.Tensor):
-            pixels = images
-        else:
-            pixels = None
-            images = list(images)
-        n = int(pixels.shape[0]) if pixels is not None else len(images)
-        if n == 0:
+        images = images if isinstance(images, (torch.Tensor, Pixels)) else list(images)
+        if count(images) == 0:
             return torch.empty(0, self.embed_dim, device=self.device)
         outs = []
-        for start in range(0, n, self.image_batch_size):
-            if pixels is not None:
-                batch = pixels[start : start + self.image_batch_size]
-            else:
-                batch = self.preprocess(images[start : start + self.image_batch_size])
+        for batch in input_batches(images, self.image_batch_size, prep=self.pixel_prep, device=self.device,
+                                   name=self.model_id, preprocess=self.preprocess):
             batch = batch.to(self.device, dtype=self.dtype, non_blocking=True)
             feats = self.model.visual(batch).float()
             outs.append(F.normalize(feats, dim=-1) if normalize else feats)

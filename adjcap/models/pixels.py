@@ -7,7 +7,7 @@ transform do to the same pixels, in the same float32 operations, so the result i
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -45,3 +45,24 @@ class Pixels:
             raise ValueError(f"{model} takes {want}, not '{self.key}' (the decode tasks prepared them for "
                              "another model: a bug; set ray.prepare_pixels=false to decode in the pools)")
         return normalized(self.data, prep, device)
+
+
+def input_batches(images, batch_size: int, *, prep: PixelPrep | None, device: torch.device | str, name: str,
+                  preprocess: Callable[[list], torch.Tensor]) -> Iterator[torch.Tensor]:
+    """A model's image input as float32 batches of at most ``batch_size``, whatever it was given:
+    :class:`Pixels` of its geometry ``prep`` (normalised once, on ``device``), a tensor its ``preprocess``
+    made already, or PIL images (``preprocess`` on each batch). ``name`` names the model in errors."""
+    if isinstance(images, Pixels):
+        images = images.input_for(prep, device, name)
+    if isinstance(images, torch.Tensor):
+        for start in range(0, int(images.shape[0]), batch_size):
+            yield images[start : start + batch_size]
+        return
+    items = list(images)
+    for start in range(0, len(items), batch_size):
+        yield preprocess(items[start : start + batch_size])
+
+
+def count(images) -> int:
+    """How many images ``images`` holds (:class:`Pixels`, a tensor or a sequence)."""
+    return int(images.shape[0]) if isinstance(images, torch.Tensor) else len(images)
