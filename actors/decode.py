@@ -34,9 +34,9 @@ def decode_batch(batch: pa.Table, board: Any = None, preps: Sequence[PixelPrep] 
     exif = batch.column("exif").to_pylist() if "exif" in batch.column_names else [True] * len(given)
     states = []
     for g, path, ex in zip(given, paths, exif):
-        s = decode_state(g.image_id, g.benchmark, g.split, g.domain, path or None, g.error, bool(ex))
+        s = decode_state(g.image_id, g.benchmark, g.split, g.domain, path or None, g.error, bool(ex), keep_bytes)
         if s.ok:
-            s.prepare_pixels(preps, keep_bytes)
+            s.prepare_pixels(preps)
             # the stage outputs the stage cache already holds for this image travel with it
             g.image, g.encoded, g.pixels = s.image, s.encoded, s.pixels
             s = g

@@ -22,18 +22,18 @@ from adjcap.config import Config
 
 class PoolActor:
     def __init__(self, cfg: Config, stages: tuple[str, ...], given: dict[str, Any] | None = None,
-                 board: Any = None, last: bool = True, sink: Sink | None = None):
+                 board: Any = None, last: bool = True, sink: Sink | None = None, pool: str | None = None):
         """``cfg`` resolved; ``stages``: the stage names this pool runs; ``given``: what the job hands the
         families instead of files (object refs are fetched here: the caption index the job put once, whose
         arrays are then read-only views of this node's object store); ``last``: this pool's states are final
         (images and intermediate encodings are dropped); ``sink``: where the last pool writes its batches
-        (then only :func:`adjcap.batch_sink.done_columns` go back, never a state)."""
+        (then only :func:`adjcap.batch_sink.done_columns` go back, never a state); ``pool``: the pool's
+        name (default: its first stage's pool)."""
         self.cfg, self.last, self.sink = cfg, last, sink
         self.cache = sink.cache() if sink is not None else None
         self.stages = [stage_registry.stage(s) for s in stages]
         given = {k: ray.get(v) if isinstance(v, ray.ObjectRef) else v for k, v in (given or {}).items()}
-        name = type(self).__name__  # actor_class names it for its pool: CaptionerActor, FusedActor
-        self.pool = name[:-5].lower() if name.endswith("Actor") and name != "PoolActor" else self.stages[0].pool
+        self.pool = pool or self.stages[0].pool  # its name in the memory plan and in a GPU failure's line
         pools.check_gpu_memory(cfg, self.pool)  # before any model loads: one line when they cannot fit
         self.models = stage_registry.load_families(cfg, stage_registry.families_of(stages), given)
         self.meters = [StageMeter(s.name, board) for s in self.stages]

@@ -1,8 +1,8 @@
 """Per-image states between Ray pools as declared Arrow columns (docs/architecture.md, "Data flow of one
 image"): a batch of states travels as one ``pyarrow.Table`` whose columns are the image's own (id,
-benchmark, split, domain, error, the encoded image, the stages done and computed), every stage's output
-columns as the stage registry declares them (:attr:`adjcap.stage_registry.Stage.output`: each column
-once, typed by its schema) and the verifier's image encoding (stage 2's, reused by stage 4) as raw
+benchmark, split, domain, error, the encoded image, the pixels the decode task prepared, the stages
+done and computed), every stage's output columns as the stage registry declares them
+(:attr:`adjcap.stage_registry.Stage.output`: each column once, typed by its schema) and the verifier's image encoding (stage 2's, reused by stage 4) as raw
 bytes. No state is pickled; a stage registered beyond the four travels by its declared columns too.
 
 Imports no model library (the decode tasks use it): PyTorch only when a batch carries a verifier

@@ -54,14 +54,11 @@ class ImageState:
             self.image = d.image
         return self.image
 
-    def prepare_pixels(self, preps: Iterable[PixelPrep], keep_bytes: bool = True) -> None:
+    def prepare_pixels(self, preps: Iterable[PixelPrep]) -> None:
         """What a decode task does for the pools (docs/architecture.md, "Pixels prepared once"): the
-        decoded image resized and cropped for each geometry in ``preps``; without ``keep_bytes`` the
-        encoded image no longer travels (every pool's model takes one of the geometries)."""
+        decoded image resized and cropped for each geometry in ``preps``."""
         image = self.pil()
         self.pixels = {p.key: p.apply(image) for p in preps}
-        if not keep_bytes:
-            self.encoded = None
 
     def drop_image(self) -> None:
         self.image = None
@@ -90,9 +87,11 @@ class ImageState:
 
 
 def decode_state(image_id: str, benchmark: str, split: str, domain: str | None,
-                 image_path: str | None, error: str | None = None, exif_transpose: bool = True) -> ImageState:
+                 image_path: str | None, error: str | None = None, exif_transpose: bool = True,
+                 keep_bytes: bool = True) -> ImageState:
     """A fresh state with its image decoded (or its ``error`` set: missing file, truncated JPEG, a
-    path the annotation reader already refused (``error``), ...)."""
+    path the annotation reader already refused (``error``), ...); with ``keep_bytes`` also the bytes
+    it travels as (:func:`encode_for_transport`: none where every pool takes prepared pixels)."""
     s = ImageState(image_id=image_id, benchmark=benchmark, split=split, domain=domain or None)
     if error:
         s.error = f"decode: {error}"
@@ -109,7 +108,7 @@ def decode_state(image_id: str, benchmark: str, split: str, domain: str | None,
         s.error = f"decode: {d.error}"
     else:
         s.image = d.image
-        s.encoded = encode_for_transport(data, d.image)
+        s.encoded = encode_for_transport(data, d.image) if keep_bytes else None
     return s
 
 

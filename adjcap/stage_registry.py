@@ -287,6 +287,7 @@ def _attach_nouns(role, cfg: "Config", ld: Loading) -> None:
         role.nouns = nouns_for(cfg, tag_missing=False)
     except (LookupError, OSError, ValueError) as e:  # no corpus file here: tag per image
         log.warning(f"entities: tagging each image's captions (the corpus nouns are unavailable: {e})")
+        return
     if role.nouns is None and cfg.captioner.entities.mode == "frequency":
         log.warning("entities: the corpus nouns were not tagged by the index step (adjcap encode-corpus); "
                     "tagging each image's captions")

@@ -305,19 +305,7 @@ def caption(
         for s, ents, beam in zip(batch, entity_lists, beams):
             s.entities = list(ents)
             s.prompt = ent.hard_prompt(ents)
-            s.candidates = [
-                {
-                    "text": c.text,
-                    "lm_logprob_sum": float(c.lm_logprob_sum),
-                    "lm_logprob_mean": float(c.lm_logprob_mean),
-                    "n_tokens": int(c.n_tokens),
-                    "beam_rank": int(c.beam_rank),
-                    "retrieval_cosine": math.nan,
-                    "verifier": math.nan,
-                    "clipscore_cosine": math.nan,
-                }
-                for c in beam
-            ]
+            s.candidates = _candidate_rows(beam)
 
     return _guarded("caption", run, states)
 

@@ -591,10 +591,11 @@ def decoded_states(cfg, n_images: int, prepare: bool) -> tuple[list, float]:
     recs = test_records(cfg)[:n_images]
     preps, known = stage_registry.pixel_preps(cfg, stage_registry.names()) if prepare else ((), False)
     t = time.process_time()
-    states = [image_state.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path) for r in recs]
+    states = [image_state.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path,
+                                       keep_bytes=not (prepare and known)) for r in recs]
     if prepare:
         for s in states:
-            s.prepare_pixels(preps, keep_bytes=not known)
+            s.prepare_pixels(preps)
             s.image = None
     return states, (time.process_time() - t) / max(1, n_images)
 

@@ -75,7 +75,8 @@ def pools(cfg: Config, first: int = 0, gpu: bool = False) -> list[PoolRun]:
         if lavis and "score" in p.stages:
             out.append(PoolRun(LavisScorerActor, p.name, {}, ("score-verifier",), env))
             given["verifier"] = None  # scored by the LAVIS pool just before
-        out.append(PoolRun(actor_class(p.actor_name), p.name, {"stages": p.stages, "given": given, "last": last},
+        out.append(PoolRun(actor_class(p.actor_name), p.name,
+                           {"stages": p.stages, "given": given, "last": last, "pool": p.name},
                            p.stages, {}))
     return out
 
