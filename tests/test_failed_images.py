@@ -4,7 +4,6 @@ ray.max_failed_share of the images back failed (adjcap.jobs.failures; issue 47 i
 import shutil
 
 import pytest
-import typer
 
 from adjcap.config import CaptionerCfg
 from adjcap.data.candidates import CandidateSet, CandidateTable
@@ -68,16 +67,20 @@ def test_the_run_reports_its_failed_images_in_one_line(tmp_path, capsys):
     failures.report(run, "demo", {"test": recs["test"][2:]}, strict=True)  # the current images did not fail
 
 
-def test_the_command_line_ends_with_the_line_and_exit_65(capsys):
-    from adjcap.cli import _run
+def test_the_command_line_ends_with_the_line_and_exit_65(monkeypatch):
+    from typer.testing import CliRunner
 
-    def job():
+    import adjcap.jobs.demo as demo_job
+    from adjcap.cli import app
+
+    def job(cfg, **kwargs):
+        assert kwargs["strict"]  # the command line asks for the exit code
         raise ImagesFailed("3 of 3 images failed; first: a.png decode: cannot decode a.png")
 
-    with pytest.raises(typer.Exit) as e:
-        _run(job)
-    assert e.value.exit_code == 65
-    assert capsys.readouterr().err.strip().splitlines() == ["3 of 3 images failed; first: a.png decode: cannot decode a.png"]
+    monkeypatch.setattr(demo_job, "main", job)
+    res = CliRunner().invoke(app, ["run-job", "demo"])
+    assert res.exit_code == 65
+    assert res.output.strip().splitlines() == ["3 of 3 images failed; first: a.png decode: cannot decode a.png"]
 
 
 class _TokenizerFails:
