@@ -34,6 +34,7 @@ from open_clip.transformer import text_global_pool
 from PIL import Image
 
 from adjcap.config import EncoderCfg
+from adjcap.models.clip_tokens import fast_tokenizer
 from adjcap.models.pixels import Pixels, count, input_batches
 from adjcap.pixel_prep import PixelPrep
 from adjcap.models.precision import dtype_name, pick_device, pick_dtype
@@ -345,8 +346,9 @@ class DualEncoder:
 
 @functools.lru_cache(maxsize=8)
 def _tokenizer(model: str) -> Any:
-    """open_clip's tokenizer of an architecture name or a ``local-dir:`` / ``hf-hub:`` source."""
-    return open_clip.get_tokenizer(model)
+    """open_clip's tokenizer of an architecture name or a ``local-dir:`` / ``hf-hub:`` source, made fast with
+    the same ids (:mod:`adjcap.models.clip_tokens`)."""
+    return fast_tokenizer(open_clip.get_tokenizer(model))
 
 
 def load_dual_encoder(
