@@ -84,7 +84,7 @@ class Shapes:
     reps: int = 3  # timed repetitions (best of)
 
 
-DRY = Shapes(images=4, batch=2, corpus=64, job_images=4, job_corpus=64, decode_images=2, decode_batches=(2,),
+DRY = Shapes(images=4, batch=2, corpus=64, job_images=4, job_corpus=64, decode_images=1, decode_batches=(1,),
              clip_images=2, clip_texts=8, attention_batch=1, index_captions=512, beam_width=3, max_len=4, reps=1)
 
 VARIANTS = {"fp32": ("headline", "fp32"), "gpu": ("gpu", "bf16")}  # name: (preset, its root precision)
