@@ -16,6 +16,8 @@ the order of the registry :data:`SECTIONS` (``@section`` adds one; ``--sections`
 * ``stages``: the job's four stages in one process per variant (``fp32``: the headline preset; ``gpu``: the
   gpu preset), the first batch (warm-up: CUDA context, kernels, autotuning) apart from the steady batches;
   per stage the wall seconds per image and the CUDA-event GPU span and the profiler's kernel (GPU-busy) time;
+  with both variants, the gpu preset's parity against fp32 at real size (benchmarks/realsize.py's: images
+  whose retrieval, kept captions, beam or each judge's top candidate differ);
 * ``corpus``: the corpus encode: tokenising apart from the text tower, captions/s;
 * ``ray_job``: ``run-job`` at ``--job-images`` x ``--job-corpus`` with the gpu preset in the split layout
   (under MPS when its control daemon can be started) and the fused one; skipped with its reason when Ray
@@ -305,6 +307,7 @@ def stages(args, ctx) -> dict:
     from adjcap import stage_registry
     from adjcap.models.precision import set_tf32
     from adjcap.pipeline import load_models
+    from benchmarks.realsize import outputs, parity
 
     out = {}
     b = args.shape.batch
@@ -334,11 +337,14 @@ def stages(args, ctx) -> dict:
         r["errors"] = sorted({s.error for s in states if s.error})[:5]
         r["candidates_per_image"] = round(sum(len(s.candidates or []) for s in states) / len(states), 1)
         r["peak_gib"] = peak_gib()
+        ctx.setdefault("outputs", {})[name] = outputs(states)
         out[name] = r
         print(f"stages {name}: {json.dumps(r, default=str)[:600]}", flush=True)
         RESULTS["stages"] = out
         save(args.out)
         models = states = batches = None
+    if {"fp32", "gpu"} <= set(ctx.get("outputs", {})):  # the gpu preset's parity at real size (random weights)
+        out["parity_gpu_vs_fp32"] = parity(ctx["outputs"]["fp32"], ctx["outputs"]["gpu"])
     tf32(False)
     return out
 
@@ -572,7 +578,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--device", default=None, help="default cuda (the dry run: cpu)")
     ap.add_argument("--judges", default="headline", choices=["headline", "cpu-16gb"])
     ap.add_argument("--variants", nargs="+", default=None, choices=list(VARIANTS),
-                    help="the stages section's variants (default: all; the dry run: gpu)")
+                    help="the stages section's variants (default: all)")
     ap.add_argument("--sections", nargs="+", default=None, choices=list(SECTIONS))
     ap.add_argument("--budget-s", type=float, default=420.0, help="start no section after this many seconds")
     args = ap.parse_args(argv)
@@ -586,7 +592,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                 (args.root / sub).symlink_to(Path(world) / sub, target_is_directory=True)
     args.root = args.root or Path("/tmp/adjcap-realsize")
     args.sections = args.sections or list(SECTIONS)
-    args.variants = args.variants or (["gpu"] if args.dry_run else list(VARIANTS))
+    args.variants = args.variants or list(VARIANTS)
     REPS[0] = args.shape.reps
     if args.out.suffix != ".json":
         args.out = args.out / "gpu_probe.json"
