@@ -79,6 +79,11 @@ def pools(cfg: Config, first: int = 0, gpu: bool = False) -> list[PoolRun]:
         out.append(PoolRun(actor_class(p.actor_name), p.name,
                            {"stages": p.stages, "given": given, "last": last, "pool": p.name},
                            p.stages, {}))
+    # each pool's output carries only what the pools after it read (pixels, bytes, the verifier's encoding)
+    for i, run in enumerate(out):
+        if "stages" in run.kwargs:
+            later = [m for r in out[i + 1:] for m in r.meters]
+            run.kwargs["keep"] = transport.kept_for(cfg, later)
     return out
 
 
