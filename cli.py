@@ -181,6 +181,8 @@ def caption(
     candidates: Optional[Path] = typer.Option(None, "--candidates", help="adjudicate your own captions instead of "
                                               "IFCap's: a JSONL/Parquet file, one {image, candidates, logprobs} per "
                                               "image (captioner.family=candidates)"),
+    resume: bool = typer.Option(True, "--resume/--fresh", help="skip images already captioned in the run "
+                                "directory / start over (needed after a change of settings or candidates file)"),
     verbose: bool = VERBOSE,
 ):
     """Caption a folder of your own images: the same Ray job, one caption per image with its candidates.
@@ -191,7 +193,8 @@ def caption(
                                                     "ray.verbose": verbose or None, **own}))
     from adjcap.jobs import caption as job
 
-    _run(lambda: job.main(cfg, folder, heads=heads, out=out, run_dir=run_dir, absolute_paths=absolute_paths))
+    _run(lambda: job.main(cfg, folder, heads=heads, out=out, run_dir=run_dir, resume=resume,
+                          absolute_paths=absolute_paths))
 
 
 @app.command("reproduce")

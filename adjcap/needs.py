@@ -68,9 +68,10 @@ def weights(cfg: Any) -> list[Need]:
         hint = "" if step else f"{w.name} is a local path in the config: put the file there or change the config"
         out.append(Need("weights", f"{w.role} {w.key}", w.locate(), step, hint))
     cap = cfg.captioner
-    if cap.family == "candidates" and judge_needed(cap):  # a file without log-probs: its LM judge
+    if cap.family == "candidates" and judge_needed(cap, tokenizer=True):  # rows without log-probs or counts
         w = weights_of_judge(cap.candidates.lm)
-        out.append(Need("weights", f"LM judge {w.key}", w.locate(), "models" if w.kind != "file" else None,
+        role = "LM judge" if judge_needed(cap) else "LM judge's tokenizer (rows without n_tokens)"
+        out.append(Need("weights", f"{role} {w.key}", w.locate(), "models" if w.kind != "file" else None,
                         "" if w.kind != "file" else f"{w.name} is a local path in the config"))
     return out
 

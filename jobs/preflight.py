@@ -72,8 +72,10 @@ def prepare_command(cfg: Config, gone: list[Need]) -> str:
 
 
 def candidates_problem(cfg: Config) -> str | None:
-    """With ``captioner.family = candidates``: why its file cannot be used (not UTF-8 / JSON, an empty
-    or repeated candidate, an image the benchmark lacks: the file's line named), or None."""
+    """With ``captioner.family = candidates``: why its file cannot be used, or None: every check of
+    :mod:`adjcap.data.candidates` (the file's line named), against every image the benchmark has, and
+    every image the job will caption (``limit`` applied) present unless ``captioner.candidates.allow_missing``.
+    The LM judge and its tokenizer are weights: :func:`problems` names them when missing."""
     if cfg.captioner.family != "candidates":
         return None
     from adjcap.captioners import candidates_table
@@ -82,8 +84,11 @@ def candidates_problem(cfg: Config) -> str | None:
 
     try:
         table = candidates_table(cfg.captioner)
-        records = read_records(cfg.model_copy(update={"limit": None}))  # every image the benchmark has
-        match_records(table, [r for rs in records.values() for r in rs], cfg.benchmark_cfg().images)
+        every = read_records(cfg.model_copy(update={"limit": None}))  # every image the benchmark has
+        captioned = read_records(cfg) if cfg.limit is not None else every
+        match_records(table, [r for rs in every.values() for r in rs], cfg.benchmark_cfg().images,
+                      captioned=[r.image_id for rs in captioned.values() for r in rs],
+                      allow_missing=cfg.captioner.candidates.allow_missing)
     except CandidatesError as e:
         return str(e)
     return None
