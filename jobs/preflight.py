@@ -1,7 +1,9 @@
 """Before a job starts Ray or writes anything: are the config's weights, data and NLTK data here
 (:mod:`adjcap.needs`), and does one actor of every pool fit in the memory a local Ray would have
 (the plan of :func:`jobs.ray_session.pool_plan`)? A refusal is one line naming each missing thing,
-the one ``adjcap prepare`` command that fetches it, and the memory shortfall."""
+the one ``adjcap prepare`` command that fetches it, and the memory shortfall; a candidates file
+(:mod:`adjcap.data.candidates`) and COCO instances files (:mod:`adjcap.metrics.chair`) are checked whole,
+their file and line named."""
 
 from __future__ import annotations
 
@@ -94,13 +96,26 @@ def candidates_problem(cfg: Config) -> str | None:
     return None
 
 
+def instances_problem(cfg: Config) -> str | None:
+    """With ``eval.chair = instances | both`` on COCO: why its instances files cannot be used (missing,
+    not COCO instances, an unknown category id, a class outside CHAIR's synonym lists: the file named),
+    or None; checked here so a job does not learn it after its Ray stages (:mod:`adjcap.metrics.chair`)."""
+    if cfg.eval.chair == "proxy" or cfg.benchmark != "coco":
+        return None
+    from adjcap.metrics.chair import load_instance_objects
+
+    try:
+        load_instance_objects(list(cfg.eval.coco_instances))
+    except (ValueError, OSError) as e:
+        return str(e)
+    return None
+
+
 def problems(cfg: Config) -> str | None:
     """One line saying why ``cfg`` (resolved) cannot run here, or None."""
     gone = missing(needs_of(cfg, PREFLIGHT_GROUPS))
     parts = []
-    bad_file = candidates_problem(cfg)
-    if bad_file:
-        parts.append(bad_file)
+    parts += [p for p in (candidates_problem(cfg), instances_problem(cfg)) if p]
     if gone:
         fetchable = [n for n in gone if n.step]
         other = [n for n in gone if not n.step]
