@@ -115,6 +115,7 @@ def _same_as_generate(cap, images, reference=None):
     return beams
 
 
+@pytest.mark.slow  # ~10 s each on 2 cores: make test, not test-fast
 def test_a_decoder_start_token_id_of_0_is_a_start_id(built, images, tmp_path):
     """RoBERTa / TrOCR-style: the decoder starts with <s> = 0 and its config has no decoder_start_token_id."""
     def start_at_0(net, tok):
@@ -130,6 +131,7 @@ def test_a_decoder_start_token_id_of_0_is_a_start_id(built, images, tmp_path):
     _same_as_generate(cap, images)
 
 
+@pytest.mark.slow  # ~10 s each on 2 cores: make test, not test-fast
 def test_a_pad_emitted_at_the_length_limit_counts_as_in_generate(built, images, tmp_path):
     """A beam that emits the pad token as a real token at max_len: generate scores it over every token,
     so does adjcap (stripping it made the mean disagree with the beam score and refused the image)."""
@@ -146,6 +148,7 @@ def test_a_pad_emitted_at_the_length_limit_counts_as_in_generate(built, images, 
     assert all(c.n_tokens == MAX_LEN and len(c.token_ids) == MAX_LEN for c in ending)
 
 
+@pytest.mark.slow  # ~10 s each on 2 cores: make test, not test-fast
 def test_a_saved_generation_config_is_overridden_in_one_line(built, images, tmp_path, caplog):
     """The checkpoint's own length penalty, early stopping, n-gram block and suppressed tokens would
     change the beams or their scores: overridden, one log line naming each; the beams are those of the
