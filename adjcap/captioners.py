@@ -125,14 +125,19 @@ def _load_candidates(cfg: "Config", device: str) -> CandidatesModel:
     return CandidatesModel(table, judge)
 
 
-def judge_needed(c: "CaptionerCfg", tokenizer: bool = False) -> bool:
-    """The file leaves some candidates to the LM judge (``tokenizer``: or only their token counts, which
-    its tokenizer gives); False when the file cannot be read: preflight says why."""
+def judge_needs(c: "CaptionerCfg") -> tuple[bool, bool]:
+    """(the file leaves some candidates to the LM judge, it leaves some token counts to the judge's
+    tokenizer), from one read of the file; (False, False) when it cannot be read: preflight says why."""
     try:
         table = candidates_table(c)
     except (ValueError, OSError):
-        return False
-    return table.needs_lm or (tokenizer and table.needs_tokenizer)
+        return False, False
+    return table.needs_lm, table.needs_tokenizer
+
+
+def judge_needed(c: "CaptionerCfg") -> bool:
+    """The file leaves some candidates to the LM judge."""
+    return judge_needs(c)[0]
 
 
 def _size_candidates(cfg: "Config", gpu: bool) -> tuple[int, int]:
