@@ -93,7 +93,8 @@ class HfCaptioner:
         b = pixel_values.shape[0]
         ids = torch.tensor([start] * b, dtype=torch.long, device=self.device)
         kw: dict[str, Any] = dict(num_beams=beam_width, num_return_sequences=beam_width, max_new_tokens=max_len,
-                                  output_scores=True, return_dict_in_generate=True, **NEUTRAL)
+                                  output_scores=True, return_dict_in_generate=True,
+                                  **{k: v for k, v in NEUTRAL.items() if hasattr(self.model.generation_config, k)})
         if self.kind == "blip":  # its generate puts its start token first and drops the last token
             ids = torch.cat([ids, ids[:, :1]], dim=1)
             out = self.model.generate(pixel_values=pixel_values, input_ids=ids, **kw)
