@@ -185,6 +185,8 @@ def caption(
     candidates: Optional[Path] = typer.Option(None, "--candidates", help="adjudicate your own captions instead of "
                                               "IFCap's: a JSONL/Parquet file, one {image, candidates, logprobs} per "
                                               "image (captioner.family=candidates)"),
+    resume: bool = typer.Option(True, "--resume/--fresh", help="skip images already captioned in the run "
+                                "directory / start over (needed after a change of settings or candidates file)"),
     verbose: bool = VERBOSE,
 ):
     """Caption a folder of your own images: the same Ray job, one caption per image with its candidates.
@@ -195,8 +197,8 @@ def caption(
                                                     "ray.verbose": verbose or None, **own}))
     from adjcap.jobs import caption as job
 
-    _run(lambda: job.main(cfg, folder, heads=heads, out=out, run_dir=run_dir, absolute_paths=absolute_paths,
-                          strict=True))
+    _run(lambda: job.main(cfg, folder, heads=heads, out=out, run_dir=run_dir, resume=resume,
+                          absolute_paths=absolute_paths, strict=True))
 
 
 @app.command("reproduce")
@@ -291,8 +293,10 @@ def evaluate(
     no_spice: bool = typer.Option(False, "--no-spice", help="skip SPICE"),
     intersection: bool = typer.Option(False, "--intersection",
                                       help="score only images present in both predictions and references"),
+    sets: Optional[List[str]] = SET,
 ):
-    """Score predictions: BLEU, METEOR, ROUGE-L, CIDEr, SPICE, CHAIR proxy (and NoCaps domains)."""
+    """Score predictions: BLEU, METEOR, ROUGE-L, CIDEr, SPICE, CHAIR (eval.chair: the proxy, or the original
+    with COCO instances: --set eval.chair=both) (and NoCaps domains)."""
     eval_updates = _typed(**{"eval.spice_jars": str(spice_jars) if spice_jars else None})
     eval_updates["eval.spice"] = not no_spice
     if run is None and (predictions is None or references is None):
@@ -300,7 +304,7 @@ def evaluate(
         raise typer.Exit(2)
     rd = RunDir(run) if run is not None else None
     # the run's own config, else the headline preset's eval settings
-    cfg = _cfg(None if rd else "headline", None, rd.config_path if rd else None, eval_updates,
+    cfg = _cfg(None if rd else "headline", sets, rd.config_path if rd else None, eval_updates,
                computes=rd is not None).resolved()
     from adjcap.jobs import evaluate as job
 

@@ -112,7 +112,7 @@ def candidates_table(c: "CaptionerCfg"):
     if not c.candidates.file:
         raise CandidatesError("captioner.family=candidates needs captioner.candidates.file (or `adjcap caption DIR "
                               "--candidates FILE`)")
-    return CandidateTable(read_candidates(c.candidates.file), str(c.candidates.file))
+    return CandidateTable(read_candidates(c.candidates.file, c.candidates.max_chars), str(c.candidates.file))
 
 
 def _load_candidates(cfg: "Config", device: str) -> CandidatesModel:
@@ -125,16 +125,23 @@ def _load_candidates(cfg: "Config", device: str) -> CandidatesModel:
     return CandidatesModel(table, judge)
 
 
-def judge_needed(c: "CaptionerCfg") -> bool:
-    """The file leaves some candidates to the LM judge (False when the file cannot be read: preflight says why)."""
+def judge_needs(c: "CaptionerCfg") -> tuple[bool, bool]:
+    """(the file leaves some candidates to the LM judge, it leaves some token counts to the judge's
+    tokenizer), from one read of the file; (False, False) when it cannot be read: preflight says why."""
     try:
-        return candidates_table(c).needs_lm
+        table = candidates_table(c)
     except (ValueError, OSError):
-        return False
+        return False, False
+    return table.needs_lm, table.needs_tokenizer
+
+
+def judge_needed(c: "CaptionerCfg") -> bool:
+    """The file leaves some candidates to the LM judge."""
+    return judge_needs(c)[0]
 
 
 def _size_candidates(cfg: "Config", gpu: bool) -> tuple[int, int]:
-    if not judge_needed(cfg.captioner):
+    if not judge_needed(cfg.captioner):  # a tokenizer alone takes no model memory
         return 0, 0
     n = budget.causal_lm_params(cfg.captioner.candidates.lm)
     return n, n * 4  # the judge runs in fp32

@@ -178,6 +178,10 @@ class CandidatesCfg(_Strict):
     lm: str = Field("gpt2", description="the LM judge where a row has no logprobs: a text-only causal LM "
                     "(hub id or directory) scoring each candidate")
     lm_batch_size: int = Field(32, gt=0, description="candidates per forward pass of the LM judge")
+    max_chars: int = Field(5000, gt=0, description="the longest candidate accepted, in characters: a longer one "
+                           "is refused with its line (raise it for long descriptions)")
+    allow_missing: bool = Field(False, description="let images of the benchmark have no line in the file: they "
+                                "become error rows ('no candidates'); default: refused before the job starts")
 
     @field_validator("file")
     @classmethod

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from adjcap.captioners import judge_needed
+from adjcap.captioners import judge_needs
 from adjcap.models.sources import Weights, looks_like_path, weights_of
 
 # the benchmark steps of `adjcap prepare` by the folder they lay out under {data}
@@ -68,9 +68,11 @@ def weights(cfg: Any) -> list[Need]:
         hint = "" if step else f"{w.name} is a local path in the config: put the file there or change the config"
         out.append(Need("weights", f"{w.role} {w.key}", w.locate(), step, hint))
     cap = cfg.captioner
-    if cap.family == "candidates" and judge_needed(cap):  # a file without log-probs: its LM judge
+    lm, counts = judge_needs(cap) if cap.family == "candidates" else (False, False)
+    if lm or counts:  # rows without log-probs (the judge scores them) or without token counts (it counts them)
         w = weights_of_judge(cap.candidates.lm)
-        out.append(Need("weights", f"LM judge {w.key}", w.locate(), "models" if w.kind != "file" else None,
+        role = "LM judge" if lm else "LM judge's tokenizer (rows without n_tokens)"
+        out.append(Need("weights", f"{role} {w.key}", w.locate(), "models" if w.kind != "file" else None,
                         "" if w.kind != "file" else f"{w.name} is a local path in the config"))
     return out
 

@@ -353,7 +353,8 @@ def caption_candidates(states: list[ImageState], table, judge, ccfg: CaptionerCf
         for s in batch:
             got = table.get(s.image_id)
             if got is None:
-                raise ValueError(f"no candidates for image '{s.image_id}' in {table.source}")
+                raise ValueError(f"no candidates for image '{s.image_id}' in {table.source} (captioner.candidates."
+                                 "allow_missing)")
             sets.append(got)
         judged = [t for c in sets if c.logprobs is None for t in c.texts]
         scores = iter(judge.score(judged, ccfg.candidates.lm_batch_size) if judged else [])

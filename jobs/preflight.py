@@ -1,7 +1,9 @@
 """Before a job starts Ray or writes anything: are the config's weights, data and NLTK data here
 (:mod:`adjcap.needs`), and does one actor of every pool fit in the memory a local Ray would have
 (the plan of :func:`jobs.ray_session.pool_plan`)? A refusal is one line naming each missing thing,
-the one ``adjcap prepare`` command that fetches it, and the memory shortfall."""
+the one ``adjcap prepare`` command that fetches it, and the memory shortfall; a candidates file
+(:mod:`adjcap.data.candidates`) and COCO instances files (:mod:`adjcap.metrics.chair`) are checked whole,
+their file and line named."""
 
 from __future__ import annotations
 
@@ -72,8 +74,10 @@ def prepare_command(cfg: Config, gone: list[Need]) -> str:
 
 
 def candidates_problem(cfg: Config) -> str | None:
-    """With ``captioner.family = candidates``: why its file cannot be used (not UTF-8 / JSON, an empty
-    or repeated candidate, an image the benchmark lacks: the file's line named), or None."""
+    """With ``captioner.family = candidates``: why its file cannot be used, or None: every check of
+    :mod:`adjcap.data.candidates` (the file's line named), against every image the benchmark has, and
+    every image the job will caption (``limit`` applied) present unless ``captioner.candidates.allow_missing``.
+    The LM judge and its tokenizer are weights: :func:`problems` names them when missing."""
     if cfg.captioner.family != "candidates":
         return None
     from adjcap.captioners import candidates_table
@@ -82,9 +86,27 @@ def candidates_problem(cfg: Config) -> str | None:
 
     try:
         table = candidates_table(cfg.captioner)
-        records = read_records(cfg.model_copy(update={"limit": None}))  # every image the benchmark has
-        match_records(table, [r for rs in records.values() for r in rs], cfg.benchmark_cfg().images)
+        every = read_records(cfg.model_copy(update={"limit": None}))  # every image the benchmark has
+        captioned = read_records(cfg) if cfg.limit is not None else every
+        match_records(table, [r for rs in every.values() for r in rs], cfg.benchmark_cfg().images,
+                      captioned=[r.image_id for rs in captioned.values() for r in rs],
+                      allow_missing=cfg.captioner.candidates.allow_missing)
     except CandidatesError as e:
+        return str(e)
+    return None
+
+
+def instances_problem(cfg: Config) -> str | None:
+    """With ``eval.chair = instances | both`` on COCO: why its instances files cannot be used (missing,
+    not COCO instances, an unknown category id, a class outside CHAIR's synonym lists: the file named),
+    or None; checked here so a job does not learn it after its Ray stages (:mod:`adjcap.metrics.chair`)."""
+    if cfg.eval.chair == "proxy" or cfg.benchmark != "coco":
+        return None
+    from adjcap.metrics.chair import load_instance_objects
+
+    try:
+        load_instance_objects(list(cfg.eval.coco_instances))
+    except (ValueError, OSError) as e:
         return str(e)
     return None
 
@@ -93,9 +115,7 @@ def problems(cfg: Config) -> str | None:
     """One line saying why ``cfg`` (resolved) cannot run here, or None."""
     gone = missing(needs_of(cfg, PREFLIGHT_GROUPS))
     parts = []
-    bad_file = candidates_problem(cfg)
-    if bad_file:
-        parts.append(bad_file)
+    parts += [p for p in (candidates_problem(cfg), instances_problem(cfg)) if p]
     if gone:
         fetchable = [n for n in gone if n.step]
         other = [n for n in gone if not n.step]
