@@ -89,13 +89,23 @@ def candidates_problem(cfg: Config) -> str | None:
     return None
 
 
+def vlm_problem(cfg: Config) -> str | None:
+    """With ``captioner.family = vlm``: why its checkpoint or prompt cannot run (not an image-text-to-text
+    model; a prompt without the processor's image placeholder), or None."""
+    if cfg.captioner.family != "vlm":
+        return None
+    from adjcap.models.vlm_captioner import settings_problem
+
+    return settings_problem(cfg.captioner.vlm)
+
+
 def problems(cfg: Config) -> str | None:
     """One line saying why ``cfg`` (resolved) cannot run here, or None."""
     gone = missing(needs_of(cfg, PREFLIGHT_GROUPS))
     parts = []
-    bad_file = candidates_problem(cfg)
-    if bad_file:
-        parts.append(bad_file)
+    for bad in (candidates_problem(cfg), vlm_problem(cfg)):
+        if bad:
+            parts.append(bad)
     if gone:
         fetchable = [n for n in gone if n.step]
         other = [n for n in gone if not n.step]

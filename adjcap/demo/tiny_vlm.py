@@ -156,3 +156,26 @@ def build_tiny_vlm(out_dir: str | os.PathLike, kind: str, corpus_texts: Sequence
     proc.save_pretrained(out)
     (out / "adjcap_tiny.json").write_text(json.dumps({"family": f"vlm-{kind}", "seed": seed}) + "\n")
     return out
+
+
+FOLDER = "vlm-llava"  # under {cache}/tiny: the demo mapping's captioner.vlm.model
+READY = "READY.json"
+
+
+def ensure_tiny_vlm(cache: str | os.PathLike, corpus_texts: Sequence[str], seed: int = 42) -> Path:
+    """``{cache}/tiny/vlm-llava``: the demo's tiny random LLaVA, built on first use by the runs that caption
+    with it (``reproduce lvlm-chair --benchmark demo``; never ``make demo``), under a lock, then reused.
+    Untrained: its candidates are the corpus's words in random order, so on the demo world the table shows
+    the machinery (rows, intervals, cut counts), not a model's hallucination."""
+    from adjcap.file_lock import holding
+    from adjcap.io import atomic_write_json
+
+    out = Path(cache) / "tiny" / FOLDER
+    if (out / READY).is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with holding(out.parent / f".{FOLDER}.lock", wait=True):
+        if not (out / READY).is_file():
+            build_tiny_vlm(out, "llava", corpus_texts, seed=seed, image_size=32, hidden=32, layers=2, eos_bias=4.0)
+            atomic_write_json(out / READY, {"kind": "llava", "seed": seed, "trained": False})
+    return out

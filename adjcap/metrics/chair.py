@@ -249,6 +249,13 @@ class ChairResult:
     per_class: dict[str, dict[str, int]] = field(default_factory=dict)  # class -> mentioned, hallucinated
     per_image: dict[Hashable, dict[str, list[str]]] = field(default_factory=dict)
     ground_truth: str = "proxy"  # a key of GROUND_TRUTHS
+    n_objects: int = 0  # ground-truth object classes, summed over images
+    n_recalled: int = 0  # of them, the classes the caption mentions
+
+    @property
+    def recall(self) -> float:
+        """% of the images' ground-truth object classes the captions mention (the LVLM protocol's recall)."""
+        return 100.0 * self.n_recalled / self.n_objects if self.n_objects else 0.0
 
     def to_dict(self, per_image: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -260,6 +267,9 @@ class ChairResult:
             "n_hallucinated": self.n_hallucinated,
             "per_class": self.per_class,
             "ground_truth": self.ground_truth,
+            "recall": self.recall,
+            "n_objects": self.n_objects,
+            "n_recalled": self.n_recalled,
         }
         if per_image:
             out["per_image"] = {str(k): v for k, v in self.per_image.items()}
@@ -296,7 +306,7 @@ def chair(
             raise ValueError(f"instance classes not in the CHAIR vocabulary: {sorted(unknown)[:5]}")
     per_class: dict[str, dict[str, int]] = {}
     per_image: dict[Hashable, dict[str, list[str]]] = {}
-    n_ment = n_hall = n_caps_hall = 0
+    n_ment = n_hall = n_caps_hall = n_obj = n_rec = 0
     for i, cap in preds.items():
         truth: set[str] = set(objects[i]) if objects is not None else set()
         for r in refs[i]:
@@ -311,7 +321,9 @@ def chair(
         n_ment += len(mentions)
         n_hall += len(hall)
         n_caps_hall += bool(hall)
-        per_image[i] = {"mentioned": [x.cls for x in mentions], "hallucinated": hall}
+        n_obj += len(truth)
+        n_rec += len(truth & {x.cls for x in mentions})  # each ground-truth class once, however often named
+        per_image[i] = {"mentioned": [x.cls for x in mentions], "hallucinated": hall, "objects": sorted(truth)}
     n = len(preds)
     order = {c: k for k, c in enumerate(m.vocab.classes)}
     per_class = dict(sorted(per_class.items(), key=lambda kv: order.get(kv[0], len(order))))
@@ -325,6 +337,8 @@ def chair(
         per_class=per_class,
         per_image=per_image,
         ground_truth="proxy" if objects is None else "instances",
+        n_objects=n_obj,
+        n_recalled=n_rec,
     )
 
 

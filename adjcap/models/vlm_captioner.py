@@ -236,3 +236,22 @@ def load_vlm(spec: str | os.PathLike, *, device: str | torch.device = "auto", pr
             "captioner.vlm.model=DIR") from e
     net.to(dev).eval()
     return VlmCaptioner(net, proc, src.model_id, dev, dtype, chat)
+
+
+def settings_problem(v: Any) -> str | None:
+    """Why the ``captioner.vlm`` settings ``v`` cannot run (one line), checked on the checkpoint's config
+    and processor alone (no weights loaded): not an image-text-to-text model, a prompt whose text holds
+    no image placeholder of the processor; None when they can (or when the checkpoint is not here yet:
+    the missing-needs check says that)."""
+    try:
+        config, proc, src = load_vlm_processor(v.model)
+    except VlmSettingError as e:
+        return str(e)
+    except (OSError, ValueError):
+        return None
+    cap = VlmCaptioner(None, proc, src.model_id, torch.device("cpu"), torch.float32, v.chat_template)
+    try:
+        cap.check_prompt(v.prompt)
+    except VlmSettingError as e:
+        return str(e)
+    return None
