@@ -5,7 +5,7 @@ adjcap.models.vlm_captioner (teacher-forced scores included): greedy and a beam 
 tokens each (a random model never stops, so every candidate runs to the limit: seconds per new token is
 the figure that transfers). Writes JSON with the command and the device.
 
-    python benchmarks/vlm_cost.py --tokens 32 --json benchmarks/results/vlm-cost-cpu.json
+    python benchmarks/vlm_cost.py --tokens 32 --threads 1 --json benchmarks/results/vlm-cost-cpu.json
 """
 
 from __future__ import annotations
@@ -54,11 +54,12 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--beam", type=int, default=5)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: no spinning threads on a shared box)")
     a = ap.parse_args()
     from adjcap.models.budget import local_params
     from adjcap.models.vlm_captioner import load_vlm
 
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    torch.set_num_threads(a.threads)
     with tempfile.TemporaryDirectory() as d:
         path = build_smolvlm_256m(Path(d) / "smolvlm")
         cap = load_vlm(str(path), device="cpu", precision="fp32")
@@ -73,7 +74,7 @@ def main() -> None:
             out[name] = {"seconds_per_image": round(s, 2), "new_tokens": max(c.n_tokens for c in cands),
                          "seconds_per_new_token": round(s / a.tokens, 4)}
     doc = {"command": "python " + " ".join(sys.argv), "device": f"CPU {platform.processor() or platform.machine()}, "
-           f"{torch.get_num_threads()} threads (shared 2-core box)", "model": "SmolVLM-256M-Instruct shapes, random "
+           f"{torch.get_num_threads()} thread(s), a 2-core box shared with other jobs", "model": "SmolVLM-256M-Instruct shapes, random "
            "weights, 1 tile (64 image tokens), fp32", "parameters": n, "prompt": "detail", **out}
     print(json.dumps(doc, indent=1))
     if a.json:

@@ -132,3 +132,41 @@ def test_judge_windows_and_cut_counts(tmp_path):
     assert window(clip)[0] == 77
     assert cut_count([short, long], clip)["cut"] == 1  # 73 words + start and end > 77
     assert cut_count([short, " ".join(["dog"] * 75)], clip)["cut"] == 0  # 75 + 2 = 77 fits
+
+
+@pytest.mark.slow
+def test_lvlm_chair_on_the_demo_world_end_to_end(demo_cfg, tmp_path):
+    """`adjcap reproduce lvlm-chair --benchmark demo --limit 4`: the tiny LLaVA built on first use, every
+    row run, the table written with the proxy CHAIR, recall, length and CIDEr (no instance annotations on the
+    demo world: n/a), each row's paired intervals against greedy, the judge's cut counts and the sample."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from adjcap.cli import app
+
+    runs = tmp_path / "runs"
+    args = ["reproduce", "lvlm-chair", "--benchmark", "demo", "--limit", "4", "--runs-dir", str(runs), "--workers", "1",
+            "--set", f"paths.cache_dir={demo_cfg.paths.cache_dir}", "--set", "ray.include_dashboard=false",
+            "--set", f"cache.stages_dir={tmp_path / 'stages'}"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert (Path(demo_cfg.paths.cache_dir) / "tiny" / "vlm-llava" / "READY.json").is_file()
+    doc = json.loads((runs / "reproduce" / "lvlm-chair-demo.json").read_text())
+    assert len(doc["rows"]) == 8 and all(r["status"] == "ok" for r in doc["rows"]), doc["rows"]
+    for r in doc["rows"]:
+        m = r["measured"]
+        assert m["CHAIR_s"] is None and m["CHAIR_s proxy"] is not None and m["words"] > 0
+        assert m["CIDEr"] is not None and m["recall proxy"] is not None
+    paired = doc["paired_differences"]
+    for d in get_table("lvlm-chair").differences:
+        got = {p["metric"]: p for p in paired if p["label"] == d.label}
+        assert {"CHAIR_s", "CHAIR_i", "words", "CIDEr"} <= set(got), (d.label, got)
+        for p in got.values():
+            assert p["images"] == 4 and p["low"] <= p["delta"] <= p["high"]
+    cut = doc["cut_candidates"]
+    assert len(cut) == 6 and all(c["judge"] == "blip_itm" and c["window"] == 35 for c in cut)
+    assert all(0 <= c["cut"] <= c["candidates"] and c["candidates"] > 0 for c in cut)
+    assert sorted(doc["sample_ids"]) == ["test"] and len(doc["sample_ids"]["test"]) == 4
+    md = (runs / "reproduce" / "lvlm-chair-demo.md").read_text()
+    assert "detail: greedy" in md and "short: beam, ensemble heads (fit on val)" in md

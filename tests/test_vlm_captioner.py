@@ -18,6 +18,9 @@ from PIL import Image
 from adjcap.demo.tiny_vlm import CLASSES, KINDS, build_tiny_vlm
 from adjcap.models.vlm_captioner import PROMPTS, VlmSettingError, check_image_text_to_text, load_vlm
 
+# three tiny models built and decoded (~25 s on 2 cores): make test, not the everyday make test-fast
+pytestmark = pytest.mark.slow
+
 N, MAX_NEW = 3, 6
 # the stop token's lift per class: each class's candidates both stop and run to the limit
 EOS_BIAS = {"llava": 10.0, "qwen2_vl": 2.0, "idefics3": 5.0}
@@ -111,3 +114,28 @@ def test_hostile_settings_are_one_line(tiny):
     with pytest.raises(VlmSettingError) as e:
         check_image_text_to_text(GPT2Config())
     assert "gpt2" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_caption_stage_runs_the_family_and_samples_do_not_depend_on_the_batch(tiny, images, tmp_path):
+    """Stage 3 through the family record (adjcap.captioners): each image's candidates as rows, the
+    instruction as its prompt, and sampled candidates equal whether an image is captioned alone or with
+    another (its seed comes from its id)."""
+    from adjcap import captioners
+    from adjcap.config import load_config
+    from adjcap.image_state import ImageState
+
+    kind, cap = tiny
+    if kind != "qwen2_vl":  # one class is enough for the wiring
+        return
+    cfg = load_config("headline", ["captioner.family=vlm", "captioner.vlm.search=sample", "captioner.beam_width=3",
+                                   f"captioner.vlm.max_new_tokens={MAX_NEW}", "captioner.vlm.prompt=short"])
+    fam = captioners.family("vlm")
+    both = [ImageState(image_id=f"img{i}", benchmark="demo", split="test", image=im) for i, im in enumerate(images)]
+    alone = [ImageState(image_id="img1", benchmark="demo", split="test", image=images[1])]
+    fam.run(both, cap, cfg)
+    fam.run(alone, cap, cfg)
+    assert all(s.ok and len(s.candidates) == 3 and s.prompt == PROMPTS["short"] for s in both)
+    assert [c["text"] for c in both[1].candidates] == [c["text"] for c in alone[0].candidates]
+    assert [c["lm_logprob_sum"] for c in both[1].candidates] == [c["lm_logprob_sum"] for c in alone[0].candidates]
+    assert {"captioner.vlm.search", "captioner.beam_width"} & set(captioners.unread(cfg)) == set()
+    assert "captioner.hf" in captioners.unread(cfg) and "captioner.vlm" not in captioners.unread(cfg)
