@@ -79,7 +79,7 @@ def long_candidates(runs: list, failed: dict) -> dict[str, Any]:
     cut, sample = [], {}
     for p in runs:
         if p.resolved.captioner.family != "vlm" or p.run_dir in failed or not Path(p.run_dir).is_dir():
-            continue
+            continue  # read_samples builds the table from the run's files when samples.parquet is not there
         texts = [t for row in candidates_of(read_samples(RunDir(p.run_dir))) for t in row["candidates"]]
         cut.append({"run": Path(p.run_dir).name, **cut_count(texts, p.resolved.verifier)})
         if p.resolved.sample and not sample:
