@@ -141,7 +141,8 @@ class VlmCaptioner:
         # every generated position attends (what follows a stop token is never read: the model is causal)
         fed["attention_mask"] = torch.cat([fed.get("attention_mask", torch.ones_like(sequences[:, :p])),
                                            torch.ones_like(sequences[:, p:])], dim=1)
-        logits = self.model(input_ids=sequences, **fed).logits[:, p - 1 : -1].float()
+        g = sequences.shape[1] - p  # logits of the generated positions only (not the prompt's hundreds)
+        logits = self.model(input_ids=sequences, logits_to_keep=g + 1, **fed).logits[:, :-1].float()
         return torch.log_softmax(logits, dim=-1).gather(-1, sequences[:, p:, None]).squeeze(-1)
 
     def candidates(self, image: Any, *, prompt: str, n: int, max_new_tokens: int, search: str = "beam",
