@@ -204,7 +204,7 @@ def caption(
 @app.command("reproduce")
 def reproduce(
     table: Optional[str] = typer.Argument(None, help="reproduction | scoreboard | protocols | ablation | captioner-sweep | "
-                                          "verifier-substrate | xdomain | chair | clipscore | corpus-swap"),
+                                          "verifier-substrate | xdomain | chair | clipscore | corpus-swap | lvlm-chair | ..."),
     benchmark: Optional[str] = typer.Option(None, help="run every row on this benchmark (demo: the demo world, "
                                             "tiny models, CPU); default: the paper's"),
     workers: Optional[int] = WORKERS,
@@ -216,6 +216,8 @@ def reproduce(
     list_: bool = typer.Option(False, "--list", help="list the tables, their rows and presets, and exit"),
     seeds: Optional[str] = typer.Option(None, "--seeds", help="the seed study on every row that fits heads: "
                                         "rerank.seeds, comma-separated (e.g. 42,43,44)"),
+    captioner: Optional[str] = typer.Option(None, "--captioner", help="lvlm-chair: the vision-language checkpoint "
+                                            "(captioner.vlm.model: a hub id or directory)"),
 ):
     """Run every row of one of the paper's tables and render it beside the published values."""
     from adjcap.reproduce import listing_with_status
@@ -229,7 +231,8 @@ def reproduce(
     except ValueError:
         typer.secho(f"error: --seeds {seeds!r}: give integers separated by commas, e.g. 42,43,44", fg="red", err=True)
         raise typer.Exit(2) from None
-    updates = _typed(**{"ray.workers": workers, "limit": limit, "ray.address": address, "rerank.seeds": seed_list})
+    updates = _typed(**{"ray.workers": workers, "limit": limit, "ray.address": address, "rerank.seeds": seed_list,
+                        "captioner.vlm.model": captioner})
     try:
         from adjcap.reproduce import get_table, plan_table
 

@@ -170,6 +170,25 @@ class HfCaptionerCfg(_Strict):
                                "the model's own start; the caption is the continuation only")
 
 
+class VlmCaptionerCfg(_Strict):
+    """captioner.family = vlm: a vision-language model (any AutoModelForImageTextToText checkpoint) asked
+    one instruction per image through its chat template (adjcap.models.vlm_captioner)."""
+
+    model: str = Field("llava-hf/llava-1.5-7b-hf", description="hub id or save_pretrained directory of an "
+                       "image-text-to-text model with its processor (tokenizer, chat template)")
+    prompt: str = Field("detail", description="the instruction: 'detail' (\"Please describe this image in "
+                        "detail.\", the CHAIR protocol of OPERA / VCD), 'short' (\"Provide a one-sentence caption "
+                        "for the provided image.\") or the text itself")
+    chat_template: bool = Field(True, description="put the prompt in the processor's chat template after the "
+                                "image; false: the prompt is the whole text and holds the image token itself")
+    search: Literal["beam", "sample"] = Field(
+        "beam", description="beam: num_beams = num_return_sequences = captioner.beam_width; sample: that many "
+        "samples (temperature 1, no top-k / top-p), seeded per image; captioner.decoder = greedy: one")
+    max_new_tokens: int = Field(512, gt=0, description="most tokens a candidate is generated to (the protocol: 512)")
+    sample_seed: int = Field(0, description="search = sample: each image's seed is this + a hash of its id")
+    precision: Precision = Field("auto", description="the model's weights: auto = bf16 on a GPU, fp32 on a CPU")
+
+
 class CandidatesCfg(_Strict):
     """captioner.family = candidates: captions from any system, read from a file (adjcap.data.candidates)."""
 
@@ -194,10 +213,12 @@ class CandidatesCfg(_Strict):
 
 
 class CaptionerCfg(_Strict):
-    family: Literal["ifcap", "hf", "candidates"] = Field(
+    family: Literal["ifcap", "hf", "vlm", "candidates"] = Field(
         "ifcap", description="which captioner makes the candidates: IFCap (the settings below), a transformers "
-        "model (captioner.hf) or a file of candidates (captioner.candidates); adjcap.captioners")
+        "model (captioner.hf), a vision-language model (captioner.vlm) or a file of candidates "
+        "(captioner.candidates); adjcap.captioners")
     hf: HfCaptionerCfg = Field(default_factory=HfCaptionerCfg)
+    vlm: VlmCaptionerCfg = Field(default_factory=VlmCaptionerCfg)
     candidates: CandidatesCfg = Field(default_factory=CandidatesCfg)
     checkpoint: str = Field("{data}/ifcap/checkpoints/train_coco/coco-indomain-004.pt",
                             description="the released IFCap checkpoint (.pt), loaded strictly")
@@ -439,6 +460,8 @@ class Config(_Strict):
     benchmark: str = Field("coco", description="the benchmark to run: a name in `benchmarks`")
     splits: list[str] = Field(default_factory=lambda: ["val", "test"], description="the benchmark's splits to compute")
     limit: int | None = Field(None, gt=0, description="only the first N images of each split")
+    sample: int | None = Field(None, gt=0, description="a seeded sample of N images of each split (by `seed` and "
+                               "the split; after `limit`): the LVLM CHAIR protocol's 500 images")
     precision: Precision | None = Field(
         None, description="one switch for every frozen encoder (retrieval, output scorer, CLIPScore, the "
         "captioner's CLIP) and the verifier; None = each section's own (fp32, the paper's). bf16 = speed mode. "

@@ -332,6 +332,24 @@ def caption_hf(states: list[ImageState], captioner, ccfg: CaptionerCfg) -> list[
     return _guarded("caption", run, states)
 
 
+def caption_vlm(states: list[ImageState], captioner, ccfg: CaptionerCfg) -> list[ImageState]:
+    """A vision-language model's candidates (:mod:`adjcap.models.vlm_captioner`): ``captioner.beam_width``
+    beams or seeded samples of each image (greedy: one), asked ``captioner.vlm.prompt``; no entities."""
+    from adjcap.models.vlm_captioner import image_seed, instruction
+
+    v = ccfg.vlm
+    search = "greedy" if ccfg.decoder == "greedy" else v.search
+
+    def run(batch: list[ImageState]) -> None:
+        seeds = [image_seed(v.sample_seed, s.image_id) for s in batch]
+        beams = captioner.beams(_images(batch, captioner), prompt=v.prompt, n=ccfg.beam_width,
+                                max_new_tokens=v.max_new_tokens, search=search, seeds=seeds)
+        for s, beam in zip(batch, beams):
+            s.entities, s.prompt, s.candidates = [], instruction(v.prompt), _candidate_rows(beam)
+
+    return _guarded("caption", run, states)
+
+
 def caption_candidates(states: list[ImageState], table, judge, ccfg: CaptionerCfg) -> list[ImageState]:
     """Each image's candidates from a file (:class:`adjcap.data.candidates.CandidateTable`) in the file's
     order; log-prob sum, token count and mean from the file where it gives them, else from the LM judge

@@ -111,11 +111,21 @@ def instances_problem(cfg: Config) -> str | None:
     return None
 
 
+def vlm_problem(cfg: Config) -> str | None:
+    """With ``captioner.family = vlm``: why its checkpoint or prompt cannot run (not an image-text-to-text
+    model; a prompt without the processor's image placeholder), or None."""
+    if cfg.captioner.family != "vlm":
+        return None
+    from adjcap.models.vlm_captioner import settings_problem
+
+    return settings_problem(cfg.captioner.vlm)
+
+
 def problems(cfg: Config) -> str | None:
     """One line saying why ``cfg`` (resolved) cannot run here, or None."""
     gone = missing(needs_of(cfg, PREFLIGHT_GROUPS))
     parts = []
-    parts += [p for p in (candidates_problem(cfg), instances_problem(cfg)) if p]
+    parts += [p for p in (candidates_problem(cfg), instances_problem(cfg), vlm_problem(cfg)) if p]
     if gone:
         fetchable = [n for n in gone if n.step]
         other = [n for n in gone if not n.step]

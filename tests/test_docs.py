@@ -355,6 +355,8 @@ def _check_values(name: str, command, args: list[str]) -> str | None:
         elif not a.startswith("-"):
             given.append(("", a))
         i += 1
+    from adjcap.models.budget import VLM_PARAMS
+
     presets, tables = set(list_presets()), set(load_tables())
     first = next((v for o, v in given if not o), None)
     problems = []
@@ -363,8 +365,8 @@ def _check_values(name: str, command, args: list[str]) -> str | None:
             continue
         if option in ("--preset", "-p") and value not in presets:
             problems.append(f"no preset {value!r}")
-        elif option == "--for" and value not in presets | tables:
-            problems.append(f"--for {value!r} is neither a preset nor a reproduce table")
+        elif option == "--for" and value not in presets | tables | set(VLM_PARAMS):
+            problems.append(f"--for {value!r} is neither a preset, a reproduce table nor a known VLM checkpoint")
         elif option in ("--set", "-s"):
             key = value.split("=", 1)[0]
             if key not in config_keys(key):

@@ -66,7 +66,11 @@ def test_hand_checked_example():
         "teddy bear": {"mentioned": 1, "hallucinated": 1},
     }
     assert list(r.per_class)[:3] == ["person", "motorcycle", "train"]  # COCO category order
-    assert r.per_image["4"] == {"mentioned": ["elephant", "elephant", "train"], "hallucinated": ["train"]}
+    assert r.per_image["4"] == {"mentioned": ["elephant", "elephant", "train"], "hallucinated": ["train"],
+                                "objects": ["elephant"]}
+    # recall: the references' classes (2+2+2+1+2+0+2 = 11) the captions mention; image 2's "teddy bear"
+    # is not the references' "bear", so 10 of 11
+    assert (r.n_objects, r.n_recalled) == (11, 10) and r.recall == pytest.approx(100 * 10 / 11)
     d = r.to_dict()
     assert d["CHAIR_s"] == pytest.approx(57.142857, abs=1e-5) and "per_image" not in d
 
@@ -208,7 +212,7 @@ def test_an_image_no_instances_file_has_is_scored_against_its_references(instanc
     preds = {**{k: EXAMPLE[k][0] for k in COCO_IDS}, "7": "a dog and a cat."}
     refs = {**{k: EXAMPLE[k][1] for k in COCO_IDS}, "7": ["a dog on a sofa."]}
     r = chair(preds, refs, objects=objects)
-    assert r.per_image["7"] == {"mentioned": ["dog", "cat"], "hallucinated": ["cat"]}
+    assert r.per_image["7"] == {"mentioned": ["dog", "cat"], "hallucinated": ["cat"], "objects": ["couch", "dog"]}
     assert (r.n_without_instances, r.to_dict()["n_without_instances"]) == (1, 1)
     assert (r.n_mentioned, r.n_hallucinated) == (8, 2)  # the hand-checked three plus image 7's
 

@@ -263,6 +263,13 @@ class ChairResult:
     per_image: dict[Hashable, dict[str, list[str]]] = field(default_factory=dict)
     ground_truth: str = "proxy"  # a key of GROUND_TRUTHS
     n_without_instances: int = 0  # instances: images no instances file has (scored against their references)
+    n_objects: int = 0  # ground-truth object classes, summed over images
+    n_recalled: int = 0  # of them, the classes the caption mentions
+
+    @property
+    def recall(self) -> float:
+        """% of the images' ground-truth object classes the captions mention (the LVLM protocol's recall)."""
+        return 100.0 * self.n_recalled / self.n_objects if self.n_objects else 0.0
 
     def to_dict(self, per_image: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -274,6 +281,9 @@ class ChairResult:
             "n_hallucinated": self.n_hallucinated,
             "per_class": self.per_class,
             "ground_truth": self.ground_truth,
+            "recall": self.recall,
+            "n_objects": self.n_objects,
+            "n_recalled": self.n_recalled,
         }
         if self.ground_truth == "instances":
             out["n_without_instances"] = self.n_without_instances
@@ -311,7 +321,7 @@ def chair(
             raise ValueError(f"instance classes not in the CHAIR vocabulary: {sorted(unknown)[:5]}")
     per_class: dict[str, dict[str, int]] = {}
     per_image: dict[Hashable, dict[str, list[str]]] = {}
-    n_ment = n_hall = n_caps_hall = 0
+    n_ment = n_hall = n_caps_hall = n_obj = n_rec = 0
     for i, cap in preds.items():
         truth: set[str] = set(objects.get(i, ())) if objects is not None else set()
         for r in refs[i]:
@@ -326,7 +336,9 @@ def chair(
         n_ment += len(mentions)
         n_hall += len(hall)
         n_caps_hall += bool(hall)
-        per_image[i] = {"mentioned": [x.cls for x in mentions], "hallucinated": hall}
+        n_obj += len(truth)
+        n_rec += len(truth & {x.cls for x in mentions})  # each ground-truth class once, however often named
+        per_image[i] = {"mentioned": [x.cls for x in mentions], "hallucinated": hall, "objects": sorted(truth)}
     n = len(preds)
     order = {c: k for k, c in enumerate(m.vocab.classes)}
     per_class = dict(sorted(per_class.items(), key=lambda kv: order.get(kv[0], len(order))))
@@ -341,6 +353,8 @@ def chair(
         per_image=per_image,
         ground_truth="proxy" if objects is None else "instances",
         n_without_instances=without,
+        n_objects=n_obj,
+        n_recalled=n_rec,
     )
 
 

@@ -174,6 +174,10 @@ class Evaluator:
             out["domains"] = {d: r.to_dict(per_image=False)["scores"] | {"n_images": r.n_images} for d, r in parts.items()}
             out["domains"]["overall"] = dict(out["metrics"]) | {"n_images": overall.n_images}
         out["per_image"] = overall.to_dict(per_image=True)["per_image"]
+        words = [len(str(c).split()) for c in preds.values()]
+        out["length"] = {"mean_words": sum(words) / len(words) if words else 0.0}
+        for i, c in preds.items():
+            out["per_image"].setdefault(str(i), {})["words"] = len(str(c).split())
         if self.chair is not None:
             instances = self.instance_objects is not None and self.chair_ground_truth in ("instances", "both")
             first = (chair(preds, refs, objects=self.instance_objects, matcher=self.chair)
@@ -183,6 +187,8 @@ class Evaluator:
                 row = out["per_image"].setdefault(str(i), {})
                 row["CHAIR_mentioned"] = len(d["mentioned"])
                 row["CHAIR_hallucinated"] = len(d["hallucinated"])
+                row["CHAIR_objects"] = len(d["objects"])
+                row["CHAIR_recalled"] = len(set(d["objects"]) & set(d["mentioned"]))
             if instances and self.chair_ground_truth == "both":
                 out["chair_instances"] = chair(preds, refs, objects=self.instance_objects, matcher=self.chair).to_dict()
             inst = out.get("chair_instances") or (out["chair"] if self.chair_ground_truth == "instances" else {})
