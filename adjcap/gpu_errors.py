@@ -97,10 +97,11 @@ def accelerator_failure(stage: str, batch: int, e: BaseException) -> GpuFailure:
 
 
 def find(e: BaseException | None) -> GpuFailure | None:
-    """The GpuFailure behind ``e`` (its causes and contexts, and what Ray wraps as ``cause``), or None."""
-    seen = set()
+    """The GpuFailure behind ``e`` (its causes and contexts, and what Ray wraps as ``cause``, or where Ray
+    kept only its traceback's text), or None."""
+    seen: dict[int, BaseException] = {}
     while e is not None and id(e) not in seen:
-        seen.add(id(e))
+        seen[id(e)] = e
         inner = getattr(e, "cause", None)  # ray.exceptions.RayTaskError keeps the worker's exception
         if isinstance(inner, GpuFailure):
             return inner
@@ -111,7 +112,17 @@ def find(e: BaseException | None) -> GpuFailure | None:
             if line:
                 return GpuFailure(line, stage=getattr(e, "stage", ""), pool=getattr(e, "pool", ""))
         e = e.__cause__ or e.__context__ or (inner if isinstance(inner, BaseException) else None)
-    return None
+    return next(filter(None, map(_in_text, seen.values())), None)
+
+
+# how a GpuFailure reads in a traceback Ray kept only as text (an actor whose constructor raised it dies
+# with an ActorDiedError holding the creation task's traceback, not the exception)
+_TRACEBACK_LINE = re.compile(r"^(?:adjcap\.gpu_errors\.)?GpuFailure: (.+)$", re.M)
+
+
+def _in_text(e: BaseException) -> GpuFailure | None:
+    found = _TRACEBACK_LINE.findall(str(e))
+    return GpuFailure(found[-1].strip()) if found else None
 
 
 # the device files a GPU driver creates: an NVIDIA GPU (/dev/nvidia0, ...) and AMD's ROCm (/dev/kfd)

@@ -72,3 +72,24 @@ def test_a_pool_actor_given_a_gpu_it_cannot_see_fails_before_loading_models(demo
     found = gpu_errors.find(got.value)
     assert found is not None, repr(got.value)
     assert str(found).startswith("pool captioner on node ") and "Ray gave it GPU 0 but torch" in str(found)
+
+
+def test_a_failure_ray_kept_only_as_a_traceback_is_found():
+    """An actor whose constructor raised a GpuFailure dies with an ActorDiedError that holds the creation
+    task's traceback as text, not the exception: the command line still prints the failure's line."""
+    from ray.exceptions import ActorDiedError, RayTaskError
+
+    line = "pool captioner on node gpu-7 (10.0.0.7): Ray gave it GPU 0 but torch 2.14.1 counts 0 GPUs"
+    try:
+        raise GpuFailure(line, pool="captioner")
+    except GpuFailure as e:
+        import traceback
+
+        tb = "".join(traceback.format_exception(e))
+    died = ActorDiedError(RayTaskError("CaptionerActor.__init__", tb, RuntimeError("x"), "ray::CaptionerActor",
+                                       123, "10.0.0.7"))
+    assert getattr(died, "cause", None) is None and str(gpu_errors.find(died)) == line
+    outer = RuntimeError("ray data: an actor pool failed")
+    outer.__cause__ = died
+    assert str(gpu_errors.find(outer)) == line
+    assert gpu_errors.find(RuntimeError("CUDA error: unspecified launch failure")) is None
