@@ -36,6 +36,7 @@ class PoolActor:
         self.stages = [stage_registry.stage(s) for s in stages]
         given = {k: ray.get(v) if isinstance(v, ray.ObjectRef) else v for k, v in (given or {}).items()}
         self.pool = pool or self.stages[0].pool  # its name in the memory plan and in a GPU failure's line
+        gpu_errors.check_gpu_seen(ray.get_gpu_ids(), cfg.device, self.pool, ray.util.get_node_ip_address())
         pools.check_gpu_memory(cfg, self.pool)  # before any model loads: one line when they cannot fit
         self.models = stage_registry.load_families(cfg, stage_registry.families_of(stages), given)
         self.meters = [StageMeter(s.name, board) for s in self.stages]

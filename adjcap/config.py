@@ -49,7 +49,11 @@ class PathsCfg(_Strict):
         default_factory=lambda: os.environ.get("ADJCAP_DATA", "~/adjcap-data"),
         description="root of the real benchmarks, annotations and checkpoints",
     )
-    runs_dir: str = Field("runs", description="where run directories go: <runs_dir>/<preset>-<benchmark> by default")
+    runs_dir: str = Field(
+        default_factory=lambda: os.environ.get("ADJCAP_RUNS", "runs"),
+        description="where run directories go: <runs_dir>/<preset>-<benchmark> by default (on a cluster: a shared "
+        "mount, never a relative path inside Ray's unpacked working directory)",
+    )
 
 
 class EncoderCfg(_Strict):
