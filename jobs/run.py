@@ -24,14 +24,16 @@ def main(cfg: Config, run_dir: str | Path | None = None, resume: bool = True, ev
     config is resolved here, once, and the run plan built from it (:func:`plan_run`). ``heads_dir``:
     apply the heads another run fitted (its ``heads/``) instead of fitting (``adjcap fit --heads``)."""
     trackers = parse_log_specs(log)  # a bad --log fails before anything runs
-    return execute(plan_run(cfg, cfg.resolved(), run_dir), resume=resume, evaluate_after=evaluate_after,
+    return execute(plan_run(cfg, cfg.resolved(), run_dir, evaluates=evaluate_after), resume=resume, evaluate_after=evaluate_after,
                    trackers=trackers, summary=summary, heads_dir=heads_dir)
 
 
-def plan_run(cfg: Config, rcfg: Config, run_dir: str | Path | RunDir | None = None) -> RunPlan:
-    """The run plan of ``cfg`` (resolved: ``rcfg``), after the preflight: missing weights/data or a
-    memory plan that cannot fit are refused before Ray starts and before anything is read or written."""
-    preflight.check(rcfg)
+def plan_run(cfg: Config, rcfg: Config, run_dir: str | Path | RunDir | None = None,
+             evaluates: bool = True) -> RunPlan:
+    """The run plan of ``cfg`` (resolved: ``rcfg``), after the preflight: missing weights/data (Java when
+    the job ``evaluates``) or a memory plan that cannot fit are refused before Ray starts and before
+    anything is read or written."""
+    preflight.check(rcfg, evaluates)
     return RunPlan.build(cfg, rcfg, run_dir)  # bad annotations fail here, before anything is written
 
 
