@@ -26,9 +26,10 @@ from adjcap.pools import pool_budget
 from adjcap.jobs.ray_guards import ClusterWatch, reap_with_driver
 
 # the directory the workers import this code from: the one holding the ``adjcap`` package (a checkout
-# or site-packages), i.e. adjcap/jobs/ray_session.py's grandparent. Not resolved: in a checkout
-# adjcap/jobs is a link to the repository's jobs/ (docs/architecture.md, "One layout").
-ROOT = Path(os.path.abspath(__file__)).parents[2]
+# or site-packages). Taken from adjcap/numerics.py, a real file in adjcap/, so resolving it
+# is safe; this file's path is not (in a checkout adjcap/jobs links to the repository's jobs/, whose
+# grandparent is the checkout's parent: docs/architecture.md, "One layout").
+ROOT = Path(numerics.__file__).resolve().parents[1]
 LOOPBACK = "127.0.0.1"
 # Ray picks a loopback node IP (instead of the machine's address) when this is off; it is read
 # from the environment at `import ray`, so the module constant is set as well while a local Ray starts.

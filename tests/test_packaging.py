@@ -108,3 +108,14 @@ def test_requires_python_is_what_runs():
         if (ROOT / rel).is_file():
             ast.parse((ROOT / rel).read_text(), filename=rel, feature_version=low)
     assert "import tomllib" in (ROOT / "adjcap" / "config.py").read_text() and low >= (3, 11)
+
+
+def test_the_workers_code_root_is_safe_under_resolve():
+    """``ROOT`` (the folder the Ray workers import adjcap from) holds this very adjcap, resolved or not,
+    though adjcap/jobs is a link to the repository's jobs/."""
+    from adjcap.jobs import ray_session
+
+    root = ray_session.ROOT
+    assert root == root.resolve()
+    assert (root / "adjcap" / "jobs" / "ray_session.py").resolve() == Path(ray_session.__file__).resolve()
+    assert (root / "adjcap" / "__init__.py").is_file()
