@@ -273,7 +273,7 @@ class RerankCfg(_Strict):
     )
     batch_images: int | None = Field(
         256, ge=1, description="images per optimiser step when fitting the heads; None = full batch (the "
-                               "largest size within 0.5% of the best held-out Borda loss: BENCHMARKS.md)"
+                               "largest size within 0.5% of the best held-out Borda loss: docs/benchmarks/pipeline.md)"
     )
 
     seeds: list[int] | None = Field(

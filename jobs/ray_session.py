@@ -116,7 +116,7 @@ def data_poll(seconds: float) -> None:
     """How long Ray Data's scheduler on the driver waits for its running tasks before it looks at them
     again (Ray's own: 0.1 s). Each look (resources, budgets, dispatch) costs the driver about the same
     CPU whatever the images, so a job's driver CPU grows with its wall time at a rate set here
-    (BENCHMARKS.md, "The driver off the image path"); a finished task's block waits for the next look, and
+    (docs/benchmarks/pipeline.md, "The driver off the image path"); a finished task's block waits for the next look, and
     the actor meanwhile works on the tasks queued on it. Ray keeps the value in a module constant; a Ray
     without it is left as it is."""
     from ray.data._internal.execution import streaming_executor_state as state
