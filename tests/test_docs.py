@@ -589,3 +589,21 @@ def test_every_repository_path_the_architecture_names_exists():
     assert len(checked) > 40, sorted(checked)
     missing = sorted(p for p in checked if not (list(ROOT.glob(p)) if "*" in p else (ROOT / p).exists()))
     assert not missing, f"docs/architecture.md names paths that do not exist: {missing}"
+
+
+def test_the_exit_code_table_lists_every_code():
+    """docs/guide/guarantees.md's exit-code table has a row for every code the command line produces:
+    each ``typer.Exit(N)`` of cli.py, the stops by signal (128 + SIGINT / SIGTERM / SIGKILL) and the
+    jobs' own codes (``EXIT_*`` in jobs/)."""
+    import signal
+
+    table = (ROOT / "docs" / "guide" / "guarantees.md").read_text(encoding="utf-8")
+    listed = {int(c) for row in re.findall(r"^\|[^|]+\| ([^|]+) \|", table, flags=re.M)
+              for c in re.findall(r"^(\d+)", row.strip())}
+    cli = (ROOT / "cli.py").read_text(encoding="utf-8")
+    produced = {int(n or 0) for n in re.findall(r"typer\.Exit\((\d*)\)", cli)}
+    produced |= {128 + signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGKILL}
+    for path in sorted((ROOT / "jobs").glob("*.py")):
+        produced |= {int(n) for n in re.findall(r"^EXIT_\w+ = (\d+)", path.read_text(encoding="utf-8"), flags=re.M)}
+    assert {0, 1, 2, 69, 130, 143} <= produced
+    assert not produced - listed, f"exit codes without a row in docs/guide/guarantees.md: {sorted(produced - listed)}"
