@@ -13,6 +13,7 @@ import typer
 
 from adjcap import numerics
 from adjcap.config import Config, ConfigError, config_data, list_presets, validate_config
+from adjcap.jobs.failures import ImagesFailed
 from adjcap.rundir import RunDir
 
 app = typer.Typer(
@@ -111,6 +112,9 @@ def _run(fn: Callable[[], Any]) -> Any:
         return fn()
     except (typer.Exit, typer.Abort):
         raise
+    except ImagesFailed as e:  # everything is written (or, stopped early, kept); the line says how many and why
+        typer.secho(str(e), fg="red", err=True)
+        raise typer.Exit(e.exit_code) from None
     except KeyboardInterrupt as e:
         typer.secho("interrupted: completed feature parts are kept; rerun the same command to resume", err=True)
         raise typer.Exit(_stop_code(e)) from None
@@ -160,7 +164,7 @@ def run_job(
     from adjcap.jobs import demo, run
 
     job = demo.main if benchmark == "demo" else run.main
-    _run(lambda: job(cfg, run_dir=run_dir, resume=resume, evaluate_after=evaluate, log=list(log or [])))
+    _run(lambda: job(cfg, run_dir=run_dir, resume=resume, evaluate_after=evaluate, log=list(log or []), strict=True))
 
 
 @app.command("caption")
@@ -191,7 +195,8 @@ def caption(
                                                     "ray.verbose": verbose or None, **own}))
     from adjcap.jobs import caption as job
 
-    _run(lambda: job.main(cfg, folder, heads=heads, out=out, run_dir=run_dir, absolute_paths=absolute_paths))
+    _run(lambda: job.main(cfg, folder, heads=heads, out=out, run_dir=run_dir, absolute_paths=absolute_paths,
+                          strict=True))
 
 
 @app.command("reproduce")

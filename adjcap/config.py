@@ -370,6 +370,10 @@ class RayCfg(_Strict):
     batch_size: int | None = Field(None, gt=0, description="images per Ray Data batch of every pool (ray.pool.<pool>."
                                    "batch_size overrides one pool's); None: 64 on a cluster with GPUs, 16 without")
     rows_per_part: int = Field(256, gt=0, description="feature rows per Parquet part file")
+    max_failed_share: float = Field(0.5, ge=0.0, le=1.0, description="stop the job (exit 65, the parts written "
+                                    "kept, no fit) once more than this share of its images failed, checked as "
+                                    "batches come back once 32 have; 1 = never stop (any failed image still "
+                                    "exits 65, after everything is written)")
     data_poll_s: float = Field(0.5, gt=0.0, le=5.0, description="seconds Ray Data's scheduler on the driver waits "
                                "for running tasks before it looks again (Ray's own: 0.1); each look costs the "
                                "driver CPU, whatever the images")

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from adjcap.config import Config
-from adjcap.io import file_content_id
+from adjcap.content_ids import file_content_id
 from adjcap.nested import flatten
 from adjcap import stage_registry
 

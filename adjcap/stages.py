@@ -335,10 +335,20 @@ def caption_hf(states: list[ImageState], captioner, ccfg: CaptionerCfg) -> list[
 def caption_candidates(states: list[ImageState], table, judge, ccfg: CaptionerCfg) -> list[ImageState]:
     """Each image's candidates from a file (:class:`adjcap.data.candidates.CandidateTable`) in the file's
     order; log-prob sum, token count and mean from the file where it gives them, else from the LM judge
-    (``judge``, :class:`adjcap.models.text_lm.TextLM`; its tokenizer alone counts tokens)."""
+    (``judge``, :class:`adjcap.models.text_lm.TextLM`; its tokenizer alone counts tokens). An image's
+    error names the file and line its candidates came from."""
     from adjcap.decoding import Candidate
 
     def run(batch: list[ImageState]) -> None:
+        try:
+            from_file(batch)
+        except Exception as e:  # noqa: BLE001 - one image (the batch was split): its line says what to fix
+            got = table.get(batch[0].image_id) if len(batch) == 1 else None
+            if got is None or gpu_errors.is_oom(e) or gpu_errors.is_accelerator_error(e):
+                raise
+            raise ValueError(f"{table.source}:{got.line}: image '{batch[0].image_id}': {type(e).__name__}: {e}") from e
+
+    def from_file(batch: list[ImageState]) -> None:
         sets = []
         for s in batch:
             got = table.get(s.image_id)

@@ -137,10 +137,10 @@ def prepare_if_demo(cfg: Config) -> Config:
 
 
 def main(cfg: Config, run_dir: str | Path | None = None, resume: bool = True, evaluate_after: bool = True,
-         log: Sequence[str] = ()) -> RunDir:
+         log: Sequence[str] = (), strict: bool = False) -> RunDir:
     cfg = prepare(cfg)
     with _step("run (extract -> fit -> evaluate -> report)"):
-        out = run.main(cfg, run_dir=run_dir, resume=resume, evaluate_after=evaluate_after, log=log)
+        out = run.main(cfg, run_dir=run_dir, resume=resume, evaluate_after=evaluate_after, log=log, strict=strict)
     if evaluate_after:
         print(f"report: {out.report_md} and {out.report_html}")
     print(out.path)

@@ -38,6 +38,7 @@ from adjcap.stage_cache import apply_outputs
 from adjcap.image_state import ImageState, decode_state
 from adjcap.jobs.driver_threads import ThreadCPU
 from adjcap.jobs.encode_corpus import index_for
+from adjcap.jobs.failures import FailureWatch
 from adjcap.jobs.progress_display import tracked
 from adjcap.jobs.ray_session import check_pools, has_gpus
 
@@ -99,7 +100,9 @@ def extract_features(plan: RunPlan, resume: bool = True, stage_stats: dict | Non
     With ``cache.share_stages`` every image starts from its deepest stage prefix stored in the stage
     cache (:mod:`adjcap.stage_cache`): an image with every stage stored is written without any
     model, the pools of stages no image needs are not started, and new stage outputs are stored.
-    ``stage_stats`` (when given) receives {"computed": {stage: images}, "reused": {stage: images}}."""
+    Stops (:class:`adjcap.jobs.failures.TooManyFailures`, what was written kept) once more than
+    ``ray.max_failed_share`` of the images back failed. ``stage_stats`` (when given) receives
+    {"computed": {stage: images}, "reused": {stage: images}}."""
     cfg, run = plan.cfg, plan.run
     todo: list[Record] = []
     summary: dict[str, dict[str, int]] = {}
@@ -119,13 +122,13 @@ def extract_features(plan: RunPlan, resume: bool = True, stage_stats: dict | Non
         return summary
 
     check_pools(cfg)  # an impossible --workers / memory request is refused before any model loads
-    corpus = plan.corpus
     cache = plan.stage_cache()
     found = cache.lookup(r.image_id for r in todo if not r.error) if cache else {}
     for outs in found.values():
         for stage in outs:
             reused[stage] += 1
     buffers: dict[str, list[dict]] = defaultdict(list)
+    watch = FailureWatch(len(todo), cfg.ray.max_failed_share)
 
     def flush(split: str) -> None:
         rows = buffers.pop(split, [])
@@ -141,7 +144,25 @@ def extract_features(plan: RunPlan, resume: bool = True, stage_stats: dict | Non
             cache.add([state])
         if len(buffers[state.split]) >= cfg.ray.rows_per_part:
             flush(state.split)
+        watch.add([state.image_id], [state.error])
 
+    try:
+        _extract(plan, todo, found, cache, emit, watch, summary, computed)
+        watch.check()  # every image back
+    finally:  # what was computed is kept, also when the job stops
+        for split in list(buffers):
+            flush(split)
+        if cache is not None:
+            cache.flush()
+    return summary
+
+
+def _extract(plan: RunPlan, todo: list[Record], found: dict, cache, emit, watch: FailureWatch, summary: dict,
+             computed: dict) -> None:
+    """The driver's half of :func:`extract_features`: ``emit`` the images that need no model, stream the
+    others through the pools and count what comes back."""
+    cfg, run, corpus = plan.cfg, plan.run, plan.corpus
+    names = stage_registry.names()
     rest = []
     for r in todo:  # images that need no model: every stage stored, or refused by the reader
         if r.error:
@@ -161,11 +182,7 @@ def extract_features(plan: RunPlan, resume: bool = True, stage_stats: dict | Non
             # the workers wrote the parts and the stage cache; the driver only counts, with Arrow
             for table in ds.iter_batches(batch_format="pyarrow", batch_size=None):
                 count_done(table, summary, computed)
-    for split in list(buffers):
-        flush(split)
-    if cache is not None:
-        cache.flush()
-    return summary
+                watch.add_table(table)
 
 
 def stream_stages(cfg: Config, first: int, gpu: bool = False) -> list[str]:
