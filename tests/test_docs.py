@@ -551,7 +551,9 @@ def test_benchmarks_is_one_page_of_rows_with_their_command_and_json():
 
 def _headings(path: Path) -> set[str]:
     text = re.sub(r"^\s*(`{3,}).*?^\s*\1\s*$", "", path.read_text(encoding="utf-8"), flags=re.S | re.M)
-    return {re.sub(r"[`*]", "", m).strip() for m in re.findall(r"^#{1,6}\s+(.+?)\s*$", text, flags=re.M)}
+    titles = re.findall(r"^#{1,6}\s+(.+?)\s*$", text, flags=re.M)
+    titles += re.findall(r"^\*\*([^*]+)\*\*", text, flags=re.M)  # a paragraph's bold lead-in titles it too
+    return {re.sub(r"[`*]", "", m).strip() for m in titles}
 
 
 CITATION = re.compile(r"((?:BENCHMARKS|docs/[\w/.-]+)\.md)[,:]?\s+(?:\(|the\s+)?[\"'\u201c]([^\"'\u201d]+)[\"'\u201d]")
