@@ -302,7 +302,7 @@ class RerankCfg(_Strict):
     )
     batch_images: int | None = Field(
         256, ge=1, description="images per optimiser step when fitting the heads; None = full batch (the "
-                               "largest size within 0.5% of the best held-out Borda loss: BENCHMARKS.md)"
+                               "largest size within 0.5% of the best held-out Borda loss: docs/benchmarks/pipeline.md)"
     )
 
     seeds: list[int] | None = Field(
@@ -648,7 +648,8 @@ def set_key(data: dict[str, Any], key: str, value: Any) -> None:
 
 def config_keys(typed: str = "") -> list[str]:
     """Every dotted config key (sections too), for "did you mean". Keys under a dict of sections
-    (``benchmarks.<name>.format``) use the name ``typed`` gives, else ``<name>``."""
+    (``benchmarks.<name>.format``, ``ray.pool.<pool>.actors``) use the name ``typed`` gives, else the
+    placeholder of :data:`DICT_SECTIONS`."""
     parts = typed.split(".")
     out: list[str] = []
 
@@ -660,7 +661,7 @@ def config_keys(typed: str = "") -> list[str]:
             if sub == "dict":
                 value = _dict_value_model(name)
                 if value is not None:
-                    item = parts[depth + 1] if len(parts) > depth + 2 else "<name>"
+                    item = parts[depth + 1] if len(parts) > depth + 2 else DICT_SECTIONS[name][1]
                     walk(value, f"{key}.{item}.", depth + 2)
             elif sub is not None:
                 walk(sub, f"{key}.", depth + 1)
@@ -697,8 +698,12 @@ def _model_of(annotation: Any) -> Any:
     return None
 
 
+# the tables of sections by name: field -> (the model of each entry, the name's placeholder in key lists)
+DICT_SECTIONS: dict[str, tuple[Any, str]] = {"benchmarks": (BenchmarkCfg, "<name>"), "pool": (PoolCfg, "<pool>")}
+
+
 def _dict_value_model(field: str) -> Any:
-    return BenchmarkCfg if field == "benchmarks" else None
+    return DICT_SECTIONS[field][0] if field in DICT_SECTIONS else None
 
 
 def load_config(

@@ -98,7 +98,7 @@ def main(cfg: Config, folder: str | Path, heads: str | Path | None = None, out: 
     cfg = demo.prepare_if_demo(cfg)
     fcfg = folder_config(cfg, folder, heads is not None)
     rcfg = fcfg.resolved()  # the edge of this job: resolved once, its run plan built from it
-    plan = run.plan_run(fcfg, rcfg, run_dir or default_run_dir(rcfg, folder))
+    plan = run.plan_run(fcfg, rcfg, run_dir or default_run_dir(rcfg, folder), evaluates=False)
     warning = demo_world_mismatch(rcfg, folder, benchmark=cfg.benchmark)
     if warning:
         print(warning)

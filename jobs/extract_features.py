@@ -208,8 +208,8 @@ def block_rows(images: int, batch_size: int, slots: int) -> int:
     """Rows per Ray Data block: a multiple of ``batch_size`` (the least common multiple of the pools'
     batch sizes: every batch full but the job's last), up to ``BLOCK_BATCHES`` of them, so the job's
     blocks number at least twice the tasks that can run at once (``slots``: decode tasks or pool actors).
-    Fewer, larger blocks cost the driver's executor less per image (BENCHMARKS.md, "The driver off the
-    image path")."""
+    Fewer, larger blocks cost the driver's executor less per image (docs/benchmarks/pipeline.md, "The driver
+    off the image path")."""
     k = max(1, min(BLOCK_BATCHES, images // (batch_size * 2 * max(slots, 1))))
     return k * batch_size
 
@@ -246,8 +246,8 @@ def _stream(cfg: Config, corpus, todo: list[Record], found: dict, first: int, gp
         if "index" in stage_registry.families_of(p.kwargs.get("stages", ())):
             # once per job; each node's retriever actors share one read-only copy (adjcap.index.shared)
             if index_ref is None:
-                # read and put by a worker (the driver's CPU stays off the index: BENCHMARKS.md, "The
-                # driver off the image path"); its worker (torch imported) exits after it; lost with its
+                # read and put by a worker (the driver's CPU stays off the index: docs/benchmarks/pipeline.md,
+                # "The driver off the image path"); its worker (torch imported) exits after it; lost with its
                 # node, Ray runs the task again
                 index_ref = ray.remote(num_cpus=cfg.ray.decode_cpus, max_calls=1)(put_index).remote(
                     str(index_for(cfg, corpus)), corpus.texts)

@@ -1,5 +1,5 @@
 """Before a job starts Ray or writes anything: are the config's weights, data and NLTK data here
-(:mod:`adjcap.needs`), and does one actor of every pool fit in the memory a local Ray would have
+(:mod:`adjcap.needs`), Java too when the job evaluates, and does one actor of every pool fit in the memory a local Ray would have
 (the plan of :func:`jobs.ray_session.pool_plan`)? A refusal is one line naming each missing thing,
 the one ``adjcap prepare`` command that fetches it, and the memory shortfall; a candidates file
 (:mod:`adjcap.data.candidates`) and COCO instances files (:mod:`adjcap.metrics.chair`) are checked whole,
@@ -15,8 +15,10 @@ from adjcap.needs import Need, missing, needs_of, steps_for
 from adjcap.prepare.steps import STEPS
 from adjcap.jobs.ray_session import ResourceError, pool_plan
 
-# what a job cannot start without (Java and SPICE only matter to the evaluation, which reports them)
+# what a job cannot start without; one that evaluates also needs Java (the PTB tokenizer and METEOR of
+# every evaluation, SPICE's jars where it scores SPICE), checked here rather than after the features
 PREFLIGHT_GROUPS = ("weights", "data", "nltk")
+EVALUATION_GROUPS = ("java",)
 
 
 class PreflightError(RuntimeError):
@@ -121,9 +123,10 @@ def vlm_problem(cfg: Config) -> str | None:
     return settings_problem(cfg.captioner.vlm)
 
 
-def problems(cfg: Config) -> str | None:
-    """One line saying why ``cfg`` (resolved) cannot run here, or None."""
-    gone = missing(needs_of(cfg, PREFLIGHT_GROUPS))
+def problems(cfg: Config, evaluates: bool = True) -> str | None:
+    """One line saying why ``cfg`` (resolved) cannot run here, or None. ``evaluates``: the job scores
+    its captions (Java is then needed too)."""
+    gone = missing(needs_of(cfg, PREFLIGHT_GROUPS + (EVALUATION_GROUPS if evaluates else ())))
     parts = []
     parts += [p for p in (candidates_problem(cfg), instances_problem(cfg), vlm_problem(cfg)) if p]
     if gone:
@@ -141,8 +144,8 @@ def problems(cfg: Config) -> str | None:
     return f"preset '{cfg.name}' cannot run here: " + "; ".join(parts) + " (adjcap doctor --preset " + cfg.name + ")"
 
 
-def check(cfg: Config) -> None:
+def check(cfg: Config, evaluates: bool = True) -> None:
     """Raise PreflightError (one line) unless ``cfg`` (resolved) can run here."""
-    why = problems(cfg)
+    why = problems(cfg, evaluates)
     if why:
         raise PreflightError(why)

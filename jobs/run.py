@@ -27,14 +27,17 @@ def main(cfg: Config, run_dir: str | Path | None = None, resume: bool = True, ev
     ``strict``: failed images end the job with :class:`adjcap.jobs.failures.ImagesFailed` once
     everything is written (the command line's exit code), else with the summary line printed."""
     trackers = parse_log_specs(log)  # a bad --log fails before anything runs
-    return execute(plan_run(cfg, cfg.resolved(), run_dir), resume=resume, evaluate_after=evaluate_after,
-                   trackers=trackers, summary=summary, heads_dir=heads_dir, strict=strict)
+    plan = plan_run(cfg, cfg.resolved(), run_dir, evaluates=evaluate_after)
+    return execute(plan, resume=resume, evaluate_after=evaluate_after, trackers=trackers, summary=summary,
+                   heads_dir=heads_dir, strict=strict)
 
 
-def plan_run(cfg: Config, rcfg: Config, run_dir: str | Path | RunDir | None = None) -> RunPlan:
-    """The run plan of ``cfg`` (resolved: ``rcfg``), after the preflight: missing weights/data or a
-    memory plan that cannot fit are refused before Ray starts and before anything is read or written."""
-    preflight.check(rcfg)
+def plan_run(cfg: Config, rcfg: Config, run_dir: str | Path | RunDir | None = None,
+             evaluates: bool = True) -> RunPlan:
+    """The run plan of ``cfg`` (resolved: ``rcfg``), after the preflight: missing weights/data (Java when
+    the job ``evaluates``) or a memory plan that cannot fit are refused before Ray starts and before
+    anything is read or written."""
+    preflight.check(rcfg, evaluates)
     return RunPlan.build(cfg, rcfg, run_dir)  # bad annotations fail here, before anything is written
 
 

@@ -48,7 +48,7 @@ BLIP_PARAMS: dict[str, int] = {
 # the Q-Former vocabulary with [DEC], 30,523, as the ITM checkpoint's config)
 BLIP2_PARAMS: dict[str, int] = {"Salesforce/blip2-itm-vit-g": 1_172_032_258}
 # IFCap without its CLIP: GPT-2 small (124,439,808) + the mapping network (46,864,128; both counted on
-# the meta device from the released layout, spec/ifcap.md); the checkpoint file's size is used when on disk
+# the meta device from the released layout, as IFCap's code builds it); the checkpoint file's size is used when on disk
 IFCAP_PARAMS = 124_439_808 + 46_864_128
 
 # hf captioners (BlipForConditionalGeneration, ViT-L/16 or ViT-B/16 at 384 px + the BERT-base decoder) and
