@@ -1,6 +1,6 @@
 """Before a job starts Ray or writes anything: are the config's weights, data and NLTK data here
 (:mod:`adjcap.needs`), and does one actor of every pool fit in the memory a local Ray would have
-(the plan of :func:`jobs.ray_session.pool_plan`)? A refusal is one line naming each missing thing,
+(the plan of :func:`adjcap.cluster_plan.pool_plan`)? A refusal is one line naming each missing thing,
 the one ``adjcap prepare`` command that fetches it, and the memory shortfall."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from adjcap.accelerators import visible_gpus
 from adjcap.config import Config
 from adjcap.needs import Need, missing, needs_of, steps_for
 from adjcap.prepare.steps import STEPS
-from adjcap.jobs.ray_session import ResourceError, pool_plan
+from adjcap.cluster_plan import ResourceError, pool_plan
 
 # what a job cannot start without (Java and SPICE only matter to the evaluation, which reports them)
 PREFLIGHT_GROUPS = ("weights", "data", "nltk")
