@@ -5,8 +5,8 @@ GPU memory, how many such nodes are up and how many the cluster can have), read 
 ``jobs/ray_session.py``. From them and the config (``--workers``, the preset, ``ray.pool.*``) the plan
 says whether the job runs on GPUs (a node type with GPUs the cluster has or can add), its pools, one
 actor's Ray resources per pool, and the nodes of each type that hold every actor. Actors are placed node
-by node (first fit, largest first): a node's memory holds only the actors placed on it, so a GPU-less
-head's memory never counts for a GPU actor. A request no node type can ever hold is refused in one line
+by node (first fit, set by set: one actor of each pool, then the next set): a node's memory holds only the
+actors placed on it, so a GPU-less head's memory never counts for a GPU actor. A request no node type can ever hold is refused in one line
 (:class:`ResourceError`); one that the cluster's node types can hold once the autoscaler adds them is
 returned with the nodes it needs (``ClusterPlan.waiting``).
 """
@@ -285,12 +285,11 @@ def _open(t: NodeType) -> _Node:
 
 def place(needs: Sequence[Mapping[str, float]], types: Sequence[NodeType], up_only: bool = False) -> dict[str, int] | None:
     """Nodes of each type that hold every actor of ``needs`` (CPU, GPU, memory and GPU bytes each), first
-    fit, largest first, nodes that are up opened before new ones; None when the types' counts (with
-    ``up_only``: the nodes up) cannot hold them."""
+    fit in the order given (set by set: a node holds whole sets of actors where it can), nodes that are up
+    opened before new ones; None when the types' counts (with ``up_only``: the nodes up) cannot hold them."""
     nodes: list[_Node] = []
     opened: Counter = Counter()
-    order = sorted(needs, key=lambda r: (-r["GPU"], -r["memory"], -r["CPU"]))
-    for r in order:
+    for r in needs:
         for nd in nodes:
             if _fits(nd, r):
                 break
@@ -312,8 +311,10 @@ def place(needs: Sequence[Mapping[str, float]], types: Sequence[NodeType], up_on
 
 
 def _needs(actor: Mapping[str, Mapping[str, float]], count: Mapping[str, int], gpu_bytes: Mapping[str, float]):
-    return [{"CPU": float(r.get("num_cpus", 0.0)), "GPU": float(r.get("num_gpus", 0.0)), "memory": float(r["memory"]),
-             "gpu_bytes": gpu_bytes.get(p, 0.0)} for p, r in actor.items() for _ in range(count[p])]
+    """Every actor's needs, set by set (one actor of each pool, then the next set)."""
+    one = {p: {"CPU": float(r.get("num_cpus", 0.0)), "GPU": float(r.get("num_gpus", 0.0)),
+               "memory": float(r["memory"]), "gpu_bytes": gpu_bytes.get(p, 0.0)} for p, r in actor.items()}
+    return [one[p] for k in range(max(count.values(), default=0)) for p in actor if k < count[p]]
 
 
 def _can_have(types: Sequence[NodeType], key: str) -> float:
@@ -325,7 +326,7 @@ def plan_cluster(cfg: Config, types: Sequence[NodeType], first: int = 0,
     """The job's plan (``cfg`` resolved) on a cluster of node ``types`` (those up and those the autoscaler
     can add): GPUs when some type has them, the pools of :func:`adjcap.pools.layout`, one actor's
     resources per pool (:func:`pool_plan` against everything the cluster can have, GPU memory checked
-    against its smallest GPU), then every actor placed on a node that holds it (:func:`place`). Raises
+    against its smallest GPU), then every actor placed on a node that holds it, set by set (:func:`place`). Raises
     ResourceError, in one line, only for what no node type can ever hold."""
     types = tuple(t for t in types if t.max_count is None or t.max_count > 0 or t.up > 0)
     gpu_types = [t for t in types if t.gpus > 0]
