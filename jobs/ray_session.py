@@ -361,7 +361,7 @@ def scale_up(cfg: Config, plan: cluster_plan.ClusterPlan, first: int = 0) -> clu
         if time.monotonic() >= deadline:
             if tty:
                 print()
-            missing = ", ".join(f"{k} x {n}" for n, k in plan.missing().items())
+            missing = ", ".join(f"{k} x {n}" for n, k in plan.missing().items())  # "6 x ray.worker.l4"
             raise ResourceError(
                 f"waited {cfg.ray.scale_wait_s:g} s (ray.scale_wait_s) for the nodes the plan asked for: "
                 f"{line.removeprefix('waiting for ')}; never came: {missing} (`ray status` shows the autoscaler's "
