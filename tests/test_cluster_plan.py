@@ -215,3 +215,50 @@ def test_doctor_says_whether_mps_is_on(monkeypatch, tmp_path):
     assert "\nmps         off: no NVIDIA driver tools on this machine (x)\n" in doctor.report(cfg)
     monkeypatch.setattr(doctor, "mps_status", lambda: (True, "on (control pipe /tmp/nvidia-mps/control)"))
     assert "\nmps         on (control pipe /tmp/nvidia-mps/control)\n" in doctor.report(cfg)
+
+
+# --- the job's side, with Ray's answers given (jobs/ray_session.py) ------------------------------------
+
+def test_nodes_up_are_counted_into_their_types():
+    from adjcap.jobs.ray_session import merge_up
+
+    conf = yaml.safe_load((DEPLOY / "ray-cluster-aws-l4.yaml").read_text())
+    types = launcher_node_types(conf)
+    up = [("ray.head.default", {"CPU": 8.0}), ("", {"CPU": 8.0, "GPU": 1.0}), ("ray.worker.l4", {"CPU": 8.0, "GPU": 1.0})]
+    merged = {t.name: t for t in merge_up(types, up, autoscaling=True)}
+    assert merged["ray.worker.l4"].up == 2 and merged["ray.head.default"].up == 1  # by name, else by shape
+    # no autoscaler, no types known: the nodes up are all there is
+    static = merge_up([], [("", {"CPU": 16.0, "GPU": 2.0, "memory": 50 * GiB})] * 2, autoscaling=False)
+    assert [(t.gpus, t.up, t.max_count) for t in static] == [(2.0, 2, 2)]
+    assert merge_up([], [("", {"CPU": 16.0, "GPU": 2.0})], autoscaling=True)[0].max_count is None
+
+
+def test_the_job_waits_on_one_line_and_ends_naming_what_never_came(monkeypatch, capsys):
+    import ray.autoscaler.sdk
+
+    from adjcap.jobs import ray_session
+
+    asked = []
+    monkeypatch.setattr(ray.autoscaler.sdk, "request_resources", lambda bundles=None, **kw: asked.append(bundles))
+    monkeypatch.setattr(ray_session, "POLL_S", 0.0)
+    head = NodeType("head", 8, 0, ray_memory(32 * GiB), 1, up=1)
+    arriving = iter([0, 1, 2, 2])
+    monkeypatch.setattr(ray_session, "cluster_facts",
+                        lambda cfg: ((head, shape_type("l4", "g6.2xlarge", 8, up=next(arriving))), True))
+    cfg = _headline("ray.workers=2", "ray.mps=false")
+    plan = ray_session.check_pools(cfg)
+    assert set(plan) == {"fused"} and plan["fused"]["num_gpus"] == 1.0
+    assert asked == [[{"CPU": 1.0, "GPU": 1.0}] * 2]
+    out = capsys.readouterr().out
+    assert out.splitlines() == ["waiting for 2 GPU workers: 0 up, 2 pending"]  # one line (not a terminal)
+    ray_session.release_request()
+    assert asked[-1] == []  # withdrawn: the autoscaler may remove the nodes
+    never = iter([0] * 1000)
+    monkeypatch.setattr(ray_session, "cluster_facts",
+                        lambda cfg: ((head, shape_type("l4", "g6.2xlarge", 8, up=next(never))), True))
+    with pytest.raises(ResourceError) as e:
+        ray_session.check_pools(_headline("ray.workers=2", "ray.mps=false", "ray.scale_wait_s=0"))
+    assert str(e.value).startswith("waited 0 s (ray.scale_wait_s) for the nodes the plan asked for: 2 GPU workers: "
+                                   "0 up, 2 pending; never came: 2 x l4")
+    assert "\n" not in str(e.value)
+    ray_session.release_request()
