@@ -11,7 +11,7 @@ from adjcap.accelerators import visible_gpus
 from adjcap.config import Config
 from adjcap.needs import Need, missing, needs_of, steps_for
 from adjcap.prepare.steps import STEPS
-from adjcap.cluster_plan import ResourceError, pool_plan
+from adjcap.cluster_plan import ResourceError, plan_cluster, pool_plan
 
 # what a job cannot start without (Java and SPICE only matter to the evaluation, which reports them)
 PREFLIGHT_GROUPS = ("weights", "data", "nltk")
@@ -42,18 +42,20 @@ smallest visible GPU's memory (``gpu_memory``)."""
 
 
 def memory_problem(cfg: Config) -> str | None:
-    """Why the pools cannot be placed (``cfg`` resolved), or None. On an existing cluster
-    (``--address``) the job checks after connecting instead."""
+    """Why the pools cannot be placed (``cfg`` resolved), or None: on a connected cluster against its node
+    types node by node (:func:`adjcap.cluster_plan.plan_cluster`), else against the local Ray this machine
+    would start. On an existing cluster not yet connected (``--address``) the job checks after connecting."""
     import ray
 
-    if ray.is_initialized():
-        cluster = ray.cluster_resources()
-    elif cfg.ray.address or os.environ.get("RAY_ADDRESS"):
-        return None
-    else:
-        cluster = local_cluster()
     try:
-        pool_plan(cfg, cluster)
+        if ray.is_initialized():  # a connected cluster: its node types, node by node (adjcap.cluster_plan)
+            from adjcap.jobs.ray_session import cluster_facts
+
+            plan_cluster(cfg, cluster_facts(cfg)[0])
+        elif cfg.ray.address or os.environ.get("RAY_ADDRESS"):
+            return None
+        else:
+            pool_plan(cfg, local_cluster())
     except ResourceError as e:
         return str(e)
     return None
