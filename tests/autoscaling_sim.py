@@ -95,5 +95,8 @@ if __name__ == "__main__":  # the autoscaler: python autoscaling_sim.py GCS_ADDR
     from ray.autoscaler._private.monitor import Monitor
 
     # the fake provider's defaults (its example.yaml, not in the wheel): the config itself
-    providers._load_fake_multinode_defaults_config = lambda: sys.argv[2]
-    Monitor(sys.argv[1], sys.argv[2], monitor_ip="127.0.0.1").run()
+    providers._DEFAULT_CONFIGS["fake_multinode"] = lambda: sys.argv[2]
+    import logging
+
+    logging.basicConfig(level=logging.INFO)  # its log: monitor.log beside the config
+    Monitor(sys.argv[1], sys.argv[2]).run()  # no monitor_ip: no metrics server on a fixed port
