@@ -55,3 +55,26 @@ def rocm_visible_env(environ: Mapping[str, str] | None = None) -> dict[str, str]
         return {}
     n = len([d for d in rocr.split(",") if d.strip()])
     return {HIP: ",".join(str(i) for i in range(n))}
+
+
+MPS_PIPE = "CUDA_MPS_PIPE_DIRECTORY"
+MPS_DEFAULT_PIPE = "/tmp/nvidia-mps"  # where nvidia-cuda-mps-control listens unless told otherwise
+
+
+def mps_status(environ: Mapping[str, str] | None = None, which=None) -> tuple[bool, str]:
+    """(whether NVIDIA MPS serves this machine's CUDA processes, one line saying why): its control pipe
+    (``$CUDA_MPS_PIPE_DIRECTORY/control``, else /tmp/nvidia-mps/control) exists. A machine without NVIDIA's
+    tools (no ``nvidia-smi`` / ``nvidia-cuda-mps-control``) says so."""
+    import shutil
+
+    env = os.environ if environ is None else environ
+    which = shutil.which if which is None else which
+    pipe = env.get(MPS_PIPE) or MPS_DEFAULT_PIPE
+    control = os.path.join(pipe, "control")
+    if os.path.exists(control):
+        return True, f"on (control pipe {control})"
+    if not which("nvidia-cuda-mps-control") and not which("nvidia-smi"):
+        return False, "off: no NVIDIA driver tools on this machine (nvidia-smi, nvidia-cuda-mps-control)"
+    how = f"{MPS_PIPE}={pipe} " if env.get(MPS_PIPE) else ""
+    return False, (f"off: no MPS control pipe at {control} (start it with `{how}nvidia-cuda-mps-control -d`; "
+                   "split pools sharing a GPU then time-slice it)")

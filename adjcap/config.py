@@ -384,7 +384,16 @@ class RayCfg(_Strict):
     include_dashboard: bool | None = Field(None, description="start the embedded Ray's dashboard; None = Ray's default")
     pools: Literal["split", "fused", "auto"] = Field(
         "auto", description="split: one pool per stage (retriever, verifier, captioner, scorer); fused: every "
-        "stage in one actor, each model loaded once; auto: fused without GPUs, split with GPUs (adjcap.pools)")
+        "stage in one actor, each model loaded once; auto: fused without GPUs; with GPUs split when MPS is on "
+        "(ray.mps), else fused, one CUDA context per GPU (adjcap.pools)")
+    mps: bool | None = Field(None, description="the GPU nodes run NVIDIA MPS (split pools then share a GPU without "
+                             "time-slicing); None: whether this machine runs it (CUDA_MPS_PIPE_DIRECTORY or the "
+                             "default pipe /tmp/nvidia-mps; `adjcap doctor` says)")
+    scale_wait_s: float = Field(900.0, ge=0.0, description="on an autoscaling cluster, seconds the job waits for the "
+                                "nodes its plan asked the autoscaler for before it ends naming those that never came")
+    autoscaler_config: str | None = Field(None, description="the cluster launcher's config (its available_node_types: "
+                                          "what the autoscaler can add) when Ray's GCS does not say; None: "
+                                          "~/ray_bootstrap_config.yaml where it exists (the launcher's head)")
     pool: dict[str, PoolCfg] = Field(default_factory=dict, description="per-pool actors and CPU / GPU shares, "
                                      "e.g. ray.pool.captioner.actors=3, ray.pool.captioner.gpus=0.25")
     gpu_share: float = Field(0.25, gt=0.0, description="GPU per actor of a split pool (ray.pool.<pool>.gpus "

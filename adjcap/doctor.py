@@ -9,7 +9,7 @@ import subprocess
 from importlib import metadata
 
 from adjcap import numerics
-from adjcap.accelerators import HIP, ROCR, Gpu, backend, rocm_visible_env, visible_gpus
+from adjcap.accelerators import HIP, ROCR, Gpu, backend, mps_status, rocm_visible_env, visible_gpus
 from adjcap.config import Config
 from adjcap.needs import DEMO_HINT, Need, missing, needs_of
 
@@ -70,6 +70,7 @@ def report(cfg: Config, needed: list[Need] | None = None) -> str:
         lines.append(f"accelerator {backend()}, {len(gpus)} x {gpus[0].name}")
     else:
         lines.append("accelerator none (CPU only)")
+    lines.append(f"mps         {mps_status()[1]}")
     if rocm_visible_env():
         lines.append(f"            {ROCR} is set without {HIP}: Ray refuses to start so; the Ray jobs set "
                      f"{HIP}={rocm_visible_env()[HIP]} for the local Ray (set it yourself before `ray start`)")

@@ -8,7 +8,7 @@ memory each one's models take.
 * ``fused``: one pool, ``fused``, running every stage an image needs in one process, each model loaded
   once (the scorer reuses the retrieval encoder and the verifier); no image travels between pools;
 * ``auto`` (default): fused on a cluster without GPUs (a CPU-only machine gains nothing from four
-  processes per image), split with GPUs.
+  processes per image); with GPUs split under NVIDIA MPS (``ray.mps``), else fused (:func:`is_fused`).
 
 The ``lavis`` verifier backend always runs split: its verifier runs in LAVIS's own environment.
 Each pool's actor count, CPU / GPU share and batch size is data too: ``ray.pool.<pool>.actors`` /
@@ -62,11 +62,24 @@ def pool_names() -> tuple[str, ...]:
     return tuple(p.name for p in split_pools())
 
 
+def mps_on(cfg: Config) -> bool:
+    """Whether the GPU nodes run NVIDIA MPS: ``ray.mps``, else this machine's MPS control pipe
+    (:func:`adjcap.accelerators.mps_status`)."""
+    if cfg.ray.mps is not None:
+        return bool(cfg.ray.mps)
+    from adjcap.accelerators import mps_status
+
+    return mps_status()[0]
+
+
 def is_fused(cfg: Config, gpu: bool) -> bool:
-    """Whether a job on a cluster with (``gpu``) or without GPUs runs one fused pool."""
+    """Whether a job on a cluster with (``gpu``) or without GPUs runs one fused pool. ``auto``'s rule: without
+    GPUs fused (a CPU gains nothing from four processes per image); with GPUs split only under MPS (the four
+    pools' CUDA contexts then share each GPU's SMs at once), else fused, so that one CUDA context per GPU
+    share never time-slices with another pool's (``ray.pool.fused.gpus`` below 1 puts several on a GPU)."""
     if cfg.verifier.enabled and cfg.verifier.backend == "lavis":
         return False  # its verifier runs in LAVIS's environment, a pool of its own
-    return cfg.ray.pools == FUSED or (cfg.ray.pools == "auto" and not gpu)
+    return cfg.ray.pools == FUSED or (cfg.ray.pools == "auto" and not (gpu and mps_on(cfg)))
 
 
 def layout(cfg: Config, gpu: bool, first: int = 0) -> list[Pool]:

@@ -490,9 +490,9 @@ def estimated_bytes(cfg) -> int:
 
 
 def ray_refuses(cfg, avail: int) -> str | None:
-    """The job's own up-front check (jobs.ray_session.pool_plan) against the local Ray this machine
+    """The job's own up-front check (adjcap.cluster_plan.pool_plan) against the local Ray this machine
     would start: its ``memory`` resource is what is available less the object store (30% by default)."""
-    from adjcap.jobs.ray_session import ResourceError, pool_plan
+    from adjcap.cluster_plan import ResourceError, pool_plan
 
     try:
         pool_plan(cfg, {"CPU": float(os.cpu_count() or 1), "memory": 0.7 * avail})

@@ -1,6 +1,6 @@
 """Before a job starts Ray or writes anything: are the config's weights, data and NLTK data here
 (:mod:`adjcap.needs`), Java too when the job evaluates, and does one actor of every pool fit in the memory a local Ray would have
-(the plan of :func:`jobs.ray_session.pool_plan`)? A refusal is one line naming each missing thing,
+(the plan of :func:`adjcap.cluster_plan.pool_plan`)? A refusal is one line naming each missing thing,
 the one ``adjcap prepare`` command that fetches it, and the memory shortfall; a candidates file
 (:mod:`adjcap.data.candidates`) and COCO instances files (:mod:`adjcap.metrics.chair`) are checked whole,
 their file and line named."""
@@ -13,7 +13,7 @@ from adjcap.accelerators import visible_gpus
 from adjcap.config import Config
 from adjcap.needs import Need, missing, needs_of, steps_for
 from adjcap.prepare.steps import STEPS
-from adjcap.jobs.ray_session import ResourceError, pool_plan
+from adjcap.cluster_plan import ResourceError, plan_cluster, pool_plan
 
 # what a job cannot start without; one that evaluates also needs Java (the PTB tokenizer and METEOR of
 # every evaluation, SPICE's jars where it scores SPICE), checked here rather than after the features
@@ -46,18 +46,20 @@ smallest visible GPU's memory (``gpu_memory``)."""
 
 
 def memory_problem(cfg: Config) -> str | None:
-    """Why the pools cannot be placed (``cfg`` resolved), or None. On an existing cluster
-    (``--address``) the job checks after connecting instead."""
+    """Why the pools cannot be placed (``cfg`` resolved), or None: on a connected cluster against its node
+    types node by node (:func:`adjcap.cluster_plan.plan_cluster`), else against the local Ray this machine
+    would start. On an existing cluster not yet connected (``--address``) the job checks after connecting."""
     import ray
 
-    if ray.is_initialized():
-        cluster = ray.cluster_resources()
-    elif cfg.ray.address or os.environ.get("RAY_ADDRESS"):
-        return None
-    else:
-        cluster = local_cluster()
     try:
-        pool_plan(cfg, cluster)
+        if ray.is_initialized():  # a connected cluster: its node types, node by node (adjcap.cluster_plan)
+            from adjcap.jobs.ray_session import cluster_facts
+
+            plan_cluster(cfg, cluster_facts(cfg)[0])
+        elif cfg.ray.address or os.environ.get("RAY_ADDRESS"):
+            return None
+        else:
+            pool_plan(cfg, local_cluster())
     except ResourceError as e:
         return str(e)
     return None

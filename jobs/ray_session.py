@@ -20,9 +20,9 @@ import ray
 from adjcap import numerics
 from adjcap.accelerators import rocm_visible_env
 from adjcap.config import Config
+from adjcap import cluster_plan
 from adjcap import pools as pool_layout
-from adjcap.models.budget import human_bytes
-from adjcap.pools import pool_budget
+from adjcap.cluster_plan import NodeType, ResourceError, plan_cluster, pool_plan
 from adjcap.jobs.ray_guards import ClusterWatch, reap_with_driver
 
 # the directory the workers import this code from: the one holding the ``adjcap`` package (a checkout
@@ -160,7 +160,10 @@ def ray_session(cfg: Config) -> Iterator[None]:
     data_poll(cfg.ray.data_poll_s)
     numerics.enter(cfg.numerics, restart=False)  # the command line already restarted itself with the pin
     if ray.is_initialized():  # e.g. inside `ray job submit` or a notebook that already connected
-        yield
+        try:
+            yield
+        finally:
+            release_request()
         return
     address = cfg.ray.address or os.environ.get("RAY_ADDRESS")
     runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
@@ -172,6 +175,7 @@ def ray_session(cfg: Config) -> Iterator[None]:
             with ClusterWatch(address, ray.get_runtime_context().gcs_address):  # a lost cluster: one line
                 yield
         finally:
+            release_request()
             ray.shutdown()
         return
     os.environ.update(rocm_visible_env())  # AMD nodes that set ROCR_VISIBLE_DEVICES only (Ray refuses those)
@@ -207,117 +211,6 @@ def has_gpus() -> bool:
     return float(ray.cluster_resources().get("GPU", 0)) > 0
 
 
-class ResourceError(RuntimeError):
-    """A request the cluster can never grant (Ray would wait forever); the message has the numbers."""
-
-
-# a Ray worker process with torch, transformers and open_clip imported, before any weights: its own
-# pages (USS) as Ray Data measured them on the demo's actors (Ray 2.60, torch CPU): corpus encoder 597 MiB,
-# retriever 572, verifier 563, captioner 600, scorer 601 (with tiny models of a few MiB), rounded up
-ACTOR_BASE_BYTES = 608 * 2**20
-# the fused actor imports every stage's libraries in one process: 630 MiB measured by Ray Data on the demo's
-# fused actor (tiny models), rounded up
-FUSED_BASE_BYTES = 672 * 2**20
-# working memory on top of what is loaded (activations of a batch, tokenizers, the loading copy); it is
-# also the headroom Ray Data's memory issue detector asks for (it warns when 1.25 x the peak USS exceeds
-# the request), so a request that covers the real use raises no false alarm
-WORKING_FACTOR = 1.25
-# below this CPU share per actor the pools never get past model loading on a small machine
-MIN_CPU_SHARE = 0.1
-
-
-def actor_memory(model_bytes: int, pool: str = "") -> int:
-    """Host memory one actor asks Ray for: the worker process (a fused actor's is larger) plus its models
-    at run precision."""
-    base = FUSED_BASE_BYTES if pool == pool_layout.FUSED else ACTOR_BASE_BYTES
-    return int(WORKING_FACTOR * (base + model_bytes))
-
-
-def _actors_phrase(pools: tuple[str, ...], count: dict[str, int]) -> str:
-    """"4 pools x 2 actors" (every pool alike) or "retriever 1 + captioner 3 actors"."""
-    if len(set(count.values())) <= 1:
-        k = count[pools[0]] if pools else 0
-        return f"{len(pools)} pool{'s' if len(pools) != 1 else ''} x {k} actors"
-    return " + ".join(f"{p} {count[p]}" for p in pools) + " actors"
-
-
-def _asked(cfg: Config, pools: tuple[str, ...], count: dict[str, int]) -> str:
-    """Who asked: ``--workers N`` when every pool has ``ray.workers`` actors, else the pools' own counts."""
-    return f"--workers {cfg.ray.workers}" if all(count[p] == cfg.ray.workers for p in pools) else "ray.pool.<pool>.actors"
-
-
-def pool_plan(cfg: Config, cluster: dict[str, float], pools: tuple[str, ...] | None = None,
-              working: dict[str, int] | None = None, first: int = 0) -> dict[str, dict[str, float]]:
-    """The Ray resources of one actor of every pool in ``pools`` (default: the pools the job runs on
-    this cluster from stage index ``first`` on, split or fused: :func:`adjcap.pools.layout`) on a
-    cluster with ``cluster`` resources (``ray.cluster_resources()``), or a ResourceError when the
-    pools' actors (:func:`adjcap.pools.actors`) can never be placed: too many CPUs, GPUs or bytes of
-    memory asked for. A fused actor asks for the memory of every model it holds, each once. Pure."""
-    gpu = float(cluster.get("GPU", 0)) > 0
-    if pools is None:
-        pools = tuple(p.name for p in pool_layout.layout(cfg, gpu, first))
-    budget = pool_budget(cfg, gpu=gpu)
-    cpus = float(cluster.get("CPU", 1.0))
-    count = {p: pool_layout.actors(cfg, p) for p in pools}
-    asked, phrase = _asked(cfg, pools, count), _actors_phrase(pools, count)
-    n = sum(count.values())
-    plan: dict[str, dict[str, float]] = {}
-    if gpu:
-        gpus = float(cluster["GPU"])
-        shares = {p: pool_layout.gpu_share(cfg, p) for p in pools}
-        need = sum(count[p] * shares[p] for p in pools)
-        if need > gpus + 1e-9:
-            if len(set(count.values())) == 1:
-                how = f"{' + '.join(f'{shares[p]:g}' for p in pools)} GPU x {count[pools[0]]}"
-                fewer = f"use --workers {max(1, int(gpus // max(sum(shares.values()), 1e-9)))}"
-            else:
-                how = " + ".join(f"{count[p]} x {shares[p]:g}" for p in pools) + " GPU"
-                fewer = "use fewer ray.pool.<pool>.actors"
-            raise ResourceError(f"{asked}: {phrase} need {how} = {need:g} GPUs, the cluster has {gpus:g}; "
-                                f"{fewer} or lower ray.gpu_share / ray.pool.<pool>.gpus")
-        each = {p: pool_layout.cpu_request(cfg, p) or 1.0 for p in pools}
-        used = sum(count[p] * each[p] for p in pools)
-        if used + cfg.ray.decode_cpus > cpus + 1e-9:
-            raise ResourceError(
-                f"{asked}: {phrase} x {'/'.join(f'{each[p]:g}' for p in dict.fromkeys(pools))} CPU + "
-                f"{cfg.ray.decode_cpus:g} decode = {used + cfg.ray.decode_cpus:g} CPUs, the cluster has {cpus:g}; "
-                "use fewer --workers")
-        for p in pools:
-            plan[p] = {"num_gpus": shares[p], "num_cpus": each[p]}
-        if cluster.get("gpu_memory"):  # a local Ray: the GPUs' memory is known before Ray starts
-            problem = pool_layout.gpu_memory_problem(cfg, gpus, int(cluster["gpu_memory"]), pools)
-            if problem:
-                raise ResourceError(f"{asked}: {problem}")
-    else:
-        share = cpu_share(cfg, cpus, pools)
-        if share < MIN_CPU_SHARE:
-            fit = max(1, int((max(0.8 * cpus - cfg.ray.decode_cpus, 0.1)) / (len(pools) * MIN_CPU_SHARE)))
-            raise ResourceError(
-                f"{asked}: {phrase} = {n} actors on {cpus:g} CPUs "
-                f"({share:.3f} CPU each, below the {MIN_CPU_SHARE:g} needed to get past model loading); "
-                f"use --workers {fit} or a bigger cluster (--address)")
-        for p in pools:
-            plan[p] = {"num_cpus": pool_layout.cpu_request(cfg, p) or share}
-    have = float(cluster.get("memory", 0))
-    mem = {p: actor_memory(budget[p]["bytes"] + (working or {}).get(p, 0), p) for p in pools}
-    total = sum(count[p] * mem[p] for p in pools)
-    if have and total > have:
-        per = " + ".join(f"{p} {human_bytes(mem[p])}" for p in pools)
-        if len(set(count.values())) == 1:
-            k = count[pools[0]]
-            what = f"{k} x ({per})"
-            fit = max(0, int(have // max(sum(mem.values()), 1)))
-        else:
-            what = " + ".join(f"{count[p]} x {p} {human_bytes(mem[p])}" for p in pools)
-            fit = 0
-        hint = f"use --workers {fit}" if fit else "use fewer actors or a machine or cluster (--address) with more memory"
-        raise ResourceError(f"{asked}: {what} = {human_bytes(total)} of memory, "
-                            f"the cluster has {human_bytes(have)} for actors; {hint}")
-    for p in pools:
-        plan[p]["memory"] = float(mem[p])
-    return plan
-
-
 def pool_resources(cfg: Config, pool: str, working: int = 0) -> dict[str, float]:
     """Ray resources of one actor of ``pool`` on the connected cluster: a fraction of a GPU (by default
     one GPU hosts one actor of every split pool; on CPU-only clusters a fraction of a CPU so all pools
@@ -331,22 +224,169 @@ def pool_resources(cfg: Config, pool: str, working: int = 0) -> dict[str, float]
 
 
 def check_pools(cfg: Config, first: int = 0) -> dict[str, dict[str, float]]:
-    """Refuse up front (before any model loads) a request the connected cluster cannot hold; else the
-    resources of one actor of every pool the job runs from stage index ``first`` on."""
-    return pool_plan(cfg, ray.cluster_resources(), first=first)
+    """Refuse up front (before any model loads) a request no node type of the connected cluster can hold;
+    on an autoscaling cluster, ask for the nodes the plan needs and wait for them (:func:`scale_up`); then
+    the resources of one actor of every pool the job runs from stage index ``first`` on."""
+    types, autoscaling = cluster_facts(cfg)
+    plan = plan_cluster(cfg, types, first)
+    if plan.waiting:
+        plan = scale_up(cfg, plan, first)
+    return {p: dict(plan.actor[p]) for p in plan.pools}
 
 
-def cpu_share(cfg: Config, total: float | None = None, pools: tuple[str, ...] | None = None) -> float:
-    """CPUs per actor without GPUs: ``ray.cpu_share``, shrunk so that every actor of ``pools`` (default:
-    the split pools) plus the decode tasks fit in the cluster's CPUs (else Ray Data waits forever).
-    Actors with their own ``ray.pool.<pool>.cpus`` take theirs first."""
-    if total is None:
-        total = float(ray.cluster_resources().get("CPU", 1.0))
-    pools = pool_layout.pool_names() if pools is None else pools
-    # Ray Data stalls when its operators' requests add up to every CPU: keep 20% headroom
-    room = max(0.8 * total - cfg.ray.decode_cpus, 0.1)
-    fixed = sum(pool_layout.actors(cfg, p) * (pool_layout.cpu_request(cfg, p) or 0.0) for p in pools)
-    shared = sum(pool_layout.actors(cfg, p) for p in pools if pool_layout.cpu_request(cfg, p) is None)
-    if cfg.verifier.enabled and cfg.verifier.backend == "lavis" and "scorer" in pools:
-        shared += pool_layout.actors(cfg, "scorer")  # + the LAVIS scorer pool
-    return round(min(float(cfg.ray.cpu_share), max(room - fixed, 0.1) / max(shared, 1)), 4)
+# --- the cluster's facts, as data for adjcap.cluster_plan ------------------------------------------------
+
+BOOTSTRAP_CONFIG = "~/ray_bootstrap_config.yaml"  # where the cluster launcher puts its config on the head
+
+
+def _nodes_up() -> list[tuple[str, dict[str, float]]]:
+    """(node type name or "", total resources) of every node alive now."""
+    try:
+        from ray._raylet import GcsClient
+        from ray.autoscaler.v2.sdk import get_cluster_resource_state
+        from ray.core.generated.autoscaler_pb2 import NodeStatus
+
+        state = get_cluster_resource_state(GcsClient(address=ray.get_runtime_context().gcs_address))
+        return [(n.ray_node_type_name, dict(n.total_resources)) for n in state.node_states
+                if n.status in (NodeStatus.RUNNING, NodeStatus.IDLE)]
+    except Exception:  # noqa: BLE001 - another Ray: the node table, without type names
+        return [("", dict(n["Resources"])) for n in ray.nodes() if n.get("Alive")]
+
+
+def _gcs_node_types() -> list[NodeType]:
+    """The node groups an autoscaler reported to the GCS (Ray's ClusterConfig), if any."""
+    try:
+        from ray._private.state import state
+
+        conf = state.get_cluster_config()
+    except Exception:  # noqa: BLE001
+        return []
+    out = []
+    for g in getattr(conf, "node_group_configs", None) or []:
+        r = dict(g.resources)
+        out.append(NodeType(g.name, float(r.get("CPU", 0)), float(r.get("GPU", 0)), float(r.get("memory", 0)),
+                            None if g.max_count == -1 else int(g.max_count)))
+    return out
+
+
+def _launcher_node_types(cfg: Config) -> list[NodeType]:
+    import yaml
+
+    path = Path(os.path.expanduser(cfg.ray.autoscaler_config or BOOTSTRAP_CONFIG))
+    if not path.is_file():
+        if cfg.ray.autoscaler_config:
+            raise ResourceError(f"ray.autoscaler_config: no such file {path}; give the cluster launcher's config")
+        return []
+    try:
+        return cluster_plan.launcher_node_types(yaml.safe_load(path.read_text()) or {})
+    except (yaml.YAMLError, AttributeError, TypeError, ValueError) as e:
+        raise ResourceError(f"{path}: not a cluster launcher config ({e}); fix it or set ray.autoscaler_config") from None
+
+
+def _has_autoscaler() -> bool:
+    """Whether an autoscaler watches this cluster (the v1 monitor's status, or v2's reported state)."""
+    try:
+        from ray._private import ray_constants
+        from ray.experimental.internal_kv import _internal_kv_get
+
+        if _internal_kv_get(ray_constants.DEBUG_AUTOSCALING_STATUS):
+            return True
+        from ray._raylet import GcsClient
+        from ray.core.generated.autoscaler_pb2 import GetClusterStatusReply
+
+        reply = GetClusterStatusReply()
+        reply.ParseFromString(GcsClient(address=ray.get_runtime_context().gcs_address).get_cluster_status(timeout_s=5))
+        return reply.autoscaling_state.autoscaler_state_version > 0
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _shape_key(r: dict[str, float]) -> tuple[float, float]:
+    return float(r.get("CPU", 0)), float(r.get("GPU", 0))
+
+
+def merge_up(types: list[NodeType], up: list[tuple[str, dict[str, float]]], autoscaling: bool) -> tuple[NodeType, ...]:
+    """The node types with the nodes up counted in (by type name, else by CPU/GPU shape); a node of no known
+    type becomes a type of its own (its real resources; without an autoscaler, as many as are up)."""
+    count: dict[str, int] = {}
+    extra: dict[tuple, list[dict[str, float]]] = {}
+    by_name = {t.name: t for t in types}
+    for name, r in up:
+        t = by_name.get(name) or next((t for t in types if _shape_key(r) == (t.cpus, t.gpus)), None)
+        if t is not None:
+            count[t.name] = count.get(t.name, 0) + 1
+        else:
+            extra.setdefault(_shape_key(r), []).append(r)
+    out = [NodeType(t.name, t.cpus, t.gpus, t.memory, t.max_count if t.max_count is None else max(t.max_count, count.get(t.name, 0)),
+                    count.get(t.name, 0), t.gpu_memory) for t in types]
+    for (cpus, gpus), rs in extra.items():
+        name = f"{cpus:g}-CPU{f' {gpus:g}-GPU' if gpus else ''} node"
+        out.append(NodeType(name, cpus, gpus, min(float(r.get("memory", 0)) for r in rs),
+                            None if autoscaling and not types else len(rs), len(rs)))
+    return tuple(out)
+
+
+def cluster_facts(cfg: Config) -> tuple[tuple[NodeType, ...], bool]:
+    """(the connected cluster's node types, up and addable; whether an autoscaler can add nodes): the node
+    types from the GCS (Ray's ClusterConfig), else the cluster launcher's config; with neither, the shapes of
+    the nodes up (an autoscaler present: any number of each)."""
+    types = _gcs_node_types() or _launcher_node_types(cfg)
+    autoscaling = bool(types) or _has_autoscaler()
+    return merge_up(types, _nodes_up(), autoscaling), autoscaling
+
+
+# --- asking the autoscaler and waiting -------------------------------------------------------------------
+
+_asked_autoscaler = False
+POLL_S = 2.0
+
+
+def scale_up(cfg: Config, plan: cluster_plan.ClusterPlan, first: int = 0) -> cluster_plan.ClusterPlan:
+    """Ask the autoscaler for one bundle per actor (``request_resources``) and wait, on one progress line
+    ("waiting for 8 GPU workers: 2 up, 6 pending"), until the nodes up hold the plan; past
+    ``ray.scale_wait_s`` a ResourceError names what never came. The request is withdrawn when the Ray
+    session ends (:func:`release_request`)."""
+    import sys
+    import time
+
+    from ray.autoscaler.sdk import request_resources
+
+    global _asked_autoscaler
+    request_resources(bundles=plan.bundles())
+    _asked_autoscaler = True
+    deadline = time.monotonic() + cfg.ray.scale_wait_s
+    tty = sys.stdout.isatty()
+    line = plan.progress()
+    print(line, end="\r" if tty else "\n", flush=True)
+    while plan.waiting:
+        if time.monotonic() >= deadline:
+            if tty:
+                print()
+            missing = ", ".join(f"{k} x {n}" for n, k in plan.missing().items())  # "6 x ray.worker.l4"
+            raise ResourceError(
+                f"waited {cfg.ray.scale_wait_s:g} s (ray.scale_wait_s) for the nodes the plan asked for: "
+                f"{line.removeprefix('waiting for ')}; never came: {missing} (`ray status` shows the autoscaler's "
+                "view: a node type's quota, capacity or launch failures)")
+        time.sleep(POLL_S)
+        plan = plan_cluster(cfg, cluster_facts(cfg)[0], first)
+        if plan.progress() != line:
+            line = plan.progress()
+            if tty:
+                print(f"\x1b[2K{line}", end="\r", flush=True)
+    if tty:
+        print()
+    return plan
+
+
+def release_request() -> None:
+    """Withdraw what :func:`scale_up` asked the autoscaler for, so that it can remove the nodes when idle."""
+    global _asked_autoscaler
+    if not _asked_autoscaler:
+        return
+    _asked_autoscaler = False
+    try:
+        from ray.autoscaler.sdk import request_resources
+
+        request_resources(bundles=[])
+    except Exception:  # noqa: BLE001 - the cluster is gone: nothing to withdraw
+        pass

@@ -1,5 +1,5 @@
 """Memory budget of the pools (adjcap.models.budget) and the up-front refusal of impossible
---workers / memory requests (jobs.ray_session.pool_plan), without starting Ray."""
+--workers / memory requests (adjcap.cluster_plan.pool_plan), without starting Ray."""
 
 import json
 import struct
@@ -9,7 +9,7 @@ import pytest
 from adjcap.config import load_config
 from adjcap import pools
 from adjcap.models import budget
-from adjcap.jobs.ray_session import ACTOR_BASE_BYTES, ResourceError, actor_memory, pool_plan
+from adjcap.cluster_plan import ACTOR_BASE_BYTES, ResourceError, actor_memory, pool_plan
 
 GiB = 2**30
 
@@ -59,7 +59,8 @@ def test_demo_budget_from_the_tiny_model_files(demo_cfg):
 
 
 def _cfg(workers, **ray):
-    sets = [f"ray.workers={workers}"] + [f"ray.{k}={v}" for k, v in ray.items()]
+    # ray.mps=true: with GPUs, ray.pools=auto splits (adjcap.pools.is_fused; without MPS it fuses)
+    sets = [f"ray.workers={workers}", "ray.mps=true"] + [f"ray.{k}={v}" for k, v in ray.items()]
     return load_config("demo", sets).resolved()
 
 
@@ -145,9 +146,10 @@ def test_fused_pool_holds_each_model_once():
     split = pool_plan(load_config("headline", ["paths.data_dir=/nonexistent", "ray.pools=split"]).resolved(), cluster)
     assert set(split) == set(pools.pool_names())
     assert auto["fused"]["memory"] < sum(r["memory"] for r in split.values())
-    # with GPUs auto splits; fused asks for the split pools' shares together (one GPU by default)
+    # with GPUs auto splits under MPS, else fuses; fused asks for the split pools' shares together (one GPU)
     gpus = {"CPU": 16.0, "GPU": 2.0, "memory": 1000 * GiB}
-    assert set(pool_plan(cfg, gpus)) == set(pools.pool_names())
+    assert set(pool_plan(cfg.model_copy(update={"ray": cfg.ray.model_copy(update={"mps": True})}), gpus)) == set(pools.pool_names())
+    assert set(pool_plan(cfg.model_copy(update={"ray": cfg.ray.model_copy(update={"mps": False})}), gpus)) == {"fused"}
     fused = load_config("headline", ["paths.data_dir=/nonexistent", "ray.pools=fused", "ray.workers=2"]).resolved()
     assert pool_plan(fused, gpus)["fused"]["num_gpus"] == 1.0
     three = load_config("headline", ["paths.data_dir=/nonexistent", "ray.pools=fused", "ray.workers=3"]).resolved()
@@ -178,17 +180,17 @@ def test_gpu_memory_counts_each_model_at_its_load_precision_and_is_checked_per_p
     auto = load_config("headline", ["paths.data_dir=/nonexistent", "precision=auto", "captioner.precision=auto"]).resolved()
     vit_b = sum(budget.CLIP_TOWERS["ViT-B-32"].values())
     assert pools.pool_budget(auto, gpu=True)["captioner"]["bytes"] == 4 * budget.IFCAP_PARAMS + 2 * vit_b
-    cfg = load_config("headline", ["paths.data_dir=/nonexistent"]).resolved()  # fp32: bigG's image tower 6.9 GiB
+    cfg = load_config("headline", ["paths.data_dir=/nonexistent", "ray.mps=true"]).resolved()  # fp32: bigG's image tower 6.9 GiB
     l4 = {"CPU": 16.0, "GPU": 1.0, "memory": 100 * GiB, "gpu_memory": 22.5 * GiB}
     assert set(pool_plan(cfg, l4)) == set(pools.pool_names())  # 14.0 GiB of models on one 22.5 GiB L4
     with pytest.raises(ResourceError) as e:
         pool_plan(cfg, {**l4, "gpu_memory": 6 * GiB})
     assert "\n" not in str(e.value) and "pool retriever: one actor's models take 6.9 GiB" in str(e.value)
-    two = load_config("headline", ["paths.data_dir=/nonexistent", "ray.workers=2", "ray.gpu_share=0.125"]).resolved()
+    two = load_config("headline", ["paths.data_dir=/nonexistent", "ray.workers=2", "ray.gpu_share=0.125", "ray.mps=true"]).resolved()
     with pytest.raises(ResourceError, match=r"2 x retriever 6.9 GiB .* = 28.0 GiB of GPU memory, the 1 GPU\(s\) have 22.5 GiB"):
         pool_plan(two, l4)
     bf16 = load_config("headline", ["paths.data_dir=/nonexistent", "ray.workers=2", "ray.gpu_share=0.125",
-                                    "precision=bf16"]).resolved()
+                                    "precision=bf16", "ray.mps=true"]).resolved()
     assert pool_plan(bf16, l4)  # half the bytes: fits
 
 

@@ -195,7 +195,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # and what made a run (provenance), where a pool's last actor writes its batch (batch_sink), a
     # job's run plan (records, corpus, identities, pools, run directory: built once at the edge), and the
     # captioner families stage 3 picks from (captioners)
-    ("stages", ("adjcap.image_state", "adjcap.stages", "adjcap.stage_registry", "adjcap.pools", "adjcap.identity",
+    ("stages", ("adjcap.image_state", "adjcap.stages", "adjcap.stage_registry", "adjcap.pools", "adjcap.cluster_plan", "adjcap.identity",
                 "adjcap.stage_cache", "adjcap.pipeline", "adjcap.provenance", "adjcap.batch_sink", "adjcap.run_plan",
                 "adjcap.captioners")),
     # the learned rerankers over the feature table

@@ -46,6 +46,7 @@ def _run_job(cluster, demo_cfg, run_dir, workers: int) -> str:
         "run-job", "demo", "--workers", str(workers), "--address", cluster.address, "--run-dir", str(run_dir),
         "--limit", str(LIMIT), "--no-evaluate", "--set", f"paths.cache_dir={demo_cfg.paths.cache_dir}",
         "--set", "ray.rows_per_part=3",
+        "--set", "ray.mps=true",  # with GPUs, auto splits only under MPS (adjcap.pools.is_fused)
         # every stage computed by the pools here, none taken from the stage cache other modules filled
         "--set", "cache.share_stages=false",
     ])

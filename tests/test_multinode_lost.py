@@ -75,6 +75,7 @@ def test_a_node_lost_half_way_costs_only_its_unfinished_images(cluster, demo_cfg
         "run-job", "demo", "--workers", "2", "--address", c.address, "--run-dir", str(run_dir),
         "--limit", str(LIMIT), "--no-evaluate", "--set", f"paths.cache_dir={demo_cfg.paths.cache_dir}",
         "--set", "ray.rows_per_part=2", "--set", "ray.batch_size=2", "--set", "cache.share_stages=false",
+        "--set", "ray.mps=true",  # the four split pools across the nodes (auto fuses without MPS)
     ])
     loser.halt.set()
     loser.join()
