@@ -301,7 +301,7 @@ CHECK_EVERY = 4
 """The fast beam search asks the device whether anything is left to decode once every this many
 steps (one host read); refilling finished images' rows needs no host read (:func:`_refill`)."""
 
-REFILL_LANES = 4
+REFILL_LANES = 8
 """At most ``ceil(slots / REFILL_LANES)`` image slots are refilled per step (a fixed-size refill, no
 host read); more finished at once wait a step."""
 
@@ -347,12 +347,16 @@ class _Rows:
         dh = cfg.n_embd // h
         r, lg = streams * slots, max(1, max_len - 1)
         z = functools.partial(torch.zeros, device=device)
-        self.kp = [z(r, h, tp, dh, dtype=dtype) for _ in range(cfg.n_layer)]
-        self.vp = [z(r, h, tp, dh, dtype=dtype) for _ in range(cfg.n_layer)]
+        # the prompt buffers have one spare row (index r): the refill's idle lanes write there
+        self.kp_all = [z(r + 1, h, tp, dh, dtype=dtype) for _ in range(cfg.n_layer)]
+        self.vp_all = [z(r + 1, h, tp, dh, dtype=dtype) for _ in range(cfg.n_layer)]
+        self.kp = [t[:r] for t in self.kp_all]
+        self.vp = [t[:r] for t in self.vp_all]
         self.kg = [z(r, h, lg, width, dh, dtype=dtype) for _ in range(cfg.n_layer)]
         self.vg = [z(r, h, lg, width, dh, dtype=dtype) for _ in range(cfg.n_layer)]
-        self.pmask = z(r, tp, dtype=dtype)
-        self.plen = z(r, dtype=torch.long)
+        self.pmask_all = z(r + 1, tp, dtype=dtype)
+        self.plen_all = z(r + 1, dtype=torch.long)
+        self.pmask, self.plen = self.pmask_all[:r], self.plen_all[:r]
         self.gpos = z(slots, dtype=torch.long)
         self.tokens = z(slots, width, max_len, dtype=torch.long)
         self.scores = z(slots, width)
@@ -365,12 +369,12 @@ class _Rows:
         self.max_gen = max_len - 1  # steps after the first token
 
     def tensors(self) -> list[torch.Tensor]:
-        return [*self.kp, *self.vp, *self.kg, *self.vg, self.pmask, self.plen, self.gpos, self.tokens, self.scores,
+        return [*self.kp_all, *self.vp_all, *self.kg, *self.vg, self.pmask_all, self.plen_all, self.gpos, self.tokens, self.scores,
                 self.lengths, self.stopped, self.anc, self.live, self.occ, self.img]
 
     def announce(self) -> None:
         for hook in KV_HOOKS:
-            hook([*self.kp, *self.vp, *self.kg, *self.vg])
+            hook([*self.kp_all, *self.vp_all, *self.kg, *self.vg])
 
     def reset(self) -> None:
         """A new call: no slot holds an image (buffers keep their addresses)."""
@@ -570,9 +574,9 @@ def _prefill(gpt, emb: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor):
     return gpt(inputs_embeds=emb, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
 
 
-PER_BATCH_SITES = ("_prefill", "_collect", "_beam_rows")
-"""The functions of the fast beam search that read the host once per call, not per step (the audit
-files their reads per batch): the prompt pass, the final gather, the final copy-out."""
+PER_BATCH_SITES = ("_prefill", "_collect")
+"""The functions of the fast beam search that read the host once per call (the prompt pass: once per
+chunk of ``slots`` images), not per step (the audit files their reads per batch)."""
 
 
 @dataclass
@@ -605,17 +609,17 @@ def _queue(gpt, prompts, neg_prompts, w: int, max_len: int, temperature: float, 
     all_prompts = list(prompts) + (list(neg_prompts) if neg_prompts is not None else [])
     emb, mask, pos = _left_pad(all_prompts, tp)
     n = len(prompts)
-    kp: list[list[torch.Tensor]] = []
-    vp: list[list[torch.Tensor]] = []
+    kp: list[torch.Tensor] = []
+    vp: list[torch.Tensor] = []
     lps = []
     for a in range(0, streams * n, chunk):
         out = _prefill(gpt, emb[a : a + chunk], mask[a : a + chunk], pos[a : a + chunk])
         for layer, c in enumerate(out.past_key_values.layers):
-            if not a:
-                kp.append([])
-                vp.append([])
-            kp[layer].append(c.keys)
-            vp[layer].append(c.values)
+            if not a:  # the prompts' keys/values of every image, written chunk by chunk
+                kp.append(c.keys.new_empty(streams * n, *c.keys.shape[1:]))
+                vp.append(c.values.new_empty(streams * n, *c.values.shape[1:]))
+            kp[layer][a : a + chunk].copy_(c.keys)
+            vp[layer][a : a + chunk].copy_(c.values)
         lps.append(out.logits[:, -1, :].float())
         del out
     t = effective_temperature(temperature)
@@ -628,7 +632,7 @@ def _queue(gpt, prompts, neg_prompts, w: int, max_len: int, temperature: float, 
     pmask = torch.zeros(mask.shape, dtype=emb.dtype, device=dev).masked_fill(mask == 0, float("-inf"))
     plen = torch.tensor([p.shape[0] for p in all_prompts], device=dev)
     return _Queue(
-        kp=[torch.cat(k) for k in kp], vp=[torch.cat(v) for v in vp], pmask=pmask, plen=plen, first=first,
+        kp=kp, vp=vp, pmask=pmask, plen=plen, first=first,
         first_scores=scores, out_tokens=torch.zeros(n + 1, w, max_len, dtype=torch.long, device=dev),
         out_scores=torch.zeros(n + 1, w, device=dev), out_lengths=torch.ones(n + 1, w, device=dev),
         out_stopped=torch.zeros(n + 1, w, dtype=torch.bool, device=dev),
@@ -661,15 +665,16 @@ def _refill(st: _Rows, q: _Queue, lanes: int, stop: torch.Tensor) -> None:
         keep = buf.index_select(0, rows)
         buf.index_copy_(0, rows, torch.where(ok.view(-1, *[1] * (new.dim() - 1)), new, keep))
 
-    streams = st.plen.shape[0] // s
-    rows = torch.cat([slots + j * s for j in range(streams)])
+    r = st.plen.shape[0]
+    streams = r // s
+    # a prompt row is written once per image it takes: idle lanes write the spare row r
+    rows = torch.cat([torch.where(valid, slots + j * s, r) for j in range(streams)])
     src = torch.cat([img + j * q.n for j in range(streams)])
-    ok = valid.repeat(streams)
     for layer in range(len(st.kp)):
-        put(st.kp[layer], rows, q.kp[layer].index_select(0, src), ok)
-        put(st.vp[layer], rows, q.vp[layer].index_select(0, src), ok)
-    put(st.pmask, rows, q.pmask.index_select(0, src), ok)
-    put(st.plen, rows, q.plen.index_select(0, src), ok)
+        st.kp_all[layer].index_copy_(0, rows, q.kp[layer].index_select(0, src))
+        st.vp_all[layer].index_copy_(0, rows, q.vp[layer].index_select(0, src))
+    st.pmask_all.index_copy_(0, rows, q.pmask.index_select(0, src))
+    st.plen_all.index_copy_(0, rows, q.plen.index_select(0, src))
     first = q.first.index_select(0, img)
     tokens = torch.zeros(lanes, *st.tokens.shape[1:], dtype=torch.long, device=first.device)
     tokens[:, :, 0] = first
@@ -718,9 +723,10 @@ def _beam_rows(
     live_steps = torch.zeros((), dtype=torch.long, device=dev)
     steps = 0
     while True:
-        if steps % CHECK_EVERY == 0 and not bool(st.live.any() | (q.head < n)):  # one host read per CHECK_EVERY steps
-            break
         if steps:
+            # one host read per CHECK_EVERY steps (before the first step the slots have just been filled)
+            if steps % CHECK_EVERY == 0 and not bool(st.live.any() | (q.head < n)):
+                break
             _refill(st, q, lanes, stop)
         live_steps += st.live.sum()
         step(gpt, st, stop, temperature, lam)
