@@ -865,6 +865,7 @@ def decode_prompts(
     max_len: int = 64,
     stop_ids: Sequence[int],
     batch_size: int | None = None,
+    rows: int | None = None,
     temperature: float = 1.0,
     neg_prompts: Sequence[torch.Tensor] | None = None,
     contrastive_lambda: float = 0.0,
@@ -895,7 +896,7 @@ def decode_prompts(
     if search == "fast":
         all_beams = beam_search_fast(
             gpt, prompts, beam_width=beam_width, max_len=max_len, stop_ids=stop_ids,
-            temperature=temperature, batch_size=batch_size,
+            temperature=temperature, batch_size=batch_size, rows=rows,
             neg_prompts=neg_prompts if use_neg else None, contrastive_lambda=contrastive_lambda, step=step,
         )
     else:

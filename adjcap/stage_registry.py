@@ -450,7 +450,8 @@ register(
         "caption", "captioner", ("captioner",),
         # captioner.search is not speed-only: the reference search's beams differ (the property test)
         Reads(("numerics", "tf32", "captioner"),
-              speed=("captioner.batch_size", "captioner.compile", "captioner.candidates.lm_batch_size",
+              speed=("captioner.batch_size", "captioner.rows", "captioner.compile", "captioner.compile_cache",
+                     "captioner.candidates.lm_batch_size",
                      *(f"captioner.clip.{k}" for k in _ENC_SPEED)),
               unread=captioners.unread),  # the other captioner families' settings
         StageOutput(

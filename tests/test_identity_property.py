@@ -144,6 +144,7 @@ ALTERNATIVES: dict[str, typing.Callable[[World], list[str]]] = {
     "captioner.clip.model": lambda w: ["captioner.clip.model=adjcap-tiny-clip-large"],
     # alone: without the open_clip_config.json beside it, the file loads as another model
     "captioner.clip.pretrained": lambda w: [f"captioner.clip.pretrained={w.copy(w.cfg.captioner.clip.pretrained, alone=True)}"],
+    "captioner.compile_cache": lambda w: [f"captioner.compile_cache={w.root}/elsewhere"],
     "captioner.candidates.file": lambda w: [f"captioner.candidates.file={w.root}/candidates.jsonl"],
     "captioner.candidates.lm": lambda w: ["captioner.candidates.lm=distilgpt2"],
     "captioner.entities.tagger": lambda w: ["captioner.entities.tagger=nltk"],
@@ -272,4 +273,5 @@ def test_every_setting_changes_the_identity_or_nothing(world):
     assert checked["captioner.checkpoint"] == "none" and checked["captioner.beam_width"] == "caption"
     assert checked["verifier.keep"] == "verify" and checked["eval.clipscore.model"] == "score"
     assert checked["captioner.batch_size"] == "none" and checked["captioner.compile"] == "none", checked
+    assert checked["captioner.rows"] == "none" and checked["captioner.compile_cache"] == "none", checked
     assert checked["paths.cache_dir"] == "retrieve"  # the image root counts by its path (its files are the ids)
