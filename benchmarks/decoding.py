@@ -40,6 +40,7 @@ import sys
 import tempfile
 import time
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -290,6 +291,32 @@ def rows_main(args) -> dict:
     row["command"] = "python " + " ".join(sys.argv)
     print(json.dumps(row), flush=True)
     return row
+
+
+def rows_probe(cap: IFCapCaptioner, device: torch.device, slots: Sequence[int], n_images: int,
+               max_len: int = 64) -> dict:
+    """images/s and the live share of the row-steps of ``n_images`` through each image-slot count (rows =
+    slots x 20 beams, ``captioner.rows``), warm-up apart (benchmarks/gpu_probe.py's ``decode_rows``)."""
+    prompts = [p.to(device) for p in make_prompts(cap, n_images, seed=1)]
+    out = {}
+    for n_slots in slots:
+        stats: dict = {}
+
+        def run():
+            return beam_search_fast(cap.gpt, prompts, beam_width=20, max_len=max_len, stop_ids=cap.stop_ids,
+                                    rows=n_slots * 20, stats=stats)
+
+        run()  # warm-up
+        _sync(device)
+        t = time.perf_counter()
+        run()
+        _sync(device)
+        s = time.perf_counter() - t
+        out[f"slots{n_slots}"] = {"rows": stats["rows"], "images": len(prompts), "images_per_s": round(len(prompts) / s, 1),
+                                  "s": round(s, 3), "steps": stats["steps"],
+                                  "live_row_fraction": round(stats["live_row_fraction"], 4)}
+        print(f"decode_rows slots{n_slots}: {out[f'slots{n_slots}']}", flush=True)
+    return out
 
 
 _COMPILE_CHILD = """

@@ -45,7 +45,7 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-SECTIONS = ("env", "assets", "e2e", "decode", "clip", "attention", "index", "capture")
+SECTIONS = ("env", "assets", "e2e", "decode", "decode_rows", "clip", "attention", "index", "capture")
 RESULTS: dict = {}
 T0 = time.perf_counter()
 
@@ -189,6 +189,18 @@ def decode(args, ctx) -> dict:
     return out
 
 
+def decode_rows(args, ctx) -> dict:
+    """Continuous batching (``captioner.rows``): live rows and images/s at 64/128/256 image slots x 20 beams
+    (the dry run: the demo's tiny IFCap, 2 slots)."""
+    import tempfile
+
+    from benchmarks.decoding import demo_captioner, real_captioner, rows_probe
+
+    dry, dev = getattr(args, "dry_run", False), torch.device(args.device)
+    cap = demo_captioner(args.root, Path(tempfile.mkdtemp())) if dry else real_captioner(dev, torch.float32, 12.0)
+    return rows_probe(cap, dev, (2,) if dry else (64, 128, 256), 4 if dry else 1024)
+
+
 def clip(args, ctx) -> dict:
     from adjcap.config import load_config
     from adjcap.models.roles import load_retrieval_encoder
@@ -318,7 +330,7 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     ctx: dict = {}
-    fns = {"env": env, "assets": assets, "e2e": e2e, "decode": decode, "clip": clip, "attention": attention,
+    fns = {"env": env, "assets": assets, "e2e": e2e, "decode": decode, "decode_rows": decode_rows, "clip": clip, "attention": attention,
            "index": index, "capture": capture}
     for name in args.sections:
         if name not in ("env", "assets") and time.perf_counter() - T0 > args.budget_s:

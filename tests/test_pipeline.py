@@ -273,7 +273,7 @@ def test_captioner_compile_gives_the_same_beams_and_off_touches_nothing(demo_cfg
     counters.clear()
     try:
         compiled = stage_registry.load_families(rcfg, ["captioner"], given={"nouns": models.captioner.nouns})
-        assert compiled["captioner"].captioner.step is decoding.compiled_step("aot_eager")
+        assert compiled["captioner"].captioner.step is decoding.compiled_step("aot_eager", "default")
         recs = test_records[:3]
         plain = run_pipeline(recs, demo_cfg, models, batch_size=3)
         rows = run_pipeline(recs, cfg, _with(models, captioner=compiled["captioner"]), batch_size=3)
