@@ -13,17 +13,22 @@ recomputed every step):
   stopped or after ``max_len`` tokens;
 * result: per beam the tokens up to its length, sum = score, mean = score / len; sorted by mean desc.
 
-The fast search does the same arithmetic for B images x W beams at once: prompts of different lengths
-are left-padded (attention mask + position ids that start at 0 on the first real position), GPT-2 runs
-once on the prompts and then one token per step on a preallocated KV cache that is never reordered (a
-beam reads its history through an ancestry table, :class:`_BeamCache`); the step reads nothing back
-to the host: images whose beams have all stopped are frozen on the device, the host asks once every
-:data:`CHECK_EVERY` steps whether to end or drop them, and reads the beams once per batch. Being
-KV-cached and padded it is mathematically identical to the reference but not bit-identical
-(differences ~1e-6), so a near-tie can in rare cases flip a beam.
+The fast search does the same arithmetic for many images x W beams at once, continuously batched:
+every image's prompt runs through GPT-2 once (left-padded: attention mask + position ids that start at 0
+on the first real position), then a fixed set of image slots (``captioner.rows`` / W, else
+``captioner.batch_size``) steps one token per beam on preallocated, never-reordered buffers (a beam reads
+its history through an ancestry table, :class:`_Rows`); before each step, slots whose image has
+finished take the next images on the device (:func:`_refill`), so no image waits for another's longest
+beam. The step (:func:`_gpt_step`: GPT-2, log-softmax, stopped-beam mask, length normalisation, top-W
+over W x V, the gathers) has fixed shapes and reads nothing back to the host; the host asks once every
+:data:`CHECK_EVERY` steps whether anything is left and reads the beams once per call. Being KV-cached and
+padded it is mathematically identical to the reference but not bit-identical (differences ~1e-6), so a
+near-tie can in rare cases flip a beam; which images share the rows changes nothing else.
 
 The fast search's step may run under ``torch.compile`` (``captioner.compile``, :func:`beam_step`): the
-caller holds the compiled step (the loaded captioner does), nothing is patched here.
+caller holds the compiled step (the loaded captioner does), nothing is patched here; ``graphs`` replays it
+as CUDA graphs (its buffers are static, kept per shape between calls); the compiled artifacts are kept
+under ``captioner.compile_cache`` (:func:`use_compile_cache`).
 
 Greedy (spec 5.2): argmax per step, stop on the stop set, max_len tokens, text includes the stop token.
 
