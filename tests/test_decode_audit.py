@@ -100,3 +100,27 @@ def test_the_beam_step_is_captured_whole_with_static_buffers(cap):
         decoding._KEPT_ROWS.clear()
     assert [[b.tokens for b in bs] for bs in got] == [[b.tokens for b in bs] for bs in want]
     assert [[b.tokens for b in bs] for bs in again] == [[b.tokens for b in bs] for bs in want[2:]]
+
+
+def test_the_compiled_step_keeps_its_artifacts_in_the_configured_cache(monkeypatch, tmp_path):
+    """captioner.compile_cache: torch's inductor and Triton caches are pointed under it before the first
+    compile (a second process then loads instead of compiling: benchmarks/decoding.py --compile-cache);
+    ``graphs`` is the CUDA-graph mode on a GPU and the plain compiled step elsewhere."""
+    import os
+
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    import adjcap.decoding as decoding
+
+    for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        monkeypatch.setenv(var, "")  # restored after the test
+        monkeypatch.delenv(var)
+    monkeypatch.setattr(decoding, "COMPILE_BACKEND", "aot_eager")
+    assert decoding.beam_step("off", "cpu", tmp_path) is decoding._gpt_step
+    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ  # off: nothing set
+    step = decoding.beam_step("graphs", "cpu", tmp_path / "compile")
+    assert step is decoding.compiled_step("aot_eager", "default")
+    assert cache_dir() == str(tmp_path / "compile" / "inductor")
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "compile" / "triton")
+    with pytest.raises(ValueError, match="captioner.compile"):
+        decoding.beam_step("max-autotune", "cpu")
