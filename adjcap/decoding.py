@@ -695,6 +695,29 @@ def _refill(st: _Rows, q: _Queue, lanes: int, stop: torch.Tensor) -> None:
     q.head.add_(valid.sum())
 
 
+def _shrink(st: _Rows, q: _Queue, step: Step, gpt, live: int) -> _Rows:
+    """The queue is empty and at most half the slots are live: the live slots move to rows of the next
+    power-of-two count that holds them (a few shapes, so a few compiled graphs), copied once; finished
+    images still in the rows are copied out first. The tail of a call then computes no dead rows."""
+    s = st.live.shape[0]
+    small = s
+    while small > 1 and live <= small // 2:
+        small //= 2
+    dev = st.live.device
+    _copy_out(st, q, torch.arange(s, device=dev), st.occ & ~st.live)
+    keep = torch.argsort((~st.live).to(torch.uint8), stable=True)[:small]  # live slots first
+    w, lmax = st.tokens.shape[1:]
+    new = _rows(step, gpt, small, w, lmax, st.pmask.shape[-1], st.plen.shape[0] // s, st.kp[0].dtype, dev)
+    rows = torch.cat([keep + j * s for j in range(st.plen.shape[0] // s)])
+    for a, b in zip([*new.kp, *new.vp, *new.kg, *new.vg, new.pmask, new.plen],
+                    [*st.kp, *st.vp, *st.kg, *st.vg, st.pmask, st.plen]):
+        a.copy_(b.index_select(0, rows))
+    for name in ("gpos", "tokens", "scores", "lengths", "stopped", "anc", "img", "live"):
+        getattr(new, name).copy_(getattr(st, name).index_select(0, keep))
+    new.occ.copy_(new.live)
+    return new
+
+
 @torch.no_grad()
 def _beam_rows(
     gpt,
@@ -726,21 +749,28 @@ def _beam_rows(
     _refill(st, q, slots, stop)  # the first images, every slot at once
     lanes = -(-slots // REFILL_LANES)
     live_steps = torch.zeros((), dtype=torch.long, device=dev)
-    steps = 0
+    steps = slot_steps = 0
+    queued = True
     while True:
-        if steps:
-            # one host read per CHECK_EVERY steps (before the first step the slots have just been filled)
-            if steps % CHECK_EVERY == 0 and not bool(st.live.any() | (q.head < n)):
+        if steps and steps % CHECK_EVERY == 0:
+            # the one host read of CHECK_EVERY steps (before the first step the slots have just been filled)
+            live, head = torch.stack([st.live.sum(), q.head]).tolist()
+            queued = head < n
+            if not live and not queued:
                 break
+            if not queued and live <= st.live.shape[0] // 2:
+                st = _shrink(st, q, step, gpt, live)
+        if steps and queued:
             _refill(st, q, lanes, stop)
         live_steps += st.live.sum()
         step(gpt, st, stop, temperature, lam)
         steps += 1
-    _copy_out(st, q, torch.arange(slots, device=dev), st.occ.clone())
+        slot_steps += st.live.shape[0]
+    _copy_out(st, q, torch.arange(st.live.shape[0], device=dev), st.occ.clone())
     if stats is not None:
         live = int(live_steps)
-        stats.update(steps=steps, slots=slots, rows=slots * w * streams, slot_steps=steps * slots,
-                     live_slot_steps=live, live_row_fraction=live / max(1, steps * slots))
+        stats.update(steps=steps, slots=slots, rows=slots * w * streams, slot_steps=slot_steps,
+                     live_slot_steps=live, live_row_fraction=live / max(1, slot_steps))
     return _collect(q.out_tokens[:n], q.out_scores[:n], q.out_lengths[:n], q.out_stopped[:n])
 
 

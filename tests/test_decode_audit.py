@@ -70,8 +70,8 @@ def test_audit_catches_host_reads_and_a_reordered_growing_cache():
 def test_the_beam_step_is_captured_whole_with_static_buffers(cap):
     """No graph break in a decode step (a host read or data-dependent Python would be one,
     ``torch._dynamo.explain``); ``fullgraph=True`` with static shapes (no ``dynamic``) compiles it once
-    for the whole decode, every position and every refill (the position is a tensor, the buffers are
-    fixed: what a CUDA graph needs), with AOT autograd's functionalisation of the in-place KV writes
+    per rows shape for the whole decode, every position and every refill (the position is a tensor, the
+    buffers are fixed: what a CUDA graph needs), with AOT autograd's functionalisation of the in-place KV writes
     (``aot_eager``), and returns the eager beams; a second call of the same shape reuses the graph."""
     from torch._dynamo.utils import counters
 
@@ -92,9 +92,12 @@ def test_the_beam_step_is_captured_whole_with_static_buffers(cap):
     step = torch.compile(decoding._gpt_step, fullgraph=True, backend="aot_eager")
     try:
         got = beam_search_fast(cap.gpt, ps, beam_width=3, max_len=8, stop_ids=cap.stop_ids, batch_size=3, step=step)
+        graphs = counters["stats"]["unique_graphs"]
+        # one graph per rows shape: 3 slots, and the tail's 1 slot once the queue is empty (decoding._shrink)
+        assert 1 <= graphs <= 2, dict(counters["stats"])
         again = beam_search_fast(cap.gpt, ps[2:], beam_width=3, max_len=8, stop_ids=cap.stop_ids, batch_size=3,
                                  step=step)
-        assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+        assert counters["stats"]["unique_graphs"] == graphs, dict(counters["stats"])  # nothing recompiled
     finally:
         torch._dynamo.reset()
         decoding._KEPT_ROWS.clear()
