@@ -19,7 +19,7 @@ on the first real position), then a fixed set of image slots (``captioner.rows``
 ``captioner.batch_size``) steps one token per beam on preallocated, never-reordered buffers (a beam reads
 its history through an ancestry table, :class:`_Rows`); before each step, slots whose image has
 finished take the next images on the device (:func:`_refill`), so no image waits for another's longest
-beam. The step (:func:`_gpt_step`: GPT-2, log-softmax, stopped-beam mask, length normalisation, top-W
+beam; when no image is left to start, the live slots move to fewer rows (:func:`_shrink`). The step (:func:`_gpt_step`: GPT-2, log-softmax, stopped-beam mask, length normalisation, top-W
 over W x V, the gathers) has fixed shapes and reads nothing back to the host; the host asks once every
 :data:`CHECK_EVERY` steps whether anything is left and reads the beams once per call. Being KV-cached and
 padded it is mathematically identical to the reference but not bit-identical (differences ~1e-6), so a
