@@ -145,6 +145,8 @@ ALTERNATIVES: dict[str, typing.Callable[[World], list[str]]] = {
     # alone: without the open_clip_config.json beside it, the file loads as another model
     "captioner.clip.pretrained": lambda w: [f"captioner.clip.pretrained={w.copy(w.cfg.captioner.clip.pretrained, alone=True)}"],
     "captioner.compile_cache": lambda w: [f"captioner.compile_cache={w.root}/elsewhere"],
+    # as captioner.batch_size's 33: slots for every image (fewer slots move the log-probs' last bits, ~1e-6)
+    "captioner.rows": lambda w: [f"captioner.rows={40 * w.cfg.captioner.beam_width}"],
     "captioner.candidates.file": lambda w: [f"captioner.candidates.file={w.root}/candidates.jsonl"],
     "captioner.candidates.lm": lambda w: ["captioner.candidates.lm=distilgpt2"],
     "captioner.entities.tagger": lambda w: ["captioner.entities.tagger=nltk"],
