@@ -13,6 +13,7 @@ import typer
 
 from adjcap import numerics
 from adjcap.config import Config, ConfigError, config_data, list_presets, validate_config
+from adjcap.jobs.failures import ImagesFailed
 from adjcap.rundir import RunDir
 
 app = typer.Typer(
@@ -111,6 +112,9 @@ def _run(fn: Callable[[], Any]) -> Any:
         return fn()
     except (typer.Exit, typer.Abort):
         raise
+    except ImagesFailed as e:  # everything is written (or, stopped early, kept); the line says how many and why
+        typer.secho(str(e), fg="red", err=True)
+        raise typer.Exit(e.exit_code) from None
     except KeyboardInterrupt as e:
         typer.secho("interrupted: completed feature parts are kept; rerun the same command to resume", err=True)
         raise typer.Exit(_stop_code(e)) from None
@@ -160,7 +164,7 @@ def run_job(
     from adjcap.jobs import demo, run
 
     job = demo.main if benchmark == "demo" else run.main
-    _run(lambda: job(cfg, run_dir=run_dir, resume=resume, evaluate_after=evaluate, log=list(log or [])))
+    _run(lambda: job(cfg, run_dir=run_dir, resume=resume, evaluate_after=evaluate, log=list(log or []), strict=True))
 
 
 @app.command("caption")
@@ -181,6 +185,8 @@ def caption(
     candidates: Optional[Path] = typer.Option(None, "--candidates", help="adjudicate your own captions instead of "
                                               "IFCap's: a JSONL/Parquet file, one {image, candidates, logprobs} per "
                                               "image (captioner.family=candidates)"),
+    resume: bool = typer.Option(True, "--resume/--fresh", help="skip images already captioned in the run "
+                                "directory / start over (needed after a change of settings or candidates file)"),
     verbose: bool = VERBOSE,
 ):
     """Caption a folder of your own images: the same Ray job, one caption per image with its candidates.
@@ -191,13 +197,14 @@ def caption(
                                                     "ray.verbose": verbose or None, **own}))
     from adjcap.jobs import caption as job
 
-    _run(lambda: job.main(cfg, folder, heads=heads, out=out, run_dir=run_dir, absolute_paths=absolute_paths))
+    _run(lambda: job.main(cfg, folder, heads=heads, out=out, run_dir=run_dir, resume=resume,
+                          absolute_paths=absolute_paths, strict=True))
 
 
 @app.command("reproduce")
 def reproduce(
     table: Optional[str] = typer.Argument(None, help="reproduction | scoreboard | protocols | ablation | captioner-sweep | "
-                                          "verifier-substrate | xdomain | chair | clipscore | corpus-swap"),
+                                          "verifier-substrate | xdomain | chair | clipscore | corpus-swap | lvlm-chair | ..."),
     benchmark: Optional[str] = typer.Option(None, help="run every row on this benchmark (demo: the demo world, "
                                             "tiny models, CPU); default: the paper's"),
     workers: Optional[int] = WORKERS,
@@ -209,6 +216,8 @@ def reproduce(
     list_: bool = typer.Option(False, "--list", help="list the tables, their rows and presets, and exit"),
     seeds: Optional[str] = typer.Option(None, "--seeds", help="the seed study on every row that fits heads: "
                                         "rerank.seeds, comma-separated (e.g. 42,43,44)"),
+    captioner: Optional[str] = typer.Option(None, "--captioner", help="lvlm-chair: the vision-language checkpoint "
+                                            "(captioner.vlm.model: a hub id or directory)"),
 ):
     """Run every row of one of the paper's tables and render it beside the published values."""
     from adjcap.reproduce import listing_with_status
@@ -222,7 +231,8 @@ def reproduce(
     except ValueError:
         typer.secho(f"error: --seeds {seeds!r}: give integers separated by commas, e.g. 42,43,44", fg="red", err=True)
         raise typer.Exit(2) from None
-    updates = _typed(**{"ray.workers": workers, "limit": limit, "ray.address": address, "rerank.seeds": seed_list})
+    updates = _typed(**{"ray.workers": workers, "limit": limit, "ray.address": address, "rerank.seeds": seed_list,
+                        "captioner.vlm.model": captioner})
     try:
         from adjcap.reproduce import get_table, plan_table
 
@@ -286,8 +296,10 @@ def evaluate(
     no_spice: bool = typer.Option(False, "--no-spice", help="skip SPICE"),
     intersection: bool = typer.Option(False, "--intersection",
                                       help="score only images present in both predictions and references"),
+    sets: Optional[List[str]] = SET,
 ):
-    """Score predictions: BLEU, METEOR, ROUGE-L, CIDEr, SPICE, CHAIR proxy (and NoCaps domains)."""
+    """Score predictions: BLEU, METEOR, ROUGE-L, CIDEr, SPICE, CHAIR (eval.chair: the proxy, or the original
+    with COCO instances: --set eval.chair=both) (and NoCaps domains)."""
     eval_updates = _typed(**{"eval.spice_jars": str(spice_jars) if spice_jars else None})
     eval_updates["eval.spice"] = not no_spice
     if run is None and (predictions is None or references is None):
@@ -295,7 +307,7 @@ def evaluate(
         raise typer.Exit(2)
     rd = RunDir(run) if run is not None else None
     # the run's own config, else the headline preset's eval settings
-    cfg = _cfg(None if rd else "headline", None, rd.config_path if rd else None, eval_updates,
+    cfg = _cfg(None if rd else "headline", sets, rd.config_path if rd else None, eval_updates,
                computes=rd is not None).resolved()
     from adjcap.jobs import evaluate as job
 

@@ -1,7 +1,7 @@
 """The CPU task that reads the caption index for a job's retrievers: the finished index and its corpus's
 texts as one shared object (:func:`adjcap.index.shared.shared_index`), read and put into the object
-store by a worker, so the driver's CPU stays off the index's vectors (BENCHMARKS.md, "The driver off
-the image path"). Lost with its node, Ray runs it again. Its worker exits after it (``max_calls=1``):
+store by a worker, so the driver's CPU stays off the index's vectors (docs/benchmarks/pipeline.md, "The driver
+off the image path"). Lost with its node, Ray runs it again. Its worker exits after it (``max_calls=1``):
 ``adjcap.index`` imports PyTorch, which the decode tasks that could reuse the worker do without."""
 
 from __future__ import annotations

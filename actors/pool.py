@@ -15,25 +15,28 @@ import ray
 from adjcap import gpu_errors, pools, stage_registry
 from adjcap.stages import HalvedSizes, carrying
 from adjcap.actors.progress import StageMeter
-from adjcap.actors.transport import columns, pack, unpack
+from adjcap.actors.transport import Keep, columns, pack, unpack
 from adjcap.batch_sink import Sink, done_columns, write_batch
 from adjcap.config import Config
 
 
 class PoolActor:
     def __init__(self, cfg: Config, stages: tuple[str, ...], given: dict[str, Any] | None = None,
-                 board: Any = None, last: bool = True, sink: Sink | None = None, pool: str | None = None):
+                 board: Any = None, last: bool = True, sink: Sink | None = None, pool: str | None = None,
+                 keep: Keep | None = None):
         """``cfg`` resolved; ``stages``: the stage names this pool runs; ``given``: what the job hands the
         families instead of files (object refs are fetched here: the caption index the job put once, whose
         arrays are then read-only views of this node's object store); ``last``: this pool's states are final
         (images and intermediate encodings are dropped); ``sink``: where the last pool writes its batches
         (then only :func:`adjcap.batch_sink.done_columns` go back, never a state); ``pool``: the pool's
-        name (default: its first stage's pool)."""
-        self.cfg, self.last, self.sink = cfg, last, sink
+        name (default: its first stage's pool); ``keep``: what its output carries on for the pools after it
+        (:func:`adjcap.actors.transport.kept_for`; default everything)."""
+        self.cfg, self.last, self.sink, self.keep = cfg, last, sink, keep
         self.cache = sink.cache() if sink is not None else None
         self.stages = [stage_registry.stage(s) for s in stages]
         given = {k: ray.get(v) if isinstance(v, ray.ObjectRef) else v for k, v in (given or {}).items()}
         self.pool = pool or self.stages[0].pool  # its name in the memory plan and in a GPU failure's line
+        gpu_errors.check_gpu_seen(ray.get_gpu_ids(), cfg.device, self.pool, ray.util.get_node_ip_address())
         pools.check_gpu_memory(cfg, self.pool)  # before any model loads: one line when they cannot fit
         self.models = stage_registry.load_families(cfg, stage_registry.families_of(stages), given)
         self.meters = [StageMeter(s.name, board) for s in self.stages]
@@ -50,7 +53,7 @@ class PoolActor:
         if self.sink is not None:
             write_batch(states, self.sink, self.cache)
             return columns(done_columns(states))
-        return pack(states, drop_image=self.last)
+        return pack(states, drop_image=self.last, keep=self.keep)
 
 
 @functools.cache

@@ -10,7 +10,8 @@ encoding."""
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -30,6 +31,38 @@ MEMO = pa.schema([("verifier_memo", pa.binary()), ("verifier_memo_shape", pa.lis
 
 
 _LAYOUTS: dict[tuple[int, ...], tuple] = {}
+
+
+# the model families that take the verifier's image encoding (stage 2 makes it; the scorer's verifier reuses it)
+MEMO_READERS = ("verifier", "scorer")
+
+
+@dataclass(frozen=True)
+class Keep:
+    """What a pool's output carries on for the pools after it (:func:`kept_for`): the prepared pixels of
+    these geometries (``None``: all), the encoded image, the verifier's encoding. A pool's outputs carry
+    only what a later pool reads (docs/architecture.md, "Data flow of one image")."""
+
+    pixels: frozenset[str] | None = None
+    encoded: bool = True
+    memo: bool = True
+
+
+def kept_for(cfg, later: Iterable[str]) -> Keep:
+    """What the pools running the stages ``later`` (the stage names after this pool; a LAVIS pool's
+    meters count: ``score-verifier``) read of the image: the pixels their models take (their geometries),
+    the image's bytes when one decodes it itself (``ray.prepare_pixels`` off, or a model whose
+    preprocessing is not known), the verifier's encoding when a later stage runs the verifier."""
+    later = tuple(later)
+    names = stage_registry.names()
+    stages = [s for s in later if s in names]
+    preps, known = stage_registry.pixel_preps(cfg, stages)
+    reads_image = bool(preps) or not known
+    memo = "score-verifier" in later or any(set(MEMO_READERS) & set(stage_registry.stage(s).families)
+                                            for s in stages if s != "verify")
+    if not cfg.ray.prepare_pixels:
+        return Keep(pixels=frozenset(), encoded=reads_image, memo=memo)
+    return Keep(pixels=frozenset(p.key for p in preps), encoded=not known, memo=memo)
 
 
 def _stage_columns(stages: tuple[stage_registry.Stage, ...]) -> tuple[pa.Schema, tuple[tuple[str, tuple[str, ...]], ...]]:
@@ -65,8 +98,10 @@ def schema() -> pa.Schema:
     return _stage_columns(stage_registry.stages())[0]
 
 
-def pack(states: list[ImageState], drop_image: bool = False) -> pa.Table:
-    """States -> one table (``drop_image``: without the image and the verifier's encoding: final states)."""
+def pack(states: list[ImageState], drop_image: bool = False, keep: Keep | None = None) -> pa.Table:
+    """States -> one table (``drop_image``: without the image and the verifier's encoding: final states;
+    ``keep``: only what later pools read, :func:`kept_for`)."""
+    keep = Keep(pixels=frozenset(), encoded=False, memo=False) if drop_image else (keep or Keep())
     sch, per_stage = _stage_columns(stage_registry.stages())
     cols: dict[str, list] = {n: [] for n in sch.names}
     for s in states:
@@ -75,10 +110,10 @@ def pack(states: list[ImageState], drop_image: bool = False) -> pa.Table:
         cols["split"].append(s.split)
         cols["domain"].append(s.domain)
         cols["error"].append(s.error)
-        cols["encoded"].append(None if drop_image else s.encoded)
-        cols["pixels"].append(None if drop_image or not s.pixels else
-                              [{"key": k, "height": a.shape[0], "width": a.shape[1], "data": a.tobytes()}
-                               for k, a in s.pixels.items()])
+        cols["encoded"].append(s.encoded if keep.encoded else None)
+        pixels = [{"key": k, "height": a.shape[0], "width": a.shape[1], "data": a.tobytes()}
+                  for k, a in (s.pixels or {}).items() if keep.pixels is None or k in keep.pixels]
+        cols["pixels"].append(pixels or None)
         cols["done"].append(sorted(s.done))
         cols["computed"].append(sorted(s.computed))
         taken: dict[str, Any] = {}
@@ -90,7 +125,7 @@ def pack(states: list[ImageState], drop_image: bool = False) -> pa.Table:
                     taken.update(stage_registry.stage(name).output.take(s))
         for n in sch.names[len(IMAGE):len(sch) - len(MEMO)]:  # the stages' columns
             cols[n].append(taken.get(n))
-        memo = None if drop_image or not s.ok else s.verifier_memo
+        memo = s.verifier_memo if keep.memo and s.ok else None
         if memo is None:
             cols["verifier_memo"].append(None)
             cols["verifier_memo_shape"].append(None)

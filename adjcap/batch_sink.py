@@ -63,13 +63,14 @@ def write_batch(states: list[ImageState], sink: Sink, cache: StageCache | None =
 
 
 def done_columns(states: list[ImageState]) -> dict[str, list]:
-    """What the driver learns of a written batch, per image: its id and split, whether it failed and
-    the stages computed here, for the summary and stage stats (counted with Arrow, no per-image Python
+    """What the driver learns of a written batch, per image: its id and split, whether it failed (and
+    why: the job's failure share, adjcap.jobs.failures) and the stages computed here, for the summary and stage stats (counted with Arrow, no per-image Python
     on the driver: :func:`count_done`)."""
     return {
         "image_id": [s.image_id for s in states],
         "split": [s.split for s in states],
         "failed": [s.error is not None for s in states],
+        "error": [s.error for s in states],
         "computed": [sorted(s.computed) for s in states],
     }
 

@@ -5,6 +5,8 @@ identities they had before there were other families.
 
 * ``ifcap``: IFCap + its CLIP (:func:`adjcap.models.roles.load_captioner`), beam over the verified pool;
 * ``hf``: a transformers image-to-text model (:mod:`adjcap.models.hf_captioner`), its N-best beam;
+* ``vlm``: a vision-language model (any ``AutoModelForImageTextToText``, :mod:`adjcap.models.vlm_captioner`)
+  asked an instruction through its chat template, its N-best beam or N seeded samples;
 * ``candidates``: a file of captions from any system (:mod:`adjcap.data.candidates`), judged by the
   file's log-probs or a text-only LM (:mod:`adjcap.models.text_lm`).
 """
@@ -95,6 +97,26 @@ def _run_hf(states, model, cfg: "Config"):
     return stages.caption_hf(states, model, cfg.captioner)
 
 
+# ---- vlm -----------------------------------------------------------------------------------------
+
+def _load_vlm(cfg: "Config", device: str):
+    from adjcap.models.vlm_captioner import load_vlm
+
+    v = cfg.captioner.vlm
+    return load_vlm(v.model, device=device, precision=v.precision, chat=v.chat_template)
+
+
+def _size_vlm(cfg: "Config", gpu: bool) -> tuple[int, int]:
+    n = budget.vlm_params(cfg.captioner.vlm.model)
+    return n, n * _bytes(cfg.captioner.vlm.precision, gpu)
+
+
+def _run_vlm(states, model, cfg: "Config"):
+    from adjcap import stages
+
+    return stages.caption_vlm(states, model, cfg.captioner)
+
+
 # ---- candidates ----------------------------------------------------------------------------------
 
 @dataclass
@@ -112,7 +134,7 @@ def candidates_table(c: "CaptionerCfg"):
     if not c.candidates.file:
         raise CandidatesError("captioner.family=candidates needs captioner.candidates.file (or `adjcap caption DIR "
                               "--candidates FILE`)")
-    return CandidateTable(read_candidates(c.candidates.file), str(c.candidates.file))
+    return CandidateTable(read_candidates(c.candidates.file, c.candidates.max_chars), str(c.candidates.file))
 
 
 def _load_candidates(cfg: "Config", device: str) -> CandidatesModel:
@@ -125,16 +147,23 @@ def _load_candidates(cfg: "Config", device: str) -> CandidatesModel:
     return CandidatesModel(table, judge)
 
 
-def judge_needed(c: "CaptionerCfg") -> bool:
-    """The file leaves some candidates to the LM judge (False when the file cannot be read: preflight says why)."""
+def judge_needs(c: "CaptionerCfg") -> tuple[bool, bool]:
+    """(the file leaves some candidates to the LM judge, it leaves some token counts to the judge's
+    tokenizer), from one read of the file; (False, False) when it cannot be read: preflight says why."""
     try:
-        return candidates_table(c).needs_lm
+        table = candidates_table(c)
     except (ValueError, OSError):
-        return False
+        return False, False
+    return table.needs_lm, table.needs_tokenizer
+
+
+def judge_needed(c: "CaptionerCfg") -> bool:
+    """The file leaves some candidates to the LM judge."""
+    return judge_needs(c)[0]
 
 
 def _size_candidates(cfg: "Config", gpu: bool) -> tuple[int, int]:
-    if not judge_needed(cfg.captioner):
+    if not judge_needed(cfg.captioner):  # a tokenizer alone takes no model memory
         return 0, 0
     n = budget.causal_lm_params(cfg.captioner.candidates.lm)
     return n, n * 4  # the judge runs in fp32
@@ -149,6 +178,7 @@ def _run_candidates(states, m: CandidatesModel, cfg: "Config"):
 FAMILIES: dict[str, CaptionerFamily] = {f.name: f for f in (
     CaptionerFamily("ifcap", _load_ifcap, _size_ifcap, _run_ifcap, (*IFCAP_ONLY, *BEAM, "batch_size"), _pixels_ifcap),
     CaptionerFamily("hf", _load_hf, _size_hf, _run_hf, ("family", "hf", *BEAM, "batch_size")),
+    CaptionerFamily("vlm", _load_vlm, _size_vlm, _run_vlm, ("family", "vlm", "decoder", "beam_width")),
     CaptionerFamily("candidates", _load_candidates, _size_candidates, _run_candidates, ("family", "candidates"),
                     lambda cfg: ()),
 )}
@@ -174,6 +204,12 @@ def describe(cfg: "Config") -> str:
         width = 1 if c.decoder == "greedy" else c.beam_width
         return f"Captioner: {c.hf.model} (hf family, N-best beam of {width}" + \
             (f", prompt '{c.hf.prompt}')" if c.hf.prompt else ")")
+    if c.family == "vlm":
+        from adjcap.models.vlm_captioner import instruction
+
+        what = "greedy" if c.decoder == "greedy" else f"{c.vlm.search} of {c.beam_width}"
+        return f"Captioner: {c.vlm.model} (vlm family, {what}, at most {c.vlm.max_new_tokens} new tokens, " \
+            f"prompt '{instruction(c.vlm.prompt)}')"
     if c.family == "candidates":
         judge = f"LM judge {c.candidates.lm} (text only) for the candidates without log-probs" \
             if judge_needed(c) else "their log-probs from the file"

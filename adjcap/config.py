@@ -49,7 +49,11 @@ class PathsCfg(_Strict):
         default_factory=lambda: os.environ.get("ADJCAP_DATA", "~/adjcap-data"),
         description="root of the real benchmarks, annotations and checkpoints",
     )
-    runs_dir: str = Field("runs", description="where run directories go: <runs_dir>/<preset>-<benchmark> by default")
+    runs_dir: str = Field(
+        default_factory=lambda: os.environ.get("ADJCAP_RUNS", "runs"),
+        description="where run directories go: <runs_dir>/<preset>-<benchmark> by default (on a cluster: a shared "
+        "mount, never a relative path inside Ray's unpacked working directory)",
+    )
 
 
 class EncoderCfg(_Strict):
@@ -170,6 +174,25 @@ class HfCaptionerCfg(_Strict):
                                "the model's own start; the caption is the continuation only")
 
 
+class VlmCaptionerCfg(_Strict):
+    """captioner.family = vlm: a vision-language model (any AutoModelForImageTextToText checkpoint) asked
+    one instruction per image through its chat template (adjcap.models.vlm_captioner)."""
+
+    model: str = Field("llava-hf/llava-1.5-7b-hf", description="hub id or save_pretrained directory of an "
+                       "image-text-to-text model with its processor (tokenizer, chat template)")
+    prompt: str = Field("detail", description="the instruction: 'detail' (\"Please describe this image in "
+                        "detail.\", the CHAIR protocol of OPERA / VCD), 'short' (\"Provide a one-sentence caption "
+                        "for the provided image.\") or the text itself")
+    chat_template: bool = Field(True, description="put the prompt in the processor's chat template after the "
+                                "image; false: the prompt is the whole text and holds the image token itself")
+    search: Literal["beam", "sample"] = Field(
+        "beam", description="beam: num_beams = num_return_sequences = captioner.beam_width; sample: that many "
+        "samples (temperature 1, no top-k / top-p), seeded per image; captioner.decoder = greedy: one")
+    max_new_tokens: int = Field(512, gt=0, description="most tokens a candidate is generated to (the protocol: 512)")
+    sample_seed: int = Field(0, description="search = sample: each image's seed is this + a hash of its id")
+    precision: Precision = Field("auto", description="the model's weights: auto = bf16 on a GPU, fp32 on a CPU")
+
+
 class CandidatesCfg(_Strict):
     """captioner.family = candidates: captions from any system, read from a file (adjcap.data.candidates)."""
 
@@ -178,6 +201,10 @@ class CandidatesCfg(_Strict):
     lm: str = Field("gpt2", description="the LM judge where a row has no logprobs: a text-only causal LM "
                     "(hub id or directory) scoring each candidate")
     lm_batch_size: int = Field(32, gt=0, description="candidates per forward pass of the LM judge")
+    max_chars: int = Field(5000, gt=0, description="the longest candidate accepted, in characters: a longer one "
+                           "is refused with its line (raise it for long descriptions)")
+    allow_missing: bool = Field(False, description="let images of the benchmark have no line in the file: they "
+                                "become error rows ('no candidates'); default: refused before the job starts")
 
     @field_validator("file")
     @classmethod
@@ -190,10 +217,12 @@ class CandidatesCfg(_Strict):
 
 
 class CaptionerCfg(_Strict):
-    family: Literal["ifcap", "hf", "candidates"] = Field(
+    family: Literal["ifcap", "hf", "vlm", "candidates"] = Field(
         "ifcap", description="which captioner makes the candidates: IFCap (the settings below), a transformers "
-        "model (captioner.hf) or a file of candidates (captioner.candidates); adjcap.captioners")
+        "model (captioner.hf), a vision-language model (captioner.vlm) or a file of candidates "
+        "(captioner.candidates); adjcap.captioners")
     hf: HfCaptionerCfg = Field(default_factory=HfCaptionerCfg)
+    vlm: VlmCaptionerCfg = Field(default_factory=VlmCaptionerCfg)
     candidates: CandidatesCfg = Field(default_factory=CandidatesCfg)
     checkpoint: str = Field("{data}/ifcap/checkpoints/train_coco/coco-indomain-004.pt",
                             description="the released IFCap checkpoint (.pt), loaded strictly")
@@ -282,7 +311,7 @@ class RerankCfg(_Strict):
     )
     batch_images: int | None = Field(
         256, ge=1, description="images per optimiser step when fitting the heads; None = full batch (the "
-                               "largest size within 0.5% of the best held-out Borda loss: BENCHMARKS.md)"
+                               "largest size within 0.5% of the best held-out Borda loss: docs/benchmarks/pipeline.md)"
     )
 
     seeds: list[int] | None = Field(
@@ -379,6 +408,10 @@ class RayCfg(_Strict):
     batch_size: int | None = Field(None, gt=0, description="images per Ray Data batch of every pool (ray.pool.<pool>."
                                    "batch_size overrides one pool's); None: 64 on a cluster with GPUs, 16 without")
     rows_per_part: int = Field(256, gt=0, description="feature rows per Parquet part file")
+    max_failed_share: float = Field(0.5, ge=0.0, le=1.0, description="stop the job (exit 65, the parts written "
+                                    "kept, no fit) once more than this share of its images failed, checked as "
+                                    "batches come back once 32 have; 1 = never stop (any failed image still "
+                                    "exits 65, after everything is written)")
     data_poll_s: float = Field(0.5, gt=0.0, le=5.0, description="seconds Ray Data's scheduler on the driver waits "
                                "for running tasks before it looks again (Ray's own: 0.1); each look costs the "
                                "driver CPU, whatever the images")
@@ -440,6 +473,8 @@ class Config(_Strict):
     benchmark: str = Field("coco", description="the benchmark to run: a name in `benchmarks`")
     splits: list[str] = Field(default_factory=lambda: ["val", "test"], description="the benchmark's splits to compute")
     limit: int | None = Field(None, gt=0, description="only the first N images of each split")
+    sample: int | None = Field(None, gt=0, description="a seeded sample of N images of each split (by `seed` and "
+                               "the split; after `limit`): the LVLM CHAIR protocol's 500 images")
     precision: Precision | None = Field(
         None, description="one switch for every frozen encoder (retrieval, output scorer, CLIPScore, the "
         "captioner's CLIP) and the verifier; None = each section's own (fp32, the paper's). bf16 = speed mode. "
@@ -622,7 +657,8 @@ def set_key(data: dict[str, Any], key: str, value: Any) -> None:
 
 def config_keys(typed: str = "") -> list[str]:
     """Every dotted config key (sections too), for "did you mean". Keys under a dict of sections
-    (``benchmarks.<name>.format``) use the name ``typed`` gives, else ``<name>``."""
+    (``benchmarks.<name>.format``, ``ray.pool.<pool>.actors``) use the name ``typed`` gives, else the
+    placeholder of :data:`DICT_SECTIONS`."""
     parts = typed.split(".")
     out: list[str] = []
 
@@ -634,7 +670,7 @@ def config_keys(typed: str = "") -> list[str]:
             if sub == "dict":
                 value = _dict_value_model(name)
                 if value is not None:
-                    item = parts[depth + 1] if len(parts) > depth + 2 else "<name>"
+                    item = parts[depth + 1] if len(parts) > depth + 2 else DICT_SECTIONS[name][1]
                     walk(value, f"{key}.{item}.", depth + 2)
             elif sub is not None:
                 walk(sub, f"{key}.", depth + 1)
@@ -671,8 +707,12 @@ def _model_of(annotation: Any) -> Any:
     return None
 
 
+# the tables of sections by name: field -> (the model of each entry, the name's placeholder in key lists)
+DICT_SECTIONS: dict[str, tuple[Any, str]] = {"benchmarks": (BenchmarkCfg, "<name>"), "pool": (PoolCfg, "<pool>")}
+
+
 def _dict_value_model(field: str) -> Any:
-    return BenchmarkCfg if field == "benchmarks" else None
+    return DICT_SECTIONS[field][0] if field in DICT_SECTIONS else None
 
 
 def load_config(

@@ -1,7 +1,7 @@
 """Decoding GPT-2 from prompt embeddings: IFCap's reference beam search and greedy search, and a
 fast batched, KV-cached beam/greedy search over many images that returns the same beams.
 
-Reference beam search (spec/ifcap.md 5.1), one prompt at a time, no KV cache (the full sequence is
+Reference beam search (IFCap's official beam search), one prompt at a time, no KV cache (the full sequence is
 recomputed every step):
 
 * logp = log(softmax(logits / temperature)) at the last position;

@@ -11,7 +11,7 @@ from importlib import metadata
 from adjcap import numerics
 from adjcap.accelerators import HIP, ROCR, Gpu, backend, rocm_visible_env, visible_gpus
 from adjcap.config import Config
-from adjcap.needs import Need, missing, needs_of
+from adjcap.needs import DEMO_HINT, Need, missing, needs_of
 
 
 def _version(pkg: str) -> str:
@@ -54,6 +54,8 @@ def diagnose(cfg: Config, memory: str | None = None) -> tuple[str, list[str]]:
                else f"\nready: everything preset '{cfg.name}' needs is here")
     if any(n.step for n in gone):
         verdict += f"\nfetch what is missing: adjcap prepare --for {cfg.name}"
+    if any(n.hint == DEMO_HINT for n in gone):
+        verdict += f"\nbuild what is missing: {DEMO_HINT}"
     return text + verdict, problems
 
 

@@ -1,5 +1,5 @@
 """IFCap's entity side: the hard-prompt template, the frequency-based entity filter and the CLIP
-zero-shot entity classifier (spec/ifcap.md sections 1.4 and 4).
+zero-shot entity classifier (as the IFCap paper and its official code describe it).
 
 Frequency filter (spec 4.1-4.2), per image:
 

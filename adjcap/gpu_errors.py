@@ -6,11 +6,17 @@ error (a CUDA / cuDNN / cuBLAS / HIP runtime error, ``torch.AcceleratorError``),
 :class:`GpuFailure`: never an image's error row (the next images would fail the same way, and a
 half-broken device poisons everything after it), but the job's end, in one line naming the stage,
 its pool, the batch and the GPU's memory. Pure: imports torch only to recognise its exception types.
+A pool actor that Ray gave a GPU torch cannot see (a CUDA torch on an AMD node, a driver too old for
+the torch build) fails before any model loads (:func:`check_gpu_seen`), instead of running on the CPU.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import socket
+from pathlib import Path
+from typing import Sequence
 
 import torch
 
@@ -91,10 +97,11 @@ def accelerator_failure(stage: str, batch: int, e: BaseException) -> GpuFailure:
 
 
 def find(e: BaseException | None) -> GpuFailure | None:
-    """The GpuFailure behind ``e`` (its causes and contexts, and what Ray wraps as ``cause``), or None."""
-    seen = set()
+    """The GpuFailure behind ``e`` (its causes and contexts, and what Ray wraps as ``cause``, or where Ray
+    kept only its traceback's text), or None."""
+    seen: dict[int, BaseException] = {}
     while e is not None and id(e) not in seen:
-        seen.add(id(e))
+        seen[id(e)] = e
         inner = getattr(e, "cause", None)  # ray.exceptions.RayTaskError keeps the worker's exception
         if isinstance(inner, GpuFailure):
             return inner
@@ -105,4 +112,60 @@ def find(e: BaseException | None) -> GpuFailure | None:
             if line:
                 return GpuFailure(line, stage=getattr(e, "stage", ""), pool=getattr(e, "pool", ""))
         e = e.__cause__ or e.__context__ or (inner if isinstance(inner, BaseException) else None)
-    return None
+    return next(filter(None, map(_in_text, seen.values())), None)
+
+
+# how a GpuFailure reads in a traceback Ray kept only as text (an actor whose constructor raised it dies
+# with an ActorDiedError holding the creation task's traceback, not the exception)
+_TRACEBACK_LINE = re.compile(r"^(?:adjcap\.gpu_errors\.)?GpuFailure: (.+)$", re.M)
+
+
+def _in_text(e: BaseException) -> GpuFailure | None:
+    found = _TRACEBACK_LINE.findall(str(e))
+    return GpuFailure(found[-1].strip()) if found else None
+
+
+# the device files a GPU driver creates: an NVIDIA GPU (/dev/nvidia0, ...) and AMD's ROCm (/dev/kfd)
+_GPU_DEVICE_FILES = ("nvidia[0-9]*", "kfd")
+
+
+def gpu_device_files(dev: Path = Path("/dev")) -> list[str]:
+    """The GPU device files this machine (or container) has: a GPU is here, whatever torch makes of it."""
+    return sorted(str(p) for pattern in _GPU_DEVICE_FILES for p in dev.glob(pattern))
+
+
+def torch_view() -> str:
+    """What torch sees, in a few words: its build, the devices it counts, the visibility variables and,
+    when it sees none, why (the first line of torch's own refusal)."""
+    build = (f"a CUDA {torch.version.cuda} build" if torch.version.cuda else
+             f"a ROCm/HIP {torch.version.hip} build" if getattr(torch.version, "hip", None) else "a CPU-only build")
+    env = ", ".join(f"{k}={os.environ[k]!r}" for k in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
+                                                         "ROCR_VISIBLE_DEVICES") if k in os.environ)
+    why = ""
+    if not torch.cuda.is_available():
+        try:
+            torch.cuda.init()
+        except Exception as e:  # noqa: BLE001 - its message is the reason shown
+            why = f"; torch says {first_line(e)}"
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return f"torch {torch.__version__} ({build}) counts {count} GPUs" + (f" with {env}" if env else "") + why
+
+
+def check_gpu_seen(given: Sequence[object], device: str, pool: str, node: str = "",
+                   dev: Path = Path("/dev")) -> None:
+    """In a pool's actor, before its models load: Ray gave it the GPUs ``given``; torch must see one.
+    It is the job's end (:class:`GpuFailure`, one line naming the node and what torch sees) when the
+    config demands a GPU (``device`` cuda) or when this machine has a GPU's device files (``dev``):
+    a pool on a node Ray counts GPUs on would otherwise run on the CPU, silently. Ray's logical GPUs on
+    a machine without any (a simulated cluster) keep running on the CPU."""
+    if not given or str(device) == "cpu" or torch.cuda.is_available():
+        return
+    files = gpu_device_files(dev)
+    if not str(device).startswith("cuda") and not files:
+        return
+    host = socket.gethostname() + (f" ({node})" if node and node != socket.gethostname() else "")
+    has = f"the node has {', '.join(files)}" if files else "the node has no GPU device file"
+    raise GpuFailure(
+        f"pool {pool} on node {host}: Ray gave it GPU {', '.join(map(str, given))} but {torch_view()}; {has}; "
+        "run an image whose torch matches the node's GPUs and driver (deploy/Dockerfile: CUDA 13, NVIDIA "
+        "driver 580 or newer; deploy/Dockerfile.rocm: AMD)", pool=pool)

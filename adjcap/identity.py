@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from adjcap.config import Config
-from adjcap.io import file_content_id
+from adjcap.content_ids import file_content_id
 from adjcap.nested import flatten
 from adjcap import stage_registry
 
@@ -132,6 +132,12 @@ def stage_settings(cfg: Config, corpus_fingerprint: str) -> dict[str, dict[str, 
     and index retrieval searched."""
     out = {s: {k: (v if k.startswith("benchmarks.") else content_id(v)) for k, v in d.items()}
            for s, d in config_identity(cfg).items()}  # the image root by name: its files are the image ids
+    from adjcap.models.precision import tf32_in_effect
+
+    tf32 = tf32_in_effect(cfg.tf32, cfg.device)
+    tf32_stage = stage_of(cfg, "tf32")
+    if tf32 is not None and tf32_stage is not None:  # only on CUDA: a CPU run's identity is as before
+        out[tf32_stage]["tf32_in_effect"] = tf32  # the switch's effect: ROCm ignores it (other beams)
     for st in stage_registry.stages():
         if st.searches_index:
             out[st.name]["corpus_fingerprint"] = corpus_fingerprint

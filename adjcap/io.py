@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import functools
 import hashlib
 import json
 import os
@@ -94,28 +93,6 @@ def atomic_write_parquet(path: str | Path, table: pa.Table) -> Path:
 def is_temp_name(name: str) -> bool:
     """Temp files written by this module (ignored by readers and resume)."""
     return name.startswith(".") and name.endswith(".tmp")
-
-
-def file_content_id(p: Path) -> str:
-    """A file's content id, for identities and provenance (not a checksum): size + sha256 of the whole
-    file (up to 64 MiB) or of its first, middle and last MiB; cached per path, size and mtime."""
-    st = Path(p).stat()
-    return _content_id_cached(str(p), st.st_size, st.st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=256)
-def _content_id_cached(path: str, size: int, mtime_ns: int) -> str:
-    h = hashlib.sha256()
-    mib = 1 << 20
-    with open(path, "rb") as f:
-        if size <= 64 * mib:
-            for chunk in iter(lambda: f.read(8 * mib), b""):
-                h.update(chunk)
-        else:
-            for offset in (0, size // 2, size - mib):
-                f.seek(offset)
-                h.update(f.read(mib))
-    return f"{size}-{h.hexdigest()[:16]}"
 
 
 _CHECKSUMS: dict[tuple[str, int, int, int, str], str] = {}

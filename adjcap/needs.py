@@ -9,12 +9,11 @@ says what to do). The checks are a registry (:data:`CHECKS`), one function per g
 from __future__ import annotations
 
 import functools
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from adjcap.captioners import judge_needed
+from adjcap.captioners import judge_needs
 from adjcap.models.sources import Weights, looks_like_path, weights_of
 
 # the benchmark steps of `adjcap prepare` by the folder they lay out under {data}
@@ -54,6 +53,19 @@ def _data_step(cfg: Any, path: str) -> str | None:
     return rel.parts[0] if rel.parts and rel.parts[0] in DATA_STEPS else None
 
 
+# what to do about a missing file of the demo world or its tiny models ({cache}/demo, {cache}/tiny)
+DEMO_HINT = "make demo (or `adjcap demo`) builds the demo world and its tiny models"
+
+
+def _local_hint(cfg: Any, path: str, what: str = "a path in the config") -> str:
+    """What to do about a missing file the config names: the demo's are built by ``make demo``."""
+    cache = Path(cfg.paths.cache_dir).expanduser().resolve()
+    p = Path(path).expanduser().resolve()
+    if any(p.is_relative_to(cache / sub) for sub in ("demo", "tiny")):
+        return DEMO_HINT
+    return f"{path} is {what}: put the file there or change the config"
+
+
 def weights_of_judge(lm: str) -> Weights:
     """The LM judge of a candidates file as a weights entry (a hub id or a local directory)."""
     local = looks_like_path(lm) or Path(lm).expanduser().exists()
@@ -65,12 +77,14 @@ def weights(cfg: Any) -> list[Need]:
     out = []
     for w in weights_of(cfg):
         step = "models" if w.kind != "file" else _data_step(cfg, w.name)
-        hint = "" if step else f"{w.name} is a local path in the config: put the file there or change the config"
+        hint = "" if step else _local_hint(cfg, w.name, "a local path in the config")
         out.append(Need("weights", f"{w.role} {w.key}", w.locate(), step, hint))
     cap = cfg.captioner
-    if cap.family == "candidates" and judge_needed(cap):  # a file without log-probs: its LM judge
+    lm, counts = judge_needs(cap) if cap.family == "candidates" else (False, False)
+    if lm or counts:  # rows without log-probs (the judge scores them) or without token counts (it counts them)
         w = weights_of_judge(cap.candidates.lm)
-        out.append(Need("weights", f"LM judge {w.key}", w.locate(), "models" if w.kind != "file" else None,
+        role = "LM judge" if lm else "LM judge's tokenizer (rows without n_tokens)"
+        out.append(Need("weights", f"{role} {w.key}", w.locate(), "models" if w.kind != "file" else None,
                         "" if w.kind != "file" else f"{w.name} is a local path in the config"))
     return out
 
@@ -105,7 +119,7 @@ def data(cfg: Any) -> list[Need]:
         step = corpus_step if what == "caption corpus" and corpus_step else _data_step(cfg, path)
         owner = "retrieval" if b.format == "folder" else cfg.benchmark
         out.append(Need("data", f"{owner} {what} {path}", _exists(path), step,
-                        "" if step else f"{path} is a path in the config: put the file there or change the config"))
+                        "" if step else _local_hint(cfg, path)))
     return out
 
 
@@ -137,11 +151,12 @@ def _nltk_where(paths: tuple[str, ...]) -> str:
 
 @functools.lru_cache(maxsize=4)
 def java_found(java: str = "java") -> str | None:
-    """``java`` on PATH and its major version, or None."""
-    from adjcap.java.runtime import java_major_version
+    """``java`` (a name on PATH or a path, as ``eval.java``) and its major version, or None."""
+    from adjcap.java.runtime import JavaUnavailable, find_java, java_major_version
 
-    path = shutil.which(java)
-    if not path:
+    try:
+        path = find_java(java)
+    except JavaUnavailable:
         return None
     try:
         return f"{path} (Java {java_major_version(java)})"
@@ -152,8 +167,9 @@ def java_found(java: str = "java") -> str | None:
 @check("java")
 def java(cfg: Any) -> list[Need]:
     """Java for the PTB tokenizer and METEOR (every evaluation)."""
-    return [Need("java", "Java 11+ (PTB tokenizer, METEOR)", java_found(), None,
-                 "install a Java 11+ runtime (e.g. apt-get install default-jre-headless) and put java on PATH")]
+    return [Need("java", "Java 11+ (PTB tokenizer, METEOR)", java_found(cfg.eval.java), None,
+                 "install a Java 11+ runtime (e.g. apt-get install default-jre-headless) and put java on PATH, "
+                 "or set eval.java")]
 
 
 @check("spice")

@@ -19,7 +19,8 @@ train differently and its numbers move by whole CIDEr points. A batch's shape mo
   the batch it came in (:func:`adjcap.stages._guarded`).
 
 ``numerics = "fast"`` (every other preset) uses the machine's best kernels and whole batches: what a
-GPU run or a run on real data wants. Measured costs are in BENCHMARKS.md ("Portable numerics").
+GPU run or a run on real data wants. Measured costs are in docs/benchmarks/demo.md,
+"Portable numerics".
 """
 
 from __future__ import annotations

@@ -226,8 +226,8 @@ def model_identities(cfg: Config) -> dict[str, Any]:
 
 
 def data_digests(cfg: Config) -> dict[str, Any]:
-    """The benchmark's annotation files and corpus by content (:func:`adjcap.io.file_content_id`)."""
-    from adjcap.io import file_content_id
+    """The benchmark's annotation files and corpus by content (:func:`adjcap.content_ids.file_content_id`)."""
+    from adjcap.content_ids import file_content_id
 
     out: dict[str, Any] = {}
     try:
@@ -253,7 +253,7 @@ def feature_identities(plan: RunPlan) -> dict[str, Any]:
     resume and the stage cache key them: the run plan's, read once at the edge (the index's manifest
     digest is read here: it exists once the index is built)."""
     from adjcap.index.store import MANIFEST
-    from adjcap.io import file_content_id
+    from adjcap.content_ids import file_content_id
 
     manifest = plan.index_path / MANIFEST  # written last; it holds every shard's sha256, so it stands for them all
     return {

@@ -28,8 +28,19 @@ def read_records(cfg: Config) -> dict[str, list[Record]]:
     out = {}
     for split in cfg.splits:
         ann = split_annotations(b, split, cfg.benchmark)
-        out[split] = read_benchmark(b.format, ann, b.images, split, limit=cfg.limit)
+        out[split] = sample_records(read_benchmark(b.format, ann, b.images, split, limit=cfg.limit), cfg.sample,
+                                    f"{cfg.seed}:{split}")
     return out
+
+
+def sample_records(records: list[Record], n: int | None, seed: str) -> list[Record]:
+    """``n`` of ``records`` drawn by ``seed`` (a string: the same draw on every machine), in their order."""
+    import random
+
+    if n is None or n >= len(records):
+        return records
+    keep = sorted(random.Random(seed).sample(range(len(records)), n))
+    return [records[i] for i in keep]
 
 
 def default_run_dir(cfg: Config) -> RunDir:

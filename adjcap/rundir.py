@@ -54,6 +54,16 @@ class RunDirError(RuntimeError):
     """A run directory cannot be used as asked; the message says why and what to do."""
 
 
+def ray_working_dir(path: str | Path) -> Path | None:
+    """The working directory Ray unpacked for a submitted job (``.../runtime_resources/working_dir_files/
+    _ray_pkg_<hash>``) that ``path`` lies in, or None."""
+    parts = Path(path).absolute().parts
+    for i in range(len(parts) - 2):
+        if parts[i] == "runtime_resources" and parts[i + 2].startswith("_ray_pkg_"):
+            return Path(*parts[:i + 3])
+    return None
+
+
 class RunDir:
     """A run directory (see the module docstring for its layout)."""
 
@@ -72,10 +82,16 @@ class RunDir:
         return cls(Path(runs_dir) / f"{config_name}-{benchmark}")
 
     def check_usable(self) -> None:
-        """A clear error when the path exists but is not a directory."""
+        """A clear error when the path exists but is not a directory, or lies in the working directory
+        Ray unpacked for a submitted job (deleted with the job's session: a resume would find nothing)."""
         if self.path.exists() and not self.path.is_dir():
             raise NotADirectoryError(f"{self.path}: run directory path exists and is not a directory; "
                                      "choose another --run-dir")
+        unpacked = ray_working_dir(self.path)
+        if unpacked is not None:
+            raise RunDirError(f"{self.path.absolute()} is inside Ray's unpacked working directory {unpacked}, which "
+                              "Ray deletes with the job; set $ADJCAP_RUNS or --set paths.runs_dir=/an/absolute/path "
+                              "on storage every node shares (or --run-dir)")
 
     def is_run(self) -> bool:
         """A directory adjcap wrote a run into: its config.toml (written first) or metrics/."""

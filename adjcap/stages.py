@@ -332,18 +332,47 @@ def caption_hf(states: list[ImageState], captioner, ccfg: CaptionerCfg) -> list[
     return _guarded("caption", run, states)
 
 
+def caption_vlm(states: list[ImageState], captioner, ccfg: CaptionerCfg) -> list[ImageState]:
+    """A vision-language model's candidates (:mod:`adjcap.models.vlm_captioner`): ``captioner.beam_width``
+    beams or seeded samples of each image (greedy: one), asked ``captioner.vlm.prompt``; no entities."""
+    from adjcap.models.vlm_captioner import image_seed, instruction
+
+    v = ccfg.vlm
+    search = "greedy" if ccfg.decoder == "greedy" else v.search
+
+    def run(batch: list[ImageState]) -> None:
+        seeds = [image_seed(v.sample_seed, s.image_id) for s in batch]
+        beams = captioner.beams(_images(batch, captioner), prompt=v.prompt, n=ccfg.beam_width,
+                                max_new_tokens=v.max_new_tokens, search=search, seeds=seeds)
+        for s, beam in zip(batch, beams):
+            s.entities, s.prompt, s.candidates = [], instruction(v.prompt), _candidate_rows(beam)
+
+    return _guarded("caption", run, states)
+
+
 def caption_candidates(states: list[ImageState], table, judge, ccfg: CaptionerCfg) -> list[ImageState]:
     """Each image's candidates from a file (:class:`adjcap.data.candidates.CandidateTable`) in the file's
     order; log-prob sum, token count and mean from the file where it gives them, else from the LM judge
-    (``judge``, :class:`adjcap.models.text_lm.TextLM`; its tokenizer alone counts tokens)."""
+    (``judge``, :class:`adjcap.models.text_lm.TextLM`; its tokenizer alone counts tokens). An image's
+    error names the file and line its candidates came from."""
     from adjcap.decoding import Candidate
 
     def run(batch: list[ImageState]) -> None:
+        try:
+            from_file(batch)
+        except Exception as e:  # noqa: BLE001 - one image (the batch was split): its line says what to fix
+            got = table.get(batch[0].image_id) if len(batch) == 1 else None
+            if got is None or gpu_errors.is_oom(e) or gpu_errors.is_accelerator_error(e):
+                raise
+            raise ValueError(f"{table.source}:{got.line}: image '{batch[0].image_id}': {type(e).__name__}: {e}") from e
+
+    def from_file(batch: list[ImageState]) -> None:
         sets = []
         for s in batch:
             got = table.get(s.image_id)
             if got is None:
-                raise ValueError(f"no candidates for image '{s.image_id}' in {table.source}")
+                raise ValueError(f"no candidates for image '{s.image_id}' in {table.source} (captioner.candidates."
+                                 "allow_missing)")
             sets.append(got)
         judged = [t for c in sets if c.logprobs is None for t in c.texts]
         scores = iter(judge.score(judged, ccfg.candidates.lm_batch_size) if judged else [])

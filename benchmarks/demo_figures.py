@@ -1,7 +1,8 @@
 """The demo's figures from one command: ``make demo`` from an empty cache, then its digests and headline
-written to ``adjcap/demo/expected.json`` and into docs/guide/demo.md's and BENCHMARKS.md's generated blocks.
+written to ``adjcap/demo/expected.json`` and into the generated blocks of README.md, docs/guide/demo.md
+and BENCHMARKS.md.
 
-    python benchmarks/demo_figures.py            # run, write expected.json, rewrite the two blocks
+    python benchmarks/demo_figures.py            # run, write expected.json, rewrite the blocks
     python benchmarks/demo_figures.py --check    # run, compare with expected.json; exit 1 if this machine differs
     python benchmarks/demo_figures.py --run-dir runs/demo --cache ~/.cache/adjcap   # an existing demo run
 

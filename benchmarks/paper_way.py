@@ -1,11 +1,11 @@
 """The four stages done the way the paper's code does them, beside adjcap's, on the same models and inputs.
 
-The paper's way (spec/performance.md, "done naively"):
+The paper's way (the pipeline done naively):
 
 * one image at a time through every stage;
 * BLIP ITM per (image, caption) pair, the image encoded again for every pair and the caption padded to
   35 tokens (LAVIS's ``padding="max_length"``): stage 2's L retrieved captions and stage 4's N candidates;
-* IFCap's own beam search (``captioner.search = "reference"``: no KV cache, spec/ifcap.md 5.1);
+* IFCap's own beam search (``captioner.search = "reference"``: no KV cache, as IFCap's official code);
 * open_clip's text tower over the full 77-token context for the candidates of stage 4.
 
 Both ways run adjcap's own stage functions (:mod:`adjcap.stages`), so what each stage writes is the same

@@ -1,6 +1,7 @@
 """How much the speed mode (``--set precision=bf16``) changes what a run computes, against the paper's
 fp32: per stage, how many images retrieve other captions, keep other verified captions, decode another
-beam; per picker, how many picks change; and the metric deltas of each picker.
+beam; per picker, how many picks change, the metric deltas of each picker, and CIDEr's and CHAIR_i's
+change with a paired 95% bootstrap interval over the images (adjcap.metrics.bootstrap).
 
     python benchmarks/precision.py --limit 8                 # the demo world on this machine (CPU: slow in bf16)
     python benchmarks/precision.py --limit 200 --device cuda # on a GPU
@@ -28,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from adjcap.config import load_config  # noqa: E402
 from adjcap.features import rows_to_table  # noqa: E402
+from adjcap.metrics.bootstrap import paired_bootstrap, resample_indices, statistic_matrices  # noqa: E402
 from adjcap.metrics.evaluate import Evaluator  # noqa: E402
 from adjcap.pipeline import run_pipeline  # noqa: E402
 from adjcap.rerank import applicable_pickers, load_features, pick, run_protocol  # noqa: E402
@@ -49,6 +51,23 @@ def picks(cfg, tables) -> dict[str, dict[str, int]]:
     for name in applicable_pickers(feats, res.heads):
         idx = pick(feats, name, res.heads, alpha=res.alpha, beta=res.beta)
         out[name] = {iid: int(i) for iid, i in zip(feats.image_ids, idx)}
+    return out
+
+
+def paired_intervals(per_a: dict, per_b: dict, metrics=("CIDEr", "CHAIR_i")) -> dict:
+    """bf16 minus fp32 of each metric with its paired 95% bootstrap interval over the same images
+    (adjcap.metrics.bootstrap, one resampling for both metrics)."""
+    ids = sorted(set(per_a) & set(per_b))
+    draws = resample_indices(len(ids))
+    out = {}
+    for name in metrics:
+        st, xa, xb = statistic_matrices(name, per_a, per_b, ids)
+        if xa is None or xb is None:
+            out[name] = None
+            continue
+        d = paired_bootstrap(xa, xb, st.statistic, indices=draws)
+        out[name] = {"fp32": d.a, "bf16": d.b, "delta": d.delta, "low": d.low, "high": d.high,
+                     "excludes_zero": d.excludes_zero}
     return out
 
 
@@ -102,16 +121,19 @@ def main() -> None:
              for prec in runs}
     result = {"images": n, "device": args.device, "stage_changes": stage, "max_abs_cosine_diff_same_beam": max_cos,
               "seconds": {p: runs[p]["seconds"] for p in runs}, "pickers": {}}
-    with Evaluator(refs, chair=False) as ev:
+    with Evaluator(refs) as ev:
         for name in sorted(set(a["picks"]) & set(b["picks"])):
             pa_, pb_ = a["picks"][name], b["picks"][name]
             cap_a = {i: texts["fp32"][i][k] for i, k in pa_.items()}
             cap_b = {i: texts["bf16"][i][k] for i, k in pb_.items()}
-            ma, mb = ev.score(cap_a)["metrics"], ev.score(cap_b)["metrics"]
+            sa, sb = ev.score(cap_a), ev.score(cap_b)
+            ma, mb = sa["metrics"], sb["metrics"]
             result["pickers"][name] = {
                 "picks_changed": sum(cap_a[i] != cap_b[i] for i in cap_a),
+                "picks_changed_share": sum(cap_a[i] != cap_b[i] for i in cap_a) / max(1, len(cap_a)),
                 "CIDEr_fp32": ma.get("CIDEr"), "CIDEr_bf16": mb.get("CIDEr"),
                 "delta": {k: (mb[k] - ma[k]) for k in ma if ma.get(k) is not None and mb.get(k) is not None},
+                "paired_95": paired_intervals(sa["per_image"], sb["per_image"]),
             }
     what = f"the {args.preset} preset vs the headline's fp32" if args.preset else "bf16 vs fp32"
     print(f"\n{n} images of '{split}' on {args.device}; {what}")
@@ -123,7 +145,14 @@ def main() -> None:
         d = p["delta"]
         print(f"  {name:10s} {p['picks_changed']:>9d}/{n:<4d} {p['CIDEr_fp32']:>11.2f} {p['CIDEr_bf16']:>11.2f} "
               f"{d.get('B-4', math.nan):>6.2f} {d.get('CIDEr', math.nan):>7.2f}")
+    for name, p in result["pickers"].items():
+        for metric, d in p["paired_95"].items():
+            if d:
+                print(f"  {name:10s} {metric:8s} {d['delta']:+.2f} [{d['low']:+.2f}, {d['high']:+.2f}] (paired 95%)")
+    result["command"] = " ".join(["python", *sys.argv])
+    result["tf32_in_effect"] = False if args.device == "cpu" else None  # TF32 is a CUDA tensor-core mode
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=1, default=str))
 
 

@@ -8,7 +8,7 @@ BLIP ITM large (ViT-L/16 at 384 px + BERT-base with cross-attention), BLIP-2 ITM
 Q-Former, its ITM head), SigLIP SO400M/14 at 384 px (open_clip; its text always padded to 64 tokens, as
 SigLIP's tokenizer does). The loaders' own classes score (adjcap.models.blip.Verifier,
 adjcap.models.blip2.Blip2Verifier; SigLIP's open_clip towers as adjcap.models.clip_verifier does).
-Not a test: nothing is asserted (BENCHMARKS.md, "Verifier families").
+Not a test: nothing is asserted (figures: BENCHMARKS.md; notes: docs/benchmarks/pipeline.md, "Verifier families").
 """
 
 from __future__ import annotations

@@ -199,8 +199,13 @@ def _config_reference() -> str:
     for key in keys:
         field = _field(key)
         sub = config._model_of(field.annotation)
-        if (sub is not None and sub != "dict") or key == "benchmarks":
-            sections[key if key != "benchmarks" else "benchmarks.<name>"] = []
+        name = key.rpartition(".")[2]
+        if sub == "dict" and name in config.DICT_SECTIONS:  # a table of sections: its entries' keys
+            sections[f"{key}.{config.DICT_SECTIONS[name][1]}"] = []
+            if key != "benchmarks":  # (the benchmarks' table has its own section below too)
+                sections[key.rpartition(".")[0]].append(key)
+        elif sub is not None and sub != "dict":
+            sections[key] = []
         else:
             sections[key.rpartition(".")[0]].append(key)
 
@@ -215,10 +220,11 @@ def _config_reference() -> str:
         title = "Top level" if section == "" else f"`{section}`"
         out += [f"## {title}", ""]
         if section:
-            field = _field(section.replace(".<name>", ""))
+            entries = section.endswith(">")  # benchmarks.<name>, ray.pool.<pool>
+            field = _field(section.rpartition(".")[0] if entries else section)
             model = config._model_of(field.annotation)
             if model == "dict":
-                model = config._dict_value_model(section.split(".")[0])
+                model = config._dict_value_model(section.split(".")[-2])
             lines = []
             if section == "benchmarks.<name>":
                 lines.append("A table of benchmarks by name; `benchmark` picks one. Add your own with "
@@ -346,7 +352,35 @@ def run_directory_layout() -> str:
 
     doc = inspect.cleandoc(adjcap.rundir.__doc__)
     literal = doc.split("::", 1)[1].split("\n\n", 2)[1]  # the indented block after "::"
-    return "```\n" + textwrap.dedent(literal).strip("\n") + "\n```"
+    return "```\n" + "\n".join(_fit_layout(textwrap.dedent(literal).strip("\n").splitlines())) + "\n```"
+
+
+CODE_WIDTH = 100  # the widest code line a page shows without scrolling (tests/test_docs.py)
+
+
+def _fit_layout(lines: list[str], width: int = CODE_WIDTH) -> list[str]:
+    """A ``path   description`` listing (descriptions in one column, continued on lines indented to it)
+    re-wrapped to ``width`` characters: a path too long for the column puts its description below."""
+    entries: list[list[str]] = []  # [path part, description]
+    for ln in lines:
+        if entries and len(ln) - len(ln.lstrip()) >= 10:  # a description's next line
+            entries[-1][1] += " " + ln.strip()
+            continue
+        m = re.match(r"^(\s*\S+(?: \S+)*?)\s{2,}(\S.*)$", ln)
+        entries.append([m.group(1), m.group(2)] if m else [ln.rstrip(), ""])
+    col = max((len(p) + 2 for p, d in entries if d and len(p) + 2 <= 50), default=0)
+    out = []
+    for path, desc in entries:
+        if not desc:
+            out.append(path)
+            continue
+        wrapped = textwrap.wrap(desc, width - col, break_on_hyphens=False, break_long_words=False)
+        if len(path) + 2 > col:
+            out.append(path)
+        else:
+            out.append(path.ljust(col) + wrapped.pop(0))
+        out += [" " * col + w for w in wrapped]
+    return out
 
 
 # page -> {block name: its generator}; the page holds the block between these markers

@@ -19,7 +19,7 @@ from adjcap.data.layouts.folder import scan_folder
 from adjcap.rerank import get_picker, load_heads, picker_names, run_protocol
 from adjcap.report.captions import caption_records, write_gallery, write_jsonl
 from adjcap.rundir import RunDir
-from adjcap.jobs import demo, run
+from adjcap.jobs import demo, failures, run
 
 FOLDER_BENCHMARK = "folder"
 LM_PICKER = "lm"
@@ -84,11 +84,13 @@ def default_run_dir(cfg: Config, folder: Path) -> RunDir:
 
 
 def main(cfg: Config, folder: str | Path, heads: str | Path | None = None, out: str | Path | None = None,
-         run_dir: str | Path | None = None, resume: bool = True, absolute_paths: bool = False) -> Path:
+         run_dir: str | Path | None = None, resume: bool = True, absolute_paths: bool = False,
+         strict: bool = False) -> Path:
     """Caption every image under ``folder``; returns the captions.jsonl path. Refuses (PreflightError,
     before Ray starts and before anything is written) when the preset's weights, corpus or memory are
     not there. ``absolute_paths``: image paths in captions.jsonl absolute instead of relative to
-    ``folder``."""
+    ``folder``. ``strict``: failed images end it with :class:`adjcap.jobs.failures.ImagesFailed` once
+    everything is written (the command line's exit code)."""
     started = time.time_ns()
     folder = Path(folder).expanduser().resolve()
     if not folder.is_dir():
@@ -96,7 +98,7 @@ def main(cfg: Config, folder: str | Path, heads: str | Path | None = None, out: 
     cfg = demo.prepare_if_demo(cfg)
     fcfg = folder_config(cfg, folder, heads is not None)
     rcfg = fcfg.resolved()  # the edge of this job: resolved once, its run plan built from it
-    plan = run.plan_run(fcfg, rcfg, run_dir or default_run_dir(rcfg, folder))
+    plan = run.plan_run(fcfg, rcfg, run_dir or default_run_dir(rcfg, folder), evaluates=False)
     warning = demo_world_mismatch(rcfg, folder, benchmark=cfg.benchmark)
     if warning:
         print(warning)
@@ -126,4 +128,5 @@ def main(cfg: Config, folder: str | Path, heads: str | Path | None = None, out: 
     print(f"gallery: {gallery}")
     run.print_written(rd, started)
     print(dest)
+    failures.report(rd, FOLDER_BENCHMARK, plan.records, strict)
     return dest

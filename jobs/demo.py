@@ -15,6 +15,7 @@ from adjcap.demo.tiny import QUALITY, build_tiny_world
 from adjcap.demo.tiny_judges import JUDGE_DIRS, build_tiny_judge, judge_config, judge_ready
 from adjcap.demo.tiny_lavis import build_tiny_lavis
 from adjcap.demo.train_hf_captioner import FOLDER as TINY_CAPTIONER, ensure_tiny_captioner
+from adjcap.demo.tiny_vlm import FOLDER as TINY_VLM, ensure_tiny_vlm
 from adjcap.demo.world import build_demo_world, demo_corpus_texts
 from adjcap.rundir import RunDir
 from adjcap.jobs import run
@@ -81,10 +82,14 @@ def prepare(cfg: Config) -> Config:
 
 
 def second_captioner(cfg: Config, rcfg: Config) -> None:
-    """The demo's tiny BLIP captioner (the ``hf`` family, :mod:`adjcap.demo.train_hf_captioner`) when
-    ``cfg`` captions with it: trained on first use (a few CPU minutes), then reused; nothing otherwise
+    """The demo's tiny BLIP captioner (the ``hf`` family, :mod:`adjcap.demo.train_hf_captioner`) or tiny
+    LLaVA (the ``vlm`` family, :mod:`adjcap.demo.tiny_vlm`) when ``cfg`` captions with it: trained on first use (a few CPU minutes), then reused; nothing otherwise
     (``make demo`` captions with IFCap and never trains it). ``rcfg``: ``cfg`` resolved."""
     cache = Path(rcfg.paths.cache_dir)
+    if rcfg.captioner.family == "vlm" and Path(rcfg.captioner.vlm.model) == cache / "tiny" / TINY_VLM:
+        with _step("tiny LLaVA (vlm captioner family)"):
+            ensure_tiny_vlm(cache, demo_corpus_texts(cache / "demo"), seed=cfg.seed)
+        return
     if rcfg.captioner.family != "hf" or Path(rcfg.captioner.hf.model) != cache / "tiny" / TINY_CAPTIONER:
         return
     with _step("tiny BLIP captioner (second captioner family)"):
@@ -137,10 +142,10 @@ def prepare_if_demo(cfg: Config) -> Config:
 
 
 def main(cfg: Config, run_dir: str | Path | None = None, resume: bool = True, evaluate_after: bool = True,
-         log: Sequence[str] = ()) -> RunDir:
+         log: Sequence[str] = (), strict: bool = False) -> RunDir:
     cfg = prepare(cfg)
     with _step("run (extract -> fit -> evaluate -> report)"):
-        out = run.main(cfg, run_dir=run_dir, resume=resume, evaluate_after=evaluate_after, log=log)
+        out = run.main(cfg, run_dir=run_dir, resume=resume, evaluate_after=evaluate_after, log=log, strict=strict)
     if evaluate_after:
         print(f"report: {out.report_md} and {out.report_html}")
     print(out.path)

@@ -1,4 +1,4 @@
-"""Where the driver's CPU goes, by thread (BENCHMARKS.md, "The driver off the image path"): a sampler
+"""Where the driver's CPU goes, by thread (docs/benchmarks/pipeline.md, "The driver off the image path"): a sampler
 reads ``/proc/self/task/*/stat`` every 5 s while a phase runs and keeps each thread's last CPU
 seconds, so threads that end before the phase does (Ray Data's executor) still count. Python threads
 are named by their ``threading`` name, Ray's C++ threads by their kernel name; digits are dropped, so

@@ -38,6 +38,7 @@ from adjcap.stage_cache import apply_outputs
 from adjcap.image_state import ImageState, decode_state
 from adjcap.jobs.driver_threads import ThreadCPU
 from adjcap.jobs.encode_corpus import index_for
+from adjcap.jobs.failures import FailureWatch
 from adjcap.jobs.progress_display import tracked
 from adjcap.jobs.ray_session import check_pools, has_gpus
 
@@ -78,6 +79,11 @@ def pools(cfg: Config, first: int = 0, gpu: bool = False) -> list[PoolRun]:
         out.append(PoolRun(actor_class(p.actor_name), p.name,
                            {"stages": p.stages, "given": given, "last": last, "pool": p.name},
                            p.stages, {}))
+    # each pool's output carries only what the pools after it read (pixels, bytes, the verifier's encoding)
+    for i, run in enumerate(out):
+        if "stages" in run.kwargs:
+            later = [m for r in out[i + 1:] for m in r.meters]
+            run.kwargs["keep"] = transport.kept_for(cfg, later)
     return out
 
 
@@ -99,7 +105,9 @@ def extract_features(plan: RunPlan, resume: bool = True, stage_stats: dict | Non
     With ``cache.share_stages`` every image starts from its deepest stage prefix stored in the stage
     cache (:mod:`adjcap.stage_cache`): an image with every stage stored is written without any
     model, the pools of stages no image needs are not started, and new stage outputs are stored.
-    ``stage_stats`` (when given) receives {"computed": {stage: images}, "reused": {stage: images}}."""
+    Stops (:class:`adjcap.jobs.failures.TooManyFailures`, what was written kept) once more than
+    ``ray.max_failed_share`` of the images back failed. ``stage_stats`` (when given) receives
+    {"computed": {stage: images}, "reused": {stage: images}}."""
     cfg, run = plan.cfg, plan.run
     todo: list[Record] = []
     summary: dict[str, dict[str, int]] = {}
@@ -119,13 +127,13 @@ def extract_features(plan: RunPlan, resume: bool = True, stage_stats: dict | Non
         return summary
 
     check_pools(cfg)  # an impossible --workers / memory request is refused before any model loads
-    corpus = plan.corpus
     cache = plan.stage_cache()
     found = cache.lookup(r.image_id for r in todo if not r.error) if cache else {}
     for outs in found.values():
         for stage in outs:
             reused[stage] += 1
     buffers: dict[str, list[dict]] = defaultdict(list)
+    watch = FailureWatch(len(todo), cfg.ray.max_failed_share)
 
     def flush(split: str) -> None:
         rows = buffers.pop(split, [])
@@ -141,7 +149,25 @@ def extract_features(plan: RunPlan, resume: bool = True, stage_stats: dict | Non
             cache.add([state])
         if len(buffers[state.split]) >= cfg.ray.rows_per_part:
             flush(state.split)
+        watch.add([state.image_id], [state.error])
 
+    try:
+        _extract(plan, todo, found, cache, emit, watch, summary, computed)
+        watch.check()  # every image back
+    finally:  # what was computed is kept, also when the job stops
+        for split in list(buffers):
+            flush(split)
+        if cache is not None:
+            cache.flush()
+    return summary
+
+
+def _extract(plan: RunPlan, todo: list[Record], found: dict, cache, emit, watch: FailureWatch, summary: dict,
+             computed: dict) -> None:
+    """The driver's half of :func:`extract_features`: ``emit`` the images that need no model, stream the
+    others through the pools and count what comes back."""
+    cfg, run, corpus = plan.cfg, plan.run, plan.corpus
+    names = stage_registry.names()
     rest = []
     for r in todo:  # images that need no model: every stage stored, or refused by the reader
         if r.error:
@@ -161,11 +187,7 @@ def extract_features(plan: RunPlan, resume: bool = True, stage_stats: dict | Non
             # the workers wrote the parts and the stage cache; the driver only counts, with Arrow
             for table in ds.iter_batches(batch_format="pyarrow", batch_size=None):
                 count_done(table, summary, computed)
-    for split in list(buffers):
-        flush(split)
-    if cache is not None:
-        cache.flush()
-    return summary
+                watch.add_table(table)
 
 
 def stream_stages(cfg: Config, first: int, gpu: bool = False) -> list[str]:
@@ -186,8 +208,8 @@ def block_rows(images: int, batch_size: int, slots: int) -> int:
     """Rows per Ray Data block: a multiple of ``batch_size`` (the least common multiple of the pools'
     batch sizes: every batch full but the job's last), up to ``BLOCK_BATCHES`` of them, so the job's
     blocks number at least twice the tasks that can run at once (``slots``: decode tasks or pool actors).
-    Fewer, larger blocks cost the driver's executor less per image (BENCHMARKS.md, "The driver off the
-    image path")."""
+    Fewer, larger blocks cost the driver's executor less per image (docs/benchmarks/pipeline.md, "The driver
+    off the image path")."""
     k = max(1, min(BLOCK_BATCHES, images // (batch_size * 2 * max(slots, 1))))
     return k * batch_size
 
@@ -224,8 +246,8 @@ def _stream(cfg: Config, corpus, todo: list[Record], found: dict, first: int, gp
         if "index" in stage_registry.families_of(p.kwargs.get("stages", ())):
             # once per job; each node's retriever actors share one read-only copy (adjcap.index.shared)
             if index_ref is None:
-                # read and put by a worker (the driver's CPU stays off the index: BENCHMARKS.md, "The
-                # driver off the image path"); its worker (torch imported) exits after it; lost with its
+                # read and put by a worker (the driver's CPU stays off the index: docs/benchmarks/pipeline.md,
+                # "The driver off the image path"); its worker (torch imported) exits after it; lost with its
                 # node, Ray runs the task again
                 index_ref = ray.remote(num_cpus=cfg.ray.decode_cpus, max_calls=1)(put_index).remote(
                     str(index_for(cfg, corpus)), corpus.texts)

@@ -1,7 +1,9 @@
 """Before a job starts Ray or writes anything: are the config's weights, data and NLTK data here
-(:mod:`adjcap.needs`), and does one actor of every pool fit in the memory a local Ray would have
+(:mod:`adjcap.needs`), Java too when the job evaluates, and does one actor of every pool fit in the memory a local Ray would have
 (the plan of :func:`jobs.ray_session.pool_plan`)? A refusal is one line naming each missing thing,
-the one ``adjcap prepare`` command that fetches it, and the memory shortfall."""
+the one ``adjcap prepare`` command that fetches it, and the memory shortfall; a candidates file
+(:mod:`adjcap.data.candidates`) and COCO instances files (:mod:`adjcap.metrics.chair`) are checked whole,
+their file and line named."""
 
 from __future__ import annotations
 
@@ -13,8 +15,10 @@ from adjcap.needs import Need, missing, needs_of, steps_for
 from adjcap.prepare.steps import STEPS
 from adjcap.jobs.ray_session import ResourceError, pool_plan
 
-# what a job cannot start without (Java and SPICE only matter to the evaluation, which reports them)
+# what a job cannot start without; one that evaluates also needs Java (the PTB tokenizer and METEOR of
+# every evaluation, SPICE's jars where it scores SPICE), checked here rather than after the features
 PREFLIGHT_GROUPS = ("weights", "data", "nltk")
+EVALUATION_GROUPS = ("java",)
 
 
 class PreflightError(RuntimeError):
@@ -72,8 +76,10 @@ def prepare_command(cfg: Config, gone: list[Need]) -> str:
 
 
 def candidates_problem(cfg: Config) -> str | None:
-    """With ``captioner.family = candidates``: why its file cannot be used (not UTF-8 / JSON, an empty
-    or repeated candidate, an image the benchmark lacks: the file's line named), or None."""
+    """With ``captioner.family = candidates``: why its file cannot be used, or None: every check of
+    :mod:`adjcap.data.candidates` (the file's line named), against every image the benchmark has, and
+    every image the job will caption (``limit`` applied) present unless ``captioner.candidates.allow_missing``.
+    The LM judge and its tokenizer are weights: :func:`problems` names them when missing."""
     if cfg.captioner.family != "candidates":
         return None
     from adjcap.captioners import candidates_table
@@ -82,20 +88,47 @@ def candidates_problem(cfg: Config) -> str | None:
 
     try:
         table = candidates_table(cfg.captioner)
-        records = read_records(cfg.model_copy(update={"limit": None}))  # every image the benchmark has
-        match_records(table, [r for rs in records.values() for r in rs], cfg.benchmark_cfg().images)
+        every = read_records(cfg.model_copy(update={"limit": None}))  # every image the benchmark has
+        captioned = read_records(cfg) if cfg.limit is not None else every
+        match_records(table, [r for rs in every.values() for r in rs], cfg.benchmark_cfg().images,
+                      captioned=[r.image_id for rs in captioned.values() for r in rs],
+                      allow_missing=cfg.captioner.candidates.allow_missing)
     except CandidatesError as e:
         return str(e)
     return None
 
 
-def problems(cfg: Config) -> str | None:
-    """One line saying why ``cfg`` (resolved) cannot run here, or None."""
-    gone = missing(needs_of(cfg, PREFLIGHT_GROUPS))
+def instances_problem(cfg: Config) -> str | None:
+    """With ``eval.chair = instances | both`` on COCO: why its instances files cannot be used (missing,
+    not COCO instances, an unknown category id, a class outside CHAIR's synonym lists: the file named),
+    or None; checked here so a job does not learn it after its Ray stages (:mod:`adjcap.metrics.chair`)."""
+    if cfg.eval.chair == "proxy" or cfg.benchmark != "coco":
+        return None
+    from adjcap.metrics.chair import load_instance_objects
+
+    try:
+        load_instance_objects(list(cfg.eval.coco_instances))
+    except (ValueError, OSError) as e:
+        return str(e)
+    return None
+
+
+def vlm_problem(cfg: Config) -> str | None:
+    """With ``captioner.family = vlm``: why its checkpoint or prompt cannot run (not an image-text-to-text
+    model; a prompt without the processor's image placeholder), or None."""
+    if cfg.captioner.family != "vlm":
+        return None
+    from adjcap.models.vlm_captioner import settings_problem
+
+    return settings_problem(cfg.captioner.vlm)
+
+
+def problems(cfg: Config, evaluates: bool = True) -> str | None:
+    """One line saying why ``cfg`` (resolved) cannot run here, or None. ``evaluates``: the job scores
+    its captions (Java is then needed too)."""
+    gone = missing(needs_of(cfg, PREFLIGHT_GROUPS + (EVALUATION_GROUPS if evaluates else ())))
     parts = []
-    bad_file = candidates_problem(cfg)
-    if bad_file:
-        parts.append(bad_file)
+    parts += [p for p in (candidates_problem(cfg), instances_problem(cfg), vlm_problem(cfg)) if p]
     if gone:
         fetchable = [n for n in gone if n.step]
         other = [n for n in gone if not n.step]
@@ -111,8 +144,8 @@ def problems(cfg: Config) -> str | None:
     return f"preset '{cfg.name}' cannot run here: " + "; ".join(parts) + " (adjcap doctor --preset " + cfg.name + ")"
 
 
-def check(cfg: Config) -> None:
+def check(cfg: Config, evaluates: bool = True) -> None:
     """Raise PreflightError (one line) unless ``cfg`` (resolved) can run here."""
-    why = problems(cfg)
+    why = problems(cfg, evaluates)
     if why:
         raise PreflightError(why)

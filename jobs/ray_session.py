@@ -26,9 +26,10 @@ from adjcap.pools import pool_budget
 from adjcap.jobs.ray_guards import ClusterWatch, reap_with_driver
 
 # the directory the workers import this code from: the one holding the ``adjcap`` package (a checkout
-# or site-packages), i.e. adjcap/jobs/ray_session.py's grandparent. Not resolved: in a checkout
-# adjcap/jobs is a link to the repository's jobs/ (docs/architecture.md, "One layout").
-ROOT = Path(os.path.abspath(__file__)).parents[2]
+# or site-packages). Taken from adjcap/numerics.py, a real file in adjcap/, so resolving it
+# is safe; this file's path is not (in a checkout adjcap/jobs links to the repository's jobs/, whose
+# grandparent is the checkout's parent: docs/architecture.md, "One layout").
+ROOT = Path(numerics.__file__).resolve().parents[1]
 LOOPBACK = "127.0.0.1"
 # Ray picks a loopback node IP (instead of the machine's address) when this is off; it is read
 # from the environment at `import ray`, so the module constant is set as well while a local Ray starts.
@@ -115,7 +116,7 @@ def data_poll(seconds: float) -> None:
     """How long Ray Data's scheduler on the driver waits for its running tasks before it looks at them
     again (Ray's own: 0.1 s). Each look (resources, budgets, dispatch) costs the driver about the same
     CPU whatever the images, so a job's driver CPU grows with its wall time at a rate set here
-    (BENCHMARKS.md, "The driver off the image path"); a finished task's block waits for the next look, and
+    (docs/benchmarks/pipeline.md, "The driver off the image path"); a finished task's block waits for the next look, and
     the actor meanwhile works on the tasks queued on it. Ray keeps the value in a module constant; a Ray
     without it is left as it is."""
     from ray.data._internal.execution import streaming_executor_state as state

@@ -69,6 +69,24 @@ def stage_work(plans: list[RowPlan]) -> dict[str, dict[str, int]]:
     return out
 
 
+def long_candidates(runs: list, failed: dict) -> dict[str, Any]:
+    """For rows captioned by a vision-language model: each run's candidates the judge cuts
+    (:mod:`adjcap.models.judge_window`) and the images of a seeded sample (``sample``), per split."""
+    from adjcap.models.judge_window import cut_count
+    from adjcap.run_plan import read_records
+    from adjcap.samples import candidates_of, read_samples
+
+    cut, sample = [], {}
+    for p in runs:
+        if p.resolved.captioner.family != "vlm" or p.run_dir in failed or not Path(p.run_dir).is_dir():
+            continue  # read_samples builds the table from the run's files when samples.parquet is not there
+        texts = [t for row in candidates_of(read_samples(RunDir(p.run_dir))) for t in row["candidates"]]
+        cut.append({"run": Path(p.run_dir).name, **cut_count(texts, p.resolved.verifier)})
+        if p.resolved.sample and not sample:
+            sample = {split: [r.image_id for r in recs] for split, recs in read_records(p.resolved).items()}
+    return {**({"cut_candidates": cut} if cut else {}), **({"sample_ids": sample} if sample else {})}
+
+
 def main(table_key: str | TableDef, benchmark: str | None = None, sets: list[str] | tuple[str, ...] = (),
          updates: dict[str, Any] | None = None, runs_dir: str | Path | None = None) -> dict[str, Any]:
     """``table_key``: a table of tables.toml, or a parsed definition (:func:`adjcap.reproduce.parse_tables`)."""
@@ -139,11 +157,15 @@ def main(table_key: str | TableDef, benchmark: str | None = None, sets: list[str
         "paired_differences": paired,
         "runs": len(runs),
     }
+    doc.update(long_candidates(runs, failed))
     paths["json"] = atomic_write_json(out_dir / f"{stem}.json", doc)
     for t in [out_table, *extra]:
         print(t.to_markdown())
+    for c in doc.get("cut_candidates", []):
+        print(f"{c['run']}: the {c['judge']} judge cut {c['cut']} of {c['candidates']} candidates "
+              f"(window {c['window']} tokens: {c['how']})")
     for d in paired:
-        print(f"{d['label']}: CIDEr {d['delta']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}] (95% paired bootstrap over "
+        print(f"{d['label']}: {d.get('metric', 'CIDEr')} {d['delta']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}] (95% paired bootstrap over "
               f"{d['images']} images{', excludes zero' if d['excludes_zero'] else ''})")
     print("stage work (images): computed " + ", ".join(f"{k} {v}" for k, v in work["computed"].items())
           + "; reused " + ", ".join(f"{k} {v}" for k, v in work["reused"].items()))

@@ -11,34 +11,41 @@ from adjcap.config import Config
 from adjcap.rundir import RunDir
 from adjcap.run_plan import RunPlan
 from adjcap.tracking import log_run, parse_log_specs
-from adjcap.jobs import evaluate, fit, preflight, extract_features
+from adjcap.jobs import evaluate, failures, fit, preflight, extract_features
 from adjcap.jobs.provenance_record import recorded
 from adjcap.jobs.ray_session import ray_session
 
 
 def main(cfg: Config, run_dir: str | Path | None = None, resume: bool = True, evaluate_after: bool = True,
-         log: Sequence[str] = (), summary: bool = True, heads_dir: str | Path | None = None) -> RunDir:
+         log: Sequence[str] = (), summary: bool = True, heads_dir: str | Path | None = None,
+         strict: bool = False) -> RunDir:
     """``cfg`` as the user gave it (placeholders kept: it is what config.toml records). ``log``:
     experiment trackers to log the finished run to (``mlflow[=URI]``, ``wandb[=PROJECT]``). ``summary``:
     end with the list of what was written (a caller that writes more prints its own). The edge: the
     config is resolved here, once, and the run plan built from it (:func:`plan_run`). ``heads_dir``:
-    apply the heads another run fitted (its ``heads/``) instead of fitting (``adjcap fit --heads``)."""
+    apply the heads another run fitted (its ``heads/``) instead of fitting (``adjcap fit --heads``).
+    ``strict``: failed images end the job with :class:`adjcap.jobs.failures.ImagesFailed` once
+    everything is written (the command line's exit code), else with the summary line printed."""
     trackers = parse_log_specs(log)  # a bad --log fails before anything runs
-    return execute(plan_run(cfg, cfg.resolved(), run_dir), resume=resume, evaluate_after=evaluate_after,
-                   trackers=trackers, summary=summary, heads_dir=heads_dir)
+    plan = plan_run(cfg, cfg.resolved(), run_dir, evaluates=evaluate_after)
+    return execute(plan, resume=resume, evaluate_after=evaluate_after, trackers=trackers, summary=summary,
+                   heads_dir=heads_dir, strict=strict)
 
 
-def plan_run(cfg: Config, rcfg: Config, run_dir: str | Path | RunDir | None = None) -> RunPlan:
-    """The run plan of ``cfg`` (resolved: ``rcfg``), after the preflight: missing weights/data or a
-    memory plan that cannot fit are refused before Ray starts and before anything is read or written."""
-    preflight.check(rcfg)
+def plan_run(cfg: Config, rcfg: Config, run_dir: str | Path | RunDir | None = None,
+             evaluates: bool = True) -> RunPlan:
+    """The run plan of ``cfg`` (resolved: ``rcfg``), after the preflight: missing weights/data (Java when
+    the job ``evaluates``) or a memory plan that cannot fit are refused before Ray starts and before
+    anything is read or written."""
+    preflight.check(rcfg, evaluates)
     return RunPlan.build(cfg, rcfg, run_dir)  # bad annotations fail here, before anything is written
 
 
 def execute(plan: RunPlan, resume: bool = True, evaluate_after: bool = True, trackers: Sequence = (),
-            summary: bool = True, heads_dir: str | Path | None = None) -> RunDir:
+            summary: bool = True, heads_dir: str | Path | None = None, strict: bool = False) -> RunDir:
     """Run a planned job: features -> fit and predict -> evaluate -> report, in the plan's run directory.
-    ``trackers``: :func:`adjcap.tracking.parse_log_specs`' output; ``heads_dir``: as :func:`main`'s."""
+    ``trackers``: :func:`adjcap.tracking.parse_log_specs`' output; ``heads_dir``, ``strict``: as :func:`main`'s.
+    Failed images: :mod:`adjcap.jobs.failures` (too many stop the job before fitting)."""
     started = time.time_ns()
     run, rcfg = plan.run, plan.cfg
     scored = False
@@ -60,6 +67,7 @@ def execute(plan: RunPlan, resume: bool = True, evaluate_after: bool = True, tra
             log_run(trackers, run)
     if summary:
         print_written(run, started)
+    failures.report(run, rcfg.benchmark, plan.records, strict)
     return run
 
 

@@ -55,6 +55,7 @@ def test_the_driver_gets_small_columns_only():
     s[1].error = "decode: broken"
     cols = done_columns(s)
     assert cols == {"image_id": ["a", "b"], "split": ["test", "test"], "failed": [False, True],
+                    "error": [None, "decode: broken"],  # a failed image's one line (adjcap.jobs.failures)
                     "computed": [["caption", "score"], ["score"]]}
     summary = {"test": {"done": 0, "failed": 0}, "val": {"done": 0, "failed": 0}}
     computed = {"caption": 0, "score": 0}

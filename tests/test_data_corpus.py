@@ -1,4 +1,4 @@
-"""Retrieval corpus: IFCap normalisation (spec/ifcap.md 3.1), stable ids, fingerprint."""
+"""Retrieval corpus: IFCap's normalisation (its official code's), stable ids, fingerprint."""
 
 from __future__ import annotations
 

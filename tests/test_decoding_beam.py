@@ -235,7 +235,7 @@ def test_decoded_candidates_are_cleaned_up(cap):
 
 @torch.no_grad()
 def official_beam(gpt, prompt, beam_width, max_len, stop_ids):
-    """The official procedure written out independently (spec/ifcap.md 5.1): full forward each step,
+    """The official procedure written out independently (IFCap's official beam search): full forward each step,
     last position's logits, log(softmax), ordered by ``argsort(descending=True)`` at the end."""
     wte = gpt.transformer.wte
     stop = torch.tensor(list(stop_ids))

@@ -30,7 +30,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-DOCS = sorted((ROOT / "docs").rglob("*.md"))
+# docs/benchmarks/ holds dated notes (BENCHMARKS.md's investigations, each describing the code of its
+# date): built into the site, but not checked against the current code like the other pages
+NOTES = ROOT / "docs" / "benchmarks"
+DOCS = sorted(p for p in (ROOT / "docs").rglob("*.md") if NOTES not in p.parents)
+BENCHMARKS = ROOT / "BENCHMARKS.md"
 GENERATED = {ROOT / "docs" / "reference" / "config.md", ROOT / "docs" / "reference" / "cli.md"}
 PAGES = [README, *DOCS]
 RUN_MARK = "<!-- test: run -->"
@@ -187,10 +191,28 @@ def test_site_builds_strict(tmp_path):
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     built = {p.relative_to(tmp_path / "site").as_posix() for p in (tmp_path / "site").rglob("index.html")}
-    for page in DOCS:
+    for page in (ROOT / "docs").rglob("*.md"):
         rel = page.relative_to(ROOT / "docs").with_suffix("")
         want = "index.html" if rel.name == "index" else f"{rel.as_posix()}/index.html"
         assert want in built, f"{_rel(page)} was not built"
+    _search_finds_every_leaf_key(tmp_path / "site" / "search" / "search_index.json")
+
+
+def _search_finds_every_leaf_key(index_file: Path) -> None:
+    """The site's search index, split into words as the search splits them (its ``separator``), holds every
+    configuration key's last part (``gpu_share``, ``decode_tasks``, ``actors``) in the configuration reference."""
+    import json
+
+    from adjcap.config import config_keys
+
+    index = json.loads(index_file.read_text(encoding="utf-8"))
+    sep = re.compile(index["config"]["separator"])
+    words = {w for doc in index["docs"] if doc["location"].startswith("reference/config/")
+             for w in sep.split(re.sub(r"<[^>]+>", " ", doc["title"] + " " + doc["text"]).lower()) if w}
+    leaves = {k.rpartition(".")[2].lower() for k in config_keys() if not k.endswith(">")}
+    missing = sorted(leaves - words)
+    assert "gpu_share" in leaves and "decode_tasks" in leaves
+    assert not missing, f"the site's search does not find these configuration keys: {missing}"
 
 
 def test_nested_blocks_are_indented_four_spaces():
@@ -202,6 +224,18 @@ def test_nested_blocks_are_indented_four_spaces():
             if re.match(r"^ {1,3}`{3}", line):
                 problems.append(f"{_rel(page)}:{n}")
     assert not problems, "fenced blocks indented by 1-3 spaces (use 4 inside a list item): " + ", ".join(problems)
+
+
+CODE_WIDTH = 100
+SCREEN_PAGES = [README, ROOT / "docs" / "index.md", *sorted((ROOT / "docs" / "guide").glob("*.md"))]
+
+
+def test_code_blocks_fit_the_screen():
+    """No line of a code block in README.md, the home page or a guide page is wider than the screen
+    (CODE_WIDTH characters): a comment that runs past it scrolls sideways; put it on its own line."""
+    wide = [f"{_rel(page)}:{start + i} ({len(line)} chars)" for page in SCREEN_PAGES
+            for _, start, body, _ in fenced_blocks(page) for i, line in enumerate(body, 1) if len(line) > CODE_WIDTH]
+    assert not wide, f"code block lines wider than {CODE_WIDTH} characters: " + ", ".join(wide)
 
 
 # ---- the README --------------------------------------------------------------------------------------
@@ -355,6 +389,8 @@ def _check_values(name: str, command, args: list[str]) -> str | None:
         elif not a.startswith("-"):
             given.append(("", a))
         i += 1
+    from adjcap.models.budget import VLM_PARAMS
+
     presets, tables = set(list_presets()), set(load_tables())
     first = next((v for o, v in given if not o), None)
     problems = []
@@ -363,8 +399,8 @@ def _check_values(name: str, command, args: list[str]) -> str | None:
             continue
         if option in ("--preset", "-p") and value not in presets:
             problems.append(f"no preset {value!r}")
-        elif option == "--for" and value not in presets | tables:
-            problems.append(f"--for {value!r} is neither a preset nor a reproduce table")
+        elif option == "--for" and value not in presets | tables | set(VLM_PARAMS):
+            problems.append(f"--for {value!r} is neither a preset, a reproduce table nor a known VLM checkpoint")
         elif option in ("--set", "-s"):
             key = value.split("=", 1)[0]
             if key not in config_keys(key):
@@ -459,3 +495,119 @@ def test_runnable_commands_run(page, line, tokens, status, demo_cfg, monkeypatch
                                         f"the page says {status}:\n"
                                    f"{result.output[-3000:]}{result.exception!r}")
     assert result.output.strip(), f"{_rel(page)}:{line}: {' '.join(tokens)} printed nothing"
+
+
+# ---- BENCHMARKS.md ----------------------------------------------------------------------------------------
+
+BENCHMARKS_MAX_LINES = 300
+
+
+def _tables(text: str):
+    """(header cells, [(line number, row cells), ...]) of each Markdown table of ``text``."""
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines) - 1:
+        if lines[i].startswith("|") and re.match(r"^\|[\s:|-]+\|$", lines[i + 1]):
+            header = [c.strip() for c in lines[i].strip("|").split("|")]
+            rows, j = [], i + 2
+            while j < len(lines) and lines[j].startswith("|"):
+                rows.append((j + 1, [c.strip() for c in lines[j].strip("|").split("|")]))
+                j += 1
+            yield header, rows
+            i = j
+        else:
+            i += 1
+
+
+def test_benchmarks_is_one_page_of_rows_with_their_command_and_json():
+    """BENCHMARKS.md: at most BENCHMARKS_MAX_LINES lines; in every table with a JSON column, each row names
+    its command and a JSON that exists (the results of the run); every JSON the page names exists; the site
+    includes the page (docs/benchmarks.md)."""
+    text = BENCHMARKS.read_text(encoding="utf-8")
+    n = len(text.splitlines())
+    assert n <= BENCHMARKS_MAX_LINES, f"BENCHMARKS.md has {n} lines: dated investigations go to docs/benchmarks/"
+    problems, rows_seen = [], 0
+    for header, rows in _tables(text):
+        if "JSON" not in header:
+            continue
+        assert "command" in header, f"BENCHMARKS.md: a table with a JSON column needs a command column: {header}"
+        ci, ji = header.index("command"), header.index("JSON")
+        for line, cells in rows:
+            rows_seen += 1
+            command, result = cells[ci], cells[ji]
+            if not re.search(r"`[^`]+`", command) and command != "as above":
+                problems.append(f"BENCHMARKS.md:{line}: no command")
+            named = re.findall(r"`([^`]+\.json)`", result)
+            if not named:
+                problems.append(f"BENCHMARKS.md:{line}: no JSON")
+            problems += [f"BENCHMARKS.md:{line}: {p} is missing" for p in named if not (ROOT / p).is_file()]
+    assert rows_seen >= 10, f"only {rows_seen} rows with a JSON column in BENCHMARKS.md"
+    problems += [f"BENCHMARKS.md names {p}, which is missing" for p in
+                 sorted(set(re.findall(r"(?<![\w/.-])((?:benchmarks|adjcap)/[\w./-]+\.json)", text))) if not (ROOT / p).is_file()]
+    assert not problems, "\n".join(problems)
+    assert '--8<-- "BENCHMARKS.md"' in (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+
+
+# ---- citations in the code -----------------------------------------------------------------------------
+
+
+def _headings(path: Path) -> set[str]:
+    text = re.sub(r"^\s*(`{3,}).*?^\s*\1\s*$", "", path.read_text(encoding="utf-8"), flags=re.S | re.M)
+    titles = re.findall(r"^#{1,6}\s+(.+?)\s*$", text, flags=re.M)
+    titles += re.findall(r"^\*\*([^*]+)\*\*", text, flags=re.M)  # a paragraph's bold lead-in titles it too
+    return {re.sub(r"[`*]", "", m).strip() for m in titles}
+
+
+CITATION = re.compile(r"((?:BENCHMARKS|docs/[\w/.-]+)\.md)[,:]?\s+(?:\(|the\s+)?[\"'\u201c]([^\"'\u201d]+)[\"'\u201d]")
+
+
+def test_code_cites_only_what_is_in_the_repository():
+    """No tracked source file cites a file outside the repository (the old ``spec/`` documents), and a
+    citation of a page's section (``BENCHMARKS.md, "Section"``, ``docs/architecture.md, "Layers"``) names
+    a heading the page has (a heading's start is enough: the sections have long titles)."""
+    files = subprocess.run(["git", "ls-files", "*.py", "*.toml", "Makefile"], cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout.split() + [_rel(p) for p in PAGES]
+    problems = []
+    for rel in files:
+        path = ROOT / rel
+        if not path.is_file() or rel == "tests/test_docs.py":
+            continue
+        text = path.read_text(encoding="utf-8")
+        problems += [f"{rel}: cites {m}, not in the repository" for m in re.findall(r"(?<![\w/.-])spec/[\w.-]+", text)]
+        for page, section in CITATION.findall(" ".join(text.split())):
+            target = ROOT / page
+            if not target.is_file():
+                problems.append(f"{rel}: cites {page}, which does not exist")
+            elif not any(h.startswith(section.strip().rstrip(".")) for h in _headings(target)):
+                problems.append(f'{rel}: cites {page}, "{section}": no such section')
+    assert not problems, "\n".join(problems)
+
+
+def test_every_repository_path_the_architecture_names_exists():
+    """docs/architecture.md, the house's truth: every path under a top-level folder of the repository it
+    names (``adjcap/pools.py``, ``tests/test_imports.py``, ``adjcap/presets/*.toml``) exists."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    tops = {p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith(".")}
+    named = set(re.findall(r"(?<![\w/.{}~$<-])((?:[\w.-]+/)+[\w.*-]*[\w*])(?![\w/])", text))
+    checked = [p for p in named if p.split("/")[0] in tops]
+    assert len(checked) > 40, sorted(checked)
+    missing = sorted(p for p in checked if not (list(ROOT.glob(p)) if "*" in p else (ROOT / p).exists()))
+    assert not missing, f"docs/architecture.md names paths that do not exist: {missing}"
+
+
+def test_the_exit_code_table_lists_every_code():
+    """docs/guide/guarantees.md's exit-code table has a row for every code the command line produces:
+    each ``typer.Exit(N)`` of cli.py, the stops by signal (128 + SIGINT / SIGTERM / SIGKILL) and the
+    jobs' own codes (``EXIT_*`` in jobs/)."""
+    import signal
+
+    table = (ROOT / "docs" / "guide" / "guarantees.md").read_text(encoding="utf-8")
+    listed = {int(c) for row in re.findall(r"^\|[^|]+\| ([^|]+) \|", table, flags=re.M)
+              for c in re.findall(r"^(\d+)", row.strip())}
+    cli = (ROOT / "cli.py").read_text(encoding="utf-8")
+    produced = {int(n or 0) for n in re.findall(r"typer\.Exit\((\d*)\)", cli)}
+    produced |= {128 + signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGKILL}
+    for path in sorted((ROOT / "jobs").glob("*.py")):
+        produced |= {int(n) for n in re.findall(r"^EXIT_\w+ = (\d+)", path.read_text(encoding="utf-8"), flags=re.M)}
+    assert {0, 1, 2, 69, 130, 143} <= produced
+    assert not produced - listed, f"exit codes without a row in docs/guide/guarantees.md: {sorted(produced - listed)}"

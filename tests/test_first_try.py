@@ -248,3 +248,38 @@ def test_captions_and_gallery_survive_a_moved_folder(tmp_path):
 
     hrefs = re.findall(r"<a href='([^']+)'>", text)
     assert len(hrefs) == len(ids) and all((moved / unquote(h)).is_file() for h in hrefs)
+
+
+def test_doctor_on_a_fresh_checkout_says_make_demo(tmp_path):
+    """No demo world and no tiny models in the cache: every missing file is one `make demo` builds."""
+    res = _cli("doctor", "--preset", "demo", "--set", f"paths.cache_dir={tmp_path / 'empty-cache'}")
+    assert res.exit_code == 1, res.output
+    missing = [x for x in res.output.splitlines() if x.strip().startswith("MISSING")]
+    assert any("tiny/blip-itm" in x for x in missing) and any("demo images" in x for x in missing)
+    assert all(x.endswith("-> make demo (or `adjcap demo`) builds the demo world and its tiny models")
+               for x in missing), missing
+    assert "put the file there" not in res.output
+    assert res.output.rstrip().splitlines()[-1].startswith("build what is missing: make demo")
+
+
+# --------------------------------------------------------------------------------------------
+# Java before Ray
+# --------------------------------------------------------------------------------------------
+
+
+def test_a_job_that_evaluates_refuses_without_java_before_ray(demo_cfg, tmp_path):
+    """`run-job` scores its captions (PTB tokenizer, METEOR: Java): without Java it is refused in one line
+    before Ray starts and before anything is written; `caption` does not evaluate and does not ask."""
+    from adjcap.jobs import preflight
+
+    no_java = str(tmp_path / "no-jre" / "bin" / "java")
+    rcfg = demo_cfg.model_copy(update={"eval": demo_cfg.eval.model_copy(update={"java": no_java})}).resolved()
+    why = preflight.problems(rcfg)
+    assert why is not None and "missing Java 11+ (PTB tokenizer, METEOR)" in why and "eval.java" in why
+    assert preflight.problems(rcfg, evaluates=False) is None
+    runs = tmp_path / "runs"
+    res = _cli("run-job", "demo", "--set", f"paths.cache_dir={demo_cfg.paths.cache_dir}",
+               "--set", f"paths.runs_dir={runs}", "--set", f"eval.java={no_java}")
+    assert res.exit_code == 2, res.output
+    assert "missing Java 11+" in _error_line(res.output)
+    assert not runs.exists()

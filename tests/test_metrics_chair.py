@@ -66,7 +66,11 @@ def test_hand_checked_example():
         "teddy bear": {"mentioned": 1, "hallucinated": 1},
     }
     assert list(r.per_class)[:3] == ["person", "motorcycle", "train"]  # COCO category order
-    assert r.per_image["4"] == {"mentioned": ["elephant", "elephant", "train"], "hallucinated": ["train"]}
+    assert r.per_image["4"] == {"mentioned": ["elephant", "elephant", "train"], "hallucinated": ["train"],
+                                "objects": ["elephant"]}
+    # recall: the references' classes (2+2+2+1+2+0+2 = 11) the captions mention; image 2's "teddy bear"
+    # is not the references' "bear", so 10 of 11
+    assert (r.n_objects, r.n_recalled) == (11, 10) and r.recall == pytest.approx(100 * 10 / 11)
     d = r.to_dict()
     assert d["CHAIR_s"] == pytest.approx(57.142857, abs=1e-5) and "per_image" not in d
 
@@ -180,7 +184,7 @@ def test_instance_chair_hand_checked(instances_file):
 
 
 def test_instance_files_refuse_what_they_cannot_answer(instances_file, tmp_path):
-    with pytest.raises(ValueError, match="not in .*chair_instances.json.*COCO id 999"):
+    with pytest.raises(ValueError, match="none of the 1 images is in .*chair_instances.json.*COCO id 999"):
         load_instance_objects([instances_file], {"x": 999})
     with pytest.raises(FileNotFoundError, match="adjcap prepare coco-instances"):
         load_instance_objects([tmp_path / "instances_val2014.json"])
@@ -188,8 +192,93 @@ def test_instance_files_refuse_what_they_cannot_answer(instances_file, tmp_path)
     bad.write_text(json.dumps({"images": []}))
     with pytest.raises(ValueError, match="bad.json: not a COCO instances file"):
         load_instance_objects([bad])
-    with pytest.raises(ValueError, match="no instance annotations"):
-        chair({"1": "a dog"}, {"1": ["a dog"]}, objects={})
+
+
+def _instances(tmp_path, name="edited.json", **edits):
+    data = json.loads(json.dumps(INSTANCES))
+    for key, extra in edits.items():
+        data[key] = data[key] + extra
+    p = tmp_path / name
+    p.write_text(json.dumps(data))
+    return p
+
+
+def test_an_image_no_instances_file_has_is_scored_against_its_references(instances_file):
+    """The original CHAIR's rule (its objects start from the captions): image "7" (COCO id 107, in no
+    file) keeps its references' objects; counted and said, not refused."""
+    ids = {**COCO_IDS, "7": 107}
+    objects = load_instance_objects([instances_file], ids)
+    assert "7" not in objects and objects["6"] == set()
+    preds = {**{k: EXAMPLE[k][0] for k in COCO_IDS}, "7": "a dog and a cat."}
+    refs = {**{k: EXAMPLE[k][1] for k in COCO_IDS}, "7": ["a dog on a sofa."]}
+    r = chair(preds, refs, objects=objects)
+    assert r.per_image["7"] == {"mentioned": ["dog", "cat"], "hallucinated": ["cat"], "objects": ["couch", "dog"]}
+    assert (r.n_without_instances, r.to_dict()["n_without_instances"]) == (1, 1)
+    assert (r.n_mentioned, r.n_hallucinated) == (8, 2)  # the hand-checked three plus image 7's
+
+
+def test_a_string_image_id_is_ignored_as_the_original_chair_ignores_it(tmp_path, caplog):
+    p = _instances(tmp_path, annotations=[{"id": 8, "image_id": "103", "category_id": 18, "bbox": [0, 0, 5, 5]}])
+    with caplog.at_level("WARNING", logger="adjcap.metrics.chair"):
+        objects = load_instance_objects([p], COCO_IDS)
+    assert objects["6"] == set()  # image 103 keeps no dog: "103" is not the integer 103
+    said = [r.getMessage() for r in caplog.records if r.name == "adjcap.metrics.chair"]
+    assert len(said) == 1 and f"{p}: 1 annotation(s) with a non-integer image_id ignored" in said[0]
+
+
+@pytest.mark.parametrize("edits, words", [
+    (dict(annotations=[{"id": 8, "image_id": 103, "category_id": 12}]),
+     "annotations[7] (image 103) has category_id 12, which no category of the file has (its category ids: 1..76)"),
+    (dict(annotations=[{"id": 8, "image_id": 103, "category_id": "18"}]), "has category_id '18', which no category"),
+    (dict(categories=[{"id": 91, "name": "hair brush"}], annotations=[{"id": 8, "image_id": 103, "category_id": 91}]),
+     "categories 'hair brush' (1 in all) are not CHAIR classes"),
+    (dict(categories=[{"id": "92", "name": "dog"}]), "categories[6] is not {\"id\": integer"),
+])
+def test_a_bad_instances_file_is_one_line_naming_it(tmp_path, edits, words):
+    p = _instances(tmp_path, **edits)
+    with pytest.raises(ValueError) as e:
+        load_instance_objects([p], COCO_IDS)
+    assert str(e.value).startswith(f"{p}: ") and words in str(e.value) and "\n" not in str(e.value), str(e.value)
+    assert "KeyError" not in str(e.value)
+
+
+def test_evaluate_predictions_honours_eval_chair_and_checks_the_files_before_any_metric(tmp_path, monkeypatch):
+    """`adjcap evaluate --predictions P --references R --set eval.chair=instances`: the instance objects
+    reach the evaluator; a bad instances file is refused (naming it) before any metric runs."""
+    from typer.testing import CliRunner
+
+    from adjcap.cli import app
+    from adjcap.metrics import evaluate as ev_mod
+
+    refs = tmp_path / "captions.json"
+    refs.write_text(json.dumps({
+        "images": [{"id": c, "file_name": f"COCO_val2014_{c:012d}.jpg"} for c in COCO_IDS.values()],
+        "annotations": [{"id": k, "image_id": c, "caption": cap} for k, (i, c) in enumerate(COCO_IDS.items())
+                        for cap in EXAMPLE[i][1]]}))
+    preds = tmp_path / "preds.json"
+    preds.write_text(json.dumps([{"image_id": c, "caption": EXAMPLE[i][0]} for i, c in COCO_IDS.items()]))
+    seen = {}
+
+    class Recorder(ev_mod.Evaluator):
+        def score(self, predictions, **kw):
+            seen.update(objects=self.instance_objects, ground_truth=self.chair_ground_truth)
+            raise RuntimeError("recorded")
+
+    monkeypatch.setattr(ev_mod, "Evaluator", Recorder)
+
+    def run(instances):
+        return CliRunner().invoke(app, ["evaluate", "--predictions", str(preds), "--references", str(refs),
+                                        "--no-spice", "--set", "eval.chair=instances",
+                                        "--set", f"eval.coco_instances=[\"{instances}\"]"])
+
+    res = run(_instances(tmp_path, "good.json"))
+    assert seen["ground_truth"] == "instances", res.output
+    assert seen["objects"] == {f"COCO_val2014_{c:012d}.jpg": o for c, o in
+                               ((101, {"person", "motorcycle", "dog"}), (102, {"cat", "laptop"}), (103, set()))}
+    seen.clear()
+    bad = _instances(tmp_path, "bad.json", annotations=[{"id": 8, "image_id": 103, "category_id": 12}])
+    res = run(bad)
+    assert res.exit_code != 0 and not seen and f"{bad}: annotations[7]" in res.output, res.output
 
 
 def test_eval_chair_both_scores_the_proxy_and_the_instance_chair(instances_file, tmp_path):
@@ -227,3 +316,19 @@ def test_prepare_for_knows_the_instances_only_when_coco_scores_instance_chair():
     assert chair_needs() == []
     assert chair_needs("eval.chair=both") == [("COCO instances instances_val2014.json (instance CHAIR)", "coco-instances")]
     assert chair_needs("eval.chair=instances", "benchmark=nocaps") == []
+
+
+def test_a_job_learns_of_a_bad_instances_file_before_ray(tmp_path):
+    from adjcap.config import load_config
+    from adjcap.jobs import preflight
+
+    bad = _instances(tmp_path, "bad.json", annotations=[{"id": 8, "image_id": 103, "category_id": 12}])
+
+    def why(*sets):
+        return preflight.instances_problem(load_config("headline", list(sets)).resolved())
+
+    assert why("eval.chair=both", f"eval.coco_instances=[\"{bad}\"]").startswith(f"{bad}: annotations[7]")
+    assert why("eval.chair=instances", f"eval.coco_instances=[\"{tmp_path}/gone.json\"]").endswith(
+        "fetches instances_{train,val}2014.json")
+    assert why("eval.chair=both", f"eval.coco_instances=[\"{_instances(tmp_path)}\"]") is None
+    assert why(f"eval.coco_instances=[\"{bad}\"]") is None  # the proxy reads no instances file

@@ -94,7 +94,7 @@ def test_on_demo_world_keeps_the_method_and_swaps_the_models(demo_cfg):
         assert a == b, key
     swap = on_demo_world(load_config("output-scorer-vitb32"))
     assert swap.scorer.encoder == load_config("demo").captioner.clip  # loaded apart from stage 1's encoder
-    # the gpu preset's speed settings run on the demo's models (its parity: BENCHMARKS.md)
+    # the gpu preset's speed settings run on the demo's models (its parity: docs/benchmarks/real-size.md)
     gpu = on_demo_world(load_config("gpu"))
     assert gpu.precision == "bf16" and gpu.tf32 and gpu.verifier.attention == "sdpa" and gpu.verifier.text_token_budget
     assert gpu.retrieval.encoder.model == "adjcap-tiny-clip-large"

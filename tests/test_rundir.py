@@ -182,3 +182,28 @@ def test_reading_a_run_back_config_settings_and_metrics(tmp_path):
     run.metrics_path("broken").write_text("{")
     with pytest.raises(ValueError, match=r"broken\.json: not valid JSON"):
         run.metrics_docs()
+
+
+def test_a_run_inside_rays_unpacked_working_directory_is_refused(tmp_path, monkeypatch):
+    """`ray job submit --working-dir .` runs the driver in .../runtime_resources/working_dir_files/
+    _ray_pkg_<hash>, which Ray deletes: a relative paths.runs_dir would put the run there, lost to any
+    resume. Refused in one line before anything is written; $ADJCAP_RUNS (the images set it) moves it."""
+    from adjcap.run_plan import default_run_dir
+
+    pkg = tmp_path / "session_1" / "runtime_resources" / "working_dir_files" / "_ray_pkg_0a1b2c3d"
+    pkg.mkdir(parents=True)
+    monkeypatch.chdir(pkg)
+    monkeypatch.delenv("ADJCAP_RUNS", raising=False)
+    run = default_run_dir(load_config("demo"))  # paths.runs_dir "runs": relative, inside the package
+    with pytest.raises(RunDirError) as got:
+        with run.lock():
+            pass
+    line = str(got.value)
+    assert "\n" not in line and f"inside Ray's unpacked working directory {pkg}" in line and "ADJCAP_RUNS" in line
+    assert not (pkg / "runs").exists()
+    shared = tmp_path / "shared" / "runs"
+    monkeypatch.setenv("ADJCAP_RUNS", str(shared))
+    run = default_run_dir(load_config("demo"))
+    with run.lock():
+        pass
+    assert run.path.parent == shared and run.path.is_dir()

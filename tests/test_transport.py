@@ -237,3 +237,39 @@ def test_decode_tasks_and_the_stage_cache_load_no_torch():
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True).stdout
     assert out.strip() == "[]", out
+
+
+def test_split_pools_carry_only_what_later_pools_read_and_the_features_are_unchanged(world, reference):
+    """Each split pool's output (jobs.extract_features.pools: ``keep``) carries the pixels of the geometries
+    the pools after it read and the verifier's encoding only to a pool that reads it; the features are the
+    same as before and the hops carry fewer bytes than with everything kept."""
+    from adjcap.actors.decode import decode_batch
+    from adjcap.jobs.extract_features import decode_pixels, pools
+
+    cfg, m, recs = world
+    recs = recs[:3]
+    split = cfg.model_copy(update={"ray": cfg.ray.model_copy(update={"pools": "split"})})
+    runs = pools(split)
+    assert [r.meters for r in runs] == [("retrieve",), ("verify",), ("caption",), ("score",)]
+    preps, keep_bytes = decode_pixels(split, runs)
+    records = transport.records({"image_id": [r.image_id for r in recs], "benchmark": [cfg.benchmark] * len(recs),
+                                 "split": [r.split for r in recs], "domain": [r.domain for r in recs],
+                                 "error": [None] * len(recs), "image_path": [r.image_path for r in recs]})
+    states = unpack(decode_batch(records, None, preps, keep_bytes))
+    models = vars(m)
+    for i, run in enumerate(runs):
+        for name in run.meters:
+            registry.stage(name).run(states, models, split)
+        keep, last = run.kwargs["keep"], run.kwargs["last"]
+        later = {k for r in runs[i + 1:] for k in
+                 (p.key for p in registry.pixel_preps(split, r.meters)[0])}
+        assert keep.pixels == later and not keep.encoded
+        assert keep.memo == any(n == "score" for r in runs[i + 1:] for n in r.meters)
+        full = pack(states)
+        states = unpack(pa.ipc.open_stream(_ipc(pack(states, drop_image=last, keep=keep))).read_all())
+        assert all(set(s.pixels) == (set() if last else later) for s in states)
+        if not last:
+            assert pack(states, keep=keep).nbytes <= full.nbytes
+    assert all(s.ok for s in states), [s.error for s in states]
+    for a, b in zip(reference, _stored(states)):
+        assert _same(a, b), a["image_id"]

@@ -23,7 +23,7 @@ _PUNCT = frozenset(string.punctuation + " ")
 
 
 def normalize_caption(s: str) -> str:
-    """IFCap's datastore normalisation (spec/ifcap.md 3.1): strip; lower-case a caption that is entirely
+    """IFCap's datastore normalisation (its official code's): strip; lower-case a caption that is entirely
     upper-case (``str.isupper``); upper-case the first character; append ``.`` when the last character
     is not punctuation (the set includes space). An empty caption stays empty."""
     s = s.strip()

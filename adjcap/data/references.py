@@ -56,6 +56,7 @@ class References:
     aliases: dict[str, str] = field(default_factory=dict)
     source: str = ""
     fmt: str = ""
+    coco_ids: dict[str, int] = field(default_factory=dict)  # image id -> COCO image id, where known
 
     def __len__(self) -> int:
         return len(self.captions)
@@ -99,6 +100,7 @@ class References:
             captions={i: self.captions[i] for i in keep},
             domains={i: self.domains[i] for i in keep} if self.domains is not None else None,
             aliases={a: c for a, c in self.aliases.items() if c in ks},
+            coco_ids={i: c for i, c in self.coco_ids.items() if i in ks},
             source=self.source,
             fmt=self.fmt,
         )
@@ -136,7 +138,8 @@ def build_references(entries: list[Entry], refs: list[Any], source: str, fmt: st
             elif prev != e.image_id:
                 ambiguous.add(a)
                 del aliases[a]
-    return References(captions=captions, domains=domains, aliases=aliases, source=source, fmt=fmt)
+    coco_ids = {e.image_id: int(e.coco_id) for e in entries if e.coco_id is not None}
+    return References(captions=captions, domains=domains, aliases=aliases, source=source, fmt=fmt, coco_ids=coco_ids)
 
 
 def read_references(path: str | Path, fmt: str = "auto", split: str | None = None) -> References:

@@ -1,7 +1,7 @@
 """How good the tiny world's models are, measured on held-out rendered scenes (pool "clip-heldout",
 never trained on, never a benchmark split), and what a caption gets wrong about its scene.
 
-These are the numbers of the demo's build log (``{cache}/tiny/QUALITY.json``, BENCHMARKS.md) and of
+These are the numbers of the demo's build log (``{cache}/tiny/QUALITY.json``, docs/guide/demo.md) and of
 the tests that guard the demo's effect stage by stage: the judges (retrieval CLIP, BLIP ITM) must be
 good at this world, the text-only captioner must make the paper's errors (wrong colours, objects,
 counts), and only then can adjudication beat the LM-only pick.

@@ -18,7 +18,7 @@ of CPU, two minutes on two cores) make the demo show the method working:
   :meth:`adjcap.models.blip.Verifier.tokenize` (LAVIS cleaning, [ENC] first token), plus BLIP's
   image-text contrastive loss on its unimodal features (without it the ITM head of a randomly
   initialised model stays at chance for hundreds of steps);
-* IFCap, text-only as in IFCap (spec/ifcap.md section 7, simplified): input x = norm(norm(t) + eps),
+* IFCap, text-only as in IFCap (the IFCap paper's training, simplified): input x = norm(norm(t) + eps),
   eps ~ N(0, 0.016 I), t the captioner CLIP's text feature of the caption; r = raw CLIP text features
   of the caption's 5 nearest other corpus captions (normalised text cosine); hard prompt from the
   caption's own nouns (demo lexicon), each dropped with p = 0.4; sequence [soft 10 ; hard ; caption]

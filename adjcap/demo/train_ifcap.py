@@ -1,4 +1,4 @@
-"""Text-only training of the tiny IFCap, as IFCap is trained (spec/ifcap.md section 7, simplified);
+"""Text-only training of the tiny IFCap, as IFCap is trained (the IFCap paper's training, simplified);
 see :mod:`adjcap.demo.train`."""
 
 from __future__ import annotations

@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 
 from adjcap import entities as ent
-from adjcap.io import atomic_write_bytes, file_content_id
+from adjcap.content_ids import file_content_id
+from adjcap.io import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 

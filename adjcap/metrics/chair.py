@@ -28,11 +28,23 @@ Ground truth, the one rule in which the two CHAIRs differ:
 Every mention counts (a caption that says "dog" twice has two mentions), as in the
 original CHAIR: CHAIR_i = hallucinated mentions / mentions, CHAIR_s = captions with at least one
 hallucinated mention / captions, both in percent.
+
+Instance files, as the original CHAIR reads them, and where adjcap says more
+(:func:`load_instance_objects`, all before any metric runs):
+
+* an annotation whose ``image_id`` is not an integer (``"391895"``) is ignored, as the original
+  ignores it (its image table is keyed by the integer ids of the caption file); the count is logged;
+* an image of the run absent from every instances file is scored against its references alone, as
+  the original scores it (its objects start from the captions); the count is a note in the metrics.
+  A run none of whose images is in the files is refused (the wrong file, e.g. train for val);
+* an annotation whose ``category_id`` no category of the file has, and a category name outside the
+  CHAIR synonym lists, are refused in one line naming the file (the original stops with a KeyError).
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import re
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +52,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+log = logging.getLogger(__name__)
 # ---------------------------------------------------------------------------------------------
 # vocabulary
 # ---------------------------------------------------------------------------------------------
@@ -249,6 +262,14 @@ class ChairResult:
     per_class: dict[str, dict[str, int]] = field(default_factory=dict)  # class -> mentioned, hallucinated
     per_image: dict[Hashable, dict[str, list[str]]] = field(default_factory=dict)
     ground_truth: str = "proxy"  # a key of GROUND_TRUTHS
+    n_without_instances: int = 0  # instances: images no instances file has (scored against their references)
+    n_objects: int = 0  # ground-truth object classes, summed over images
+    n_recalled: int = 0  # of them, the classes the caption mentions
+
+    @property
+    def recall(self) -> float:
+        """% of the images' ground-truth object classes the captions mention (the LVLM protocol's recall)."""
+        return 100.0 * self.n_recalled / self.n_objects if self.n_objects else 0.0
 
     def to_dict(self, per_image: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -260,7 +281,12 @@ class ChairResult:
             "n_hallucinated": self.n_hallucinated,
             "per_class": self.per_class,
             "ground_truth": self.ground_truth,
+            "recall": self.recall,
+            "n_objects": self.n_objects,
+            "n_recalled": self.n_recalled,
         }
+        if self.ground_truth == "instances":
+            out["n_without_instances"] = self.n_without_instances
         if per_image:
             out["per_image"] = {str(k): v for k, v in self.per_image.items()}
         return out
@@ -281,24 +307,23 @@ def chair(
     """CHAIR of {id: caption} against {id: [references]}; ``objects`` ({id: COCO class names}, e.g. from
     :func:`load_instance_objects`) adds the annotated objects to each image's ground truth (the
     original CHAIR); without it the ground truth is the references alone (the paper's proxy). An
-    image missing from ``objects`` is refused: its instance ground truth is unknown."""
+    image missing from ``objects`` is scored against its references alone, as the original CHAIR
+    scores an image its instances files lack (counted: ``n_without_instances``)."""
     from adjcap.metrics.coco import align
 
     preds, refs, _ = align(predictions, references, on_missing)  # type: ignore[arg-type]
     m = matcher or ChairMatcher()
+    without = 0
     if objects is not None:
-        missing = [i for i in preds if i not in objects]
-        if missing:
-            raise ValueError(f"{len(missing)} image(s) have no instance annotations (e.g. {missing[0]!r}): "
-                             "instance CHAIR needs every image's COCO instances")
+        without = sum(i not in objects for i in preds)
         unknown = set().union(*objects.values()) - set(m.vocab.classes) if objects else set()
         if unknown:
             raise ValueError(f"instance classes not in the CHAIR vocabulary: {sorted(unknown)[:5]}")
     per_class: dict[str, dict[str, int]] = {}
     per_image: dict[Hashable, dict[str, list[str]]] = {}
-    n_ment = n_hall = n_caps_hall = 0
+    n_ment = n_hall = n_caps_hall = n_obj = n_rec = 0
     for i, cap in preds.items():
-        truth: set[str] = set(objects[i]) if objects is not None else set()
+        truth: set[str] = set(objects.get(i, ())) if objects is not None else set()
         for r in refs[i]:
             truth |= m.classes(r)
         mentions = m.mentions(cap)
@@ -311,7 +336,9 @@ def chair(
         n_ment += len(mentions)
         n_hall += len(hall)
         n_caps_hall += bool(hall)
-        per_image[i] = {"mentioned": [x.cls for x in mentions], "hallucinated": hall}
+        n_obj += len(truth)
+        n_rec += len(truth & {x.cls for x in mentions})  # each ground-truth class once, however often named
+        per_image[i] = {"mentioned": [x.cls for x in mentions], "hallucinated": hall, "objects": sorted(truth)}
     n = len(preds)
     order = {c: k for k, c in enumerate(m.vocab.classes)}
     per_class = dict(sorted(per_class.items(), key=lambda kv: order.get(kv[0], len(order))))
@@ -325,6 +352,9 @@ def chair(
         per_class=per_class,
         per_image=per_image,
         ground_truth="proxy" if objects is None else "instances",
+        n_without_instances=without,
+        n_objects=n_obj,
+        n_recalled=n_rec,
     )
 
 
@@ -339,34 +369,83 @@ def chair_proxy(
     return chair(predictions, references, matcher=matcher, on_missing=on_missing)
 
 
-def load_instance_objects(paths: Sequence[str | Path], image_ids: Mapping[Hashable, int] | None = None,
-                          ) -> dict[Hashable, set[str]]:
-    """COCO instance annotation files (``instances_val2014.json``, ...) -> {image: its object classes}.
-    ``image_ids`` maps the caller's image ids to COCO image ids (the benchmark's ``coco_id``); without
-    it the keys are the COCO ids. Every image of the files is present, an image without annotations
-    with an empty set; ``image_ids`` naming an image none of the files has is refused in one line."""
+def _is_id(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _read_instances(path: Path, vocabulary: ChairVocabulary) -> dict[int, set[str]]:
+    """One COCO instances file -> {integer image id: its CHAIR classes}; one-line ValueError naming
+    the file for what the original CHAIR could not read either."""
     import json
 
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: no such COCO instances file; `adjcap prepare coco-instances` "
+                                "fetches instances_{train,val}2014.json") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not a COCO instances file (not JSON: {str(e).splitlines()[0]})") from None
+    shape = ("expected 'images' (id), 'annotations' (image_id, category_id) and 'categories' (id, name)")
+    if not isinstance(data, dict) or not all(isinstance(data.get(k), list) for k in ("images", "annotations",
+                                                                                     "categories")):
+        raise ValueError(f"{path}: not a COCO instances file; {shape}")
+    names: dict[int, str] = {}
+    for k, c in enumerate(data["categories"]):
+        if not isinstance(c, dict) or not _is_id(c.get("id")) or not isinstance(c.get("name"), str):
+            raise ValueError(f"{path}: categories[{k}] is not {{\"id\": integer, \"name\": string}} ({str(c)[:60]})")
+        names[c["id"]] = c["name"]
+    classes: dict[int, set[str]] = {}
+    for im in data["images"]:
+        if isinstance(im, dict) and _is_id(im.get("id")):
+            classes.setdefault(im["id"], set())
+    ignored = 0
+    used: set[int] = set()
+    for k, a in enumerate(data["annotations"]):
+        if not isinstance(a, dict) or "image_id" not in a or "category_id" not in a:
+            raise ValueError(f"{path}: annotations[{k}] has no image_id and category_id; {shape}")
+        if not _is_id(a["image_id"]):  # the original CHAIR ignores it (no such integer image)
+            ignored += 1
+            continue
+        cid = a["category_id"]
+        if not _is_id(cid) or cid not in names:
+            known = f"{min(names)}..{max(names)}" if names else "none"
+            raise ValueError(f"{path}: annotations[{k}] (image {a['image_id']}) has category_id {cid!r}, which no "
+                             f"category of the file has (its category ids: {known}); use the COCO instances file "
+                             "as released")
+        used.add(cid)
+        classes.setdefault(a["image_id"], set()).add(names[cid])
+    outside = sorted({names[c] for c in used} - set(vocabulary.classes))
+    if outside:
+        from adjcap.data.records import offenders
+
+        raise ValueError(f"{path}: categories {offenders(outside, first=3)} are not CHAIR classes (the synonym "
+                         "lists of adjcap/metrics/resources/coco_synonyms.txt name COCO's 80); use the COCO 2014 "
+                         "instances files")
+    if ignored:
+        log.warning(f"{path}: {ignored} annotation(s) with a non-integer image_id ignored, as the original CHAIR "
+                    "ignores them")
+    return classes
+
+
+def load_instance_objects(paths: Sequence[str | Path], image_ids: Mapping[Hashable, int] | None = None,
+                          vocabulary: ChairVocabulary | None = None) -> dict[Hashable, set[str]]:
+    """COCO instance annotation files (``instances_val2014.json``, ...) -> {image: its object classes},
+    every file checked whole before any metric runs (the module's doc lists the rules). ``image_ids``
+    maps the caller's image ids to COCO image ids (the benchmark's ``coco_id``); without it the keys
+    are the COCO ids. Every image of the files is present, an image without annotations with an empty
+    set; an image of ``image_ids`` no file has is left out (:func:`chair` scores it against its
+    references, as the original CHAIR does), unless none is there: then the files are refused."""
+    vocab = vocabulary or load_vocabulary()
     classes: dict[int, set[str]] = {}
     for path in paths:
-        path = Path(path)
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            names = {int(c["id"]): str(c["name"]) for c in data["categories"]}
-            for im in data["images"]:
-                classes.setdefault(int(im["id"]), set())
-            for a in data["annotations"]:
-                classes.setdefault(int(a["image_id"]), set()).add(names[int(a["category_id"])])
-        except FileNotFoundError:
-            raise FileNotFoundError(f"{path}: no such COCO instances file; `adjcap prepare coco-instances` "
-                                    "fetches instances_{train,val}2014.json") from None
-        except (ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"{path}: not a COCO instances file ({type(e).__name__}: {e}); expected "
-                             "'images', 'annotations' (image_id, category_id) and 'categories' (id, name)") from None
+        for i, c in _read_instances(Path(path), vocab).items():
+            classes.setdefault(i, set()).update(c)
     if image_ids is None:
         return dict(classes)
-    absent = [i for i, c in image_ids.items() if int(c) not in classes]
-    if absent:
-        raise ValueError(f"{len(absent)} image(s) are not in {', '.join(str(p) for p in paths)} "
-                         f"(e.g. {absent[0]!r}, COCO id {image_ids[absent[0]]})")
-    return {i: classes[int(c)] for i, c in image_ids.items()}
+    present = {i: classes[int(c)] for i, c in image_ids.items() if int(c) in classes}
+    if image_ids and not present:
+        first = next(iter(image_ids))
+        raise ValueError(f"none of the {len(image_ids)} images is in {', '.join(str(p) for p in paths)} (e.g. "
+                         f"{first!r}, COCO id {image_ids[first]}): the wrong instances file? (eval.coco_instances; "
+                         "the Karpathy splits' images are all in instances_val2014.json)")
+    return present

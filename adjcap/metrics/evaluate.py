@@ -174,6 +174,10 @@ class Evaluator:
             out["domains"] = {d: r.to_dict(per_image=False)["scores"] | {"n_images": r.n_images} for d, r in parts.items()}
             out["domains"]["overall"] = dict(out["metrics"]) | {"n_images": overall.n_images}
         out["per_image"] = overall.to_dict(per_image=True)["per_image"]
+        words = [len(str(c).split()) for c in preds.values()]
+        out["length"] = {"mean_words": sum(words) / len(words) if words else 0.0}
+        for i, c in preds.items():
+            out["per_image"].setdefault(str(i), {})["words"] = len(str(c).split())
         if self.chair is not None:
             instances = self.instance_objects is not None and self.chair_ground_truth in ("instances", "both")
             first = (chair(preds, refs, objects=self.instance_objects, matcher=self.chair)
@@ -183,8 +187,15 @@ class Evaluator:
                 row = out["per_image"].setdefault(str(i), {})
                 row["CHAIR_mentioned"] = len(d["mentioned"])
                 row["CHAIR_hallucinated"] = len(d["hallucinated"])
+                row["CHAIR_objects"] = len(d["objects"])
+                row["CHAIR_recalled"] = len(set(d["objects"]) & set(d["mentioned"]))
             if instances and self.chair_ground_truth == "both":
                 out["chair_instances"] = chair(preds, refs, objects=self.instance_objects, matcher=self.chair).to_dict()
+            inst = out.get("chair_instances") or (out["chair"] if self.chair_ground_truth == "instances" else {})
+            if inst.get("n_without_instances"):
+                out["notes"]["chair_instances_absent"] = (
+                    f"{inst['n_without_instances']} of {inst['n_captions']} images are in no instances file: scored "
+                    "against their references alone, as the original CHAIR scores them")
         return out
 
 
@@ -311,10 +322,17 @@ def evaluate_predictions(
     preds, _, unresolved = resolve_predictions(entries, refs.resolve, on_missing=on_missing, source=src)
     if not preds:
         raise MetricError(f"{src}: no predicted image id matches the references in {refs_path}")
+    # eval.chair of ``spice_cfg`` (Config.eval): the instances files checked before any metric runs
+    ground_truth = getattr(spice_cfg, "chair", "proxy") if spice_cfg is not None else "proxy"
+    objects, chair_note = instance_objects_for(refs.captions, refs.coco_ids, ground_truth,
+                                               getattr(spice_cfg, "coco_instances", ()))
     # SPICE's parse cache: tmp_dir if given, else the private $ADJCAP_CACHE/spice
     spice = _spice_from(spice_cfg, Path(tmp_dir) if tmp_dir is not None else None)
-    with Evaluator(refs.captions, refs.domains, spice=spice, java=java, tmp_dir=tmp_dir, on_missing=on_missing) as ev:
+    with Evaluator(refs.captions, refs.domains, spice=spice, java=java, tmp_dir=tmp_dir, on_missing=on_missing,
+                   instance_objects=objects, chair_ground_truth=ground_truth) as ev:
         result = ev.score(preds)
+    if chair_note:
+        result["notes"]["chair_instances"] = chair_note
     if unresolved:
         result["notes"]["unresolved_predictions"] = (
             f"{len(unresolved)} predictions matched no reference image and were not scored"
@@ -364,6 +382,14 @@ def instance_ground_truth(run: RunDir, references: Mapping[str, Any], ground_tru
     coco: dict[str, int] = {}
     for b, s in run.reference_splits():
         coco.update(run.coco_ids(b, s))
+    return instance_objects_for(references, coco, ground_truth, files)
+
+
+def instance_objects_for(references: Mapping[str, Any], coco: Mapping[str, int], ground_truth: str,
+                         files: Sequence[str | Path]) -> tuple[dict[str, set[str]] | None, str | None]:
+    """:func:`instance_ground_truth` for references whose COCO ids are ``coco`` ({image id: COCO id})."""
+    if ground_truth == "proxy":
+        return None, None
     absent = [i for i in references if str(i) not in coco]
     if absent:
         return None, (f"instance CHAIR not available: {len(absent)} of {len(references)} images have no COCO id "

@@ -48,7 +48,7 @@ BLIP_PARAMS: dict[str, int] = {
 # the Q-Former vocabulary with [DEC], 30,523, as the ITM checkpoint's config)
 BLIP2_PARAMS: dict[str, int] = {"Salesforce/blip2-itm-vit-g": 1_172_032_258}
 # IFCap without its CLIP: GPT-2 small (124,439,808) + the mapping network (46,864,128; both counted on
-# the meta device from the released layout, spec/ifcap.md); the checkpoint file's size is used when on disk
+# the meta device from the released layout, as IFCap's code builds it); the checkpoint file's size is used when on disk
 IFCAP_PARAMS = 124_439_808 + 46_864_128
 
 # hf captioners (BlipForConditionalGeneration, ViT-L/16 or ViT-B/16 at 384 px + the BERT-base decoder) and
@@ -56,6 +56,14 @@ IFCAP_PARAMS = 124_439_808 + 46_864_128
 HF_CAPTIONER_PARAMS: dict[str, int] = {
     "Salesforce/blip-image-captioning-large": 446_290_492,
     "Salesforce/blip-image-captioning-base": 223_971_644,
+}
+# vision-language captioners (captioner.family = vlm), counted on the meta device from the checkpoints'
+# config shapes (LLaVA-1.5 7B: CLIP ViT-L/14-336 + Vicuna-7B; Qwen2.5-VL 3B with tied embeddings;
+# SmolVLM-256M: SigLIP-B/16-512 + SmolLM2-135M): the hub's 7.06B / 3.75B / 256M; loaded in bf16 on GPUs
+VLM_PARAMS: dict[str, int] = {
+    "llava-hf/llava-1.5-7b-hf": 7_063_427_072,
+    "Qwen/Qwen2.5-VL-3B-Instruct": 3_754_622_976,
+    "HuggingFaceTB/SmolVLM-256M-Instruct": 256_484_928,
 }
 CAUSAL_LM_PARAMS: dict[str, int] = {"gpt2": 124_439_808, "openai-community/gpt2": 124_439_808}
 
@@ -150,6 +158,12 @@ def hf_captioner_params(model: str) -> int:
     """A transformers captioner (``captioner.hf.model``): its local weights, else the table (0: unknown)."""
     local = local_params(model)
     return local if local is not None else HF_CAPTIONER_PARAMS.get(model, 0)
+
+
+def vlm_params(model: str) -> int:
+    """A vision-language captioner (``captioner.vlm.model``): its local weights, else the table (0: unknown)."""
+    local = local_params(model)
+    return local if local is not None else VLM_PARAMS.get(model, 0)
 
 
 def causal_lm_params(model: str) -> int:

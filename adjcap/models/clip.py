@@ -34,7 +34,8 @@ from open_clip.transformer import text_global_pool
 from PIL import Image
 
 from adjcap.config import EncoderCfg
-from adjcap.models.pixels import Pixels, count, input_batches
+from adjcap.models.clip_tokens import fast_tokenizer
+from adjcap.models.pixels import Pixels, count, input_batches, to_device
 from adjcap.pixel_prep import PixelPrep
 from adjcap.models.precision import dtype_name, pick_device, pick_dtype
 from adjcap.models.sources import (PREPROCESS_KEYS, ModelUnavailableError, clip_source, tag_preprocess,
@@ -304,7 +305,7 @@ class DualEncoder:
             width = int(lengths[idx].max())
             self.text_token_counts[0] += int(tokens.lengths[idx].sum())
             self.text_token_counts[1] += width * len(idx)
-            ids = tokens.ids[idx, :width].to(self.device, non_blocking=True)
+            ids = to_device(tokens.ids[idx, :width], self.device)
             feats = self._text_forward(ids) if do_trim else self.model.encode_text(ids)
             feats = feats.float()
             out[idx.to(self.device)] = F.normalize(feats, dim=-1) if normalize else feats
@@ -345,8 +346,9 @@ class DualEncoder:
 
 @functools.lru_cache(maxsize=8)
 def _tokenizer(model: str) -> Any:
-    """open_clip's tokenizer of an architecture name or a ``local-dir:`` / ``hf-hub:`` source."""
-    return open_clip.get_tokenizer(model)
+    """open_clip's tokenizer of an architecture name or a ``local-dir:`` / ``hf-hub:`` source, made fast with
+    the same ids (:mod:`adjcap.models.clip_tokens`)."""
+    return fast_tokenizer(open_clip.get_tokenizer(model))
 
 
 def load_dual_encoder(

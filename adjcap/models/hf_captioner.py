@@ -5,13 +5,19 @@ of the same model over the beam's tokens, checked against the beam search's own 
 Three classes (their model type in ``config.json``): ``BlipForConditionalGeneration`` ("blip"),
 ``GitForCausalLM`` ("git") and ``VisionEncoderDecoderModel`` ("vision-encoder-decoder"). The beam is
 ``generate(num_beams=N, num_return_sequences=N, length_penalty=1)`` with the model's logits processors
-off (no repetition penalty, no forced lengths), so a beam's score is its mean log-prob, as IFCap's, and
-the N candidates come in the model's own order (``beam_rank`` 0 = highest mean). Log-probs count the
-generated tokens and the stop token, not the start nor the prompt.
+off (:data:`NEUTRAL`: no repetition penalty, no forced or suppressed tokens, no forced lengths), so a
+beam's score is its mean log-prob, as IFCap's, and the N candidates come in the model's own order
+(``beam_rank`` 0 = highest mean). A checkpoint whose saved generation config sets any of these
+otherwise (BLIP's hub checkpoints save ``num_beams``/``max_length``; others a length penalty, early
+stopping, ``no_repeat_ngram_size``) has them overridden, said in one log line at load; the beam's width
+and length are ``captioner.beam_width`` / ``captioner.max_len``. Log-probs count the generated tokens
+and the stop token, not the start nor the prompt; a beam that reaches ``max_len`` counts every token it
+emitted, a pad token too (as ``generate``'s score does).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -22,12 +28,22 @@ from adjcap.decoding import Candidate
 from adjcap.models.precision import pick_device, pick_dtype
 from adjcap.models.sources import ModelUnavailableError, hub_or_dir
 
+log = logging.getLogger(__name__)
+
 # model type (config.json) -> transformers class name
 CLASSES = {"blip": "BlipForConditionalGeneration", "git": "GitForCausalLM",
            "vision-encoder-decoder": "VisionEncoderDecoderModel"}
 # the beam search's mean log-prob against the teacher-forced one: more apart is a model whose generate
 # scores something else (a logits processor this module does not know): refused, not reported wrong
 SCORE_TOLERANCE = {torch.float32: 1e-3, torch.float16: 3e-2, torch.bfloat16: 3e-2}  # relative, by precision
+# generation settings that change which beams come out or how they are scored, at the values that make
+# a beam's score its mean log-prob under the model: given to every generate call, whatever the checkpoint saved
+NEUTRAL: dict[str, Any] = dict(
+    length_penalty=1.0, early_stopping=False, do_sample=False, repetition_penalty=1.0, no_repeat_ngram_size=0,
+    encoder_repetition_penalty=1.0, encoder_no_repeat_ngram_size=0, min_length=0, min_new_tokens=None,
+    bad_words_ids=None, force_words_ids=None, forced_bos_token_id=None, forced_eos_token_id=None,
+    suppress_tokens=None, begin_suppress_tokens=None, sequence_bias=None, num_beam_groups=1, diversity_penalty=0.0,
+    exponential_decay_length_penalty=None, renormalize_logits=False)
 
 
 class BeamScoreMismatch(RuntimeError):
@@ -52,9 +68,7 @@ class HfCaptioner:
             return [self.model.config.text_config.bos_token_id, *words]
         if self.kind == "git":
             return [self.model.config.bos_token_id, *words]
-        return [self.model.generation_config.decoder_start_token_id
-                or self.model.config.decoder.decoder_start_token_id or self.model.config.decoder_start_token_id,
-                *words]
+        return [decoder_start_id(self.model), *words]
 
     def eos_ids(self) -> set[int]:
         if self.kind == "blip":
@@ -79,9 +93,8 @@ class HfCaptioner:
         b = pixel_values.shape[0]
         ids = torch.tensor([start] * b, dtype=torch.long, device=self.device)
         kw: dict[str, Any] = dict(num_beams=beam_width, num_return_sequences=beam_width, max_new_tokens=max_len,
-                                  length_penalty=1.0, do_sample=False, early_stopping=False, output_scores=True,
-                                  return_dict_in_generate=True, repetition_penalty=1.0, no_repeat_ngram_size=0,
-                                  min_length=0)
+                                  output_scores=True, return_dict_in_generate=True,
+                                  **{k: v for k, v in NEUTRAL.items() if hasattr(self.model.generation_config, k)})
         if self.kind == "blip":  # its generate puts its start token first and drops the last token
             ids = torch.cat([ids, ids[:, :1]], dim=1)
             out = self.model.generate(pixel_values=pixel_values, input_ids=ids, **kw)
@@ -115,7 +128,7 @@ class HfCaptioner:
             rows = px.repeat_interleave(n, dim=0)
             logp = self.token_logprobs(rows, seqs)
         p = len(self.start_ids(prompt))
-        eos, pad = self.eos_ids(), self.pad_id()
+        eos = self.eos_ids()
         out: list[list[Candidate]] = []
         for i in range(len(images)):
             beam = []
@@ -124,10 +137,8 @@ class HfCaptioner:
                 gen = seqs[k, p:].tolist()
                 length = next((j + 1 for j, tok in enumerate(gen) if tok in eos), None)
                 finished = length is not None
-                if length is None:  # ran to max_len: every token counts but trailing pads
+                if length is None:  # ran to max_len: every token it emitted counts, a pad too (as in generate)
                     length = len(gen)
-                    while length and pad is not None and gen[length - 1] == pad and pad not in eos:
-                        length -= 1
                 total = float(logp[k, p - 1 : p - 1 + length].double().sum())
                 mean = total / max(length, 1)
                 tol = SCORE_TOLERANCE.get(self.dtype, 3e-2) * max(1.0, abs(mean))
@@ -142,6 +153,39 @@ class HfCaptioner:
                                       beam_rank=r, finished=finished, token_ids=tuple(words)))
             out.append(beam)
         return out
+
+
+def decoder_start_id(model: Any) -> int:
+    """A VisionEncoderDecoder's decoder start token: the generation config's, else the model config's,
+    else its decoder's; id 0 is a start id like any other (RoBERTa / TrOCR decoders start with ``<s>`` = 0)."""
+    for where in (model.generation_config, model.config, model.config.decoder):
+        v = getattr(where, "decoder_start_token_id", None)
+        if v is not None:
+            return int(v)
+    raise ValueError(f"{getattr(model.config, 'name_or_path', 'captioner.hf.model')}: no decoder_start_token_id in "
+                     "its generation config, config or decoder config; set one in its generation_config.json")
+
+
+def overridden_settings(generation_config: Any) -> dict[str, tuple[Any, Any]]:
+    """The checkpoint's saved generation settings that adjcap's beam overrides: name -> (saved, used)."""
+    default = type(generation_config)()
+    out = {}
+    for k, v in NEUTRAL.items():
+        saved = getattr(generation_config, k, None)
+        if saved != getattr(default, k, None) and saved != v:
+            out[k] = (saved, v)
+    return out
+
+
+def describe_overrides(model_id: str, generation_config: Any) -> str | None:
+    """One line saying which of the checkpoint's generation settings are overridden, or None."""
+    over = overridden_settings(generation_config)
+    if not over:
+        return None
+    shown = ", ".join(f"{k}={a!r} -> {b!r}" for k, (a, b) in over.items())
+    return (f"captioner {model_id}: its saved generation config is overridden ({shown}) so that each beam's score "
+            "is its mean log-prob; beams differ from the checkpoint's own generate() defaults (width and length: "
+            "captioner.beam_width / captioner.max_len)")
 
 
 def model_kind(config: Any) -> str:
@@ -176,4 +220,7 @@ def load_hf_captioner(spec: str | os.PathLike, *, device: str | torch.device = "
             f"captioner '{src.source}' could not be loaded ({str(e).splitlines()[0]}): download it with "
             f"`huggingface-cli download {src.source} --local-dir DIR` and set captioner.hf.model=DIR") from e
     net.to(dev).eval()
+    note = describe_overrides(src.model_id, net.generation_config)
+    if note:
+        log.warning(note)
     return HfCaptioner(net, kind, tok, proc, src.model_id, dev, dtype)

@@ -1,4 +1,4 @@
-"""IFCap captioner, re-implemented from spec/ifcap.md: mapping network (projector + fusion module),
+"""IFCap captioner, re-implemented from the IFCap paper and code: mapping network (projector + fusion module),
 GPT-2 with a soft + hard prompt, and the strict loader of the released checkpoints.
 
 Module tree (fixes the state-dict keys, spec 2.3)::

@@ -20,9 +20,18 @@ def stacked(arrays: Sequence[np.ndarray]) -> torch.Tensor:
     return torch.from_numpy(np.stack(arrays))
 
 
+def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """``t`` on ``device``; a CPU tensor bound for CUDA goes through pinned (page-locked) host memory, so
+    the copy is one DMA that does not wait for the host (a pageable copy is staged and synchronous)."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and t.device.type == "cpu" and torch.cuda.is_available() and not t.is_pinned():
+        t = t.pin_memory()
+    return t.to(dev, non_blocking=True)
+
+
 def normalized(pixels: torch.Tensor, prep: PixelPrep, device: torch.device | str) -> torch.Tensor:
     """``uint8`` [B, H, W, 3] -> float32 [B, 3, H, W] on ``device``: /255, minus ``prep.mean``, over ``prep.std``."""
-    x = pixels.to(device, non_blocking=True).permute(0, 3, 1, 2).float().div(255)
+    x = to_device(pixels, device).permute(0, 3, 1, 2).float().div(255)
     mean = torch.tensor(prep.mean, dtype=torch.float32, device=x.device).view(1, 3, 1, 1)
     std = torch.tensor(prep.std, dtype=torch.float32, device=x.device).view(1, 3, 1, 1)
     return x.sub_(mean).div_(std)

@@ -75,3 +75,18 @@ def set_tf32(enabled: bool, device: str | torch.device = "auto") -> None:
     if dev.type != "cuda":
         return
     torch.set_float32_matmul_precision("high" if enabled else "highest")
+
+
+def tf32_in_effect(enabled: bool, device: str | torch.device = "auto") -> bool | None:
+    """Whether ``set_tf32(enabled, device)`` makes fp32 matmuls TF32 there: None off CUDA (a CPU: nothing to
+    record), False on ROCm (torch's switch is a no-op on AMD Instinct: exact fp32) and on a CUDA GPU older
+    than Ampere, else ``enabled``. A process that sees no GPU (a driver on a CPU head node) answers from the
+    torch build and the configured device, the pools' GPUs being Ampere or newer (L4, A100, H100)."""
+    text = str(device).strip().lower()
+    if text == "cpu" or (text == "auto" and not torch.cuda.is_available()) or text.startswith(("mps", "xpu")):
+        return None
+    if getattr(torch.version, "hip", None):
+        return False
+    if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] < 8:
+        return False
+    return bool(enabled)

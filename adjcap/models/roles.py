@@ -135,7 +135,7 @@ def load_captioner(c: CaptionerCfg, device: str) -> CaptionerRole:
 
 def entity_vocabulary(c: CaptionerCfg, clip) -> tuple[list[str], torch.Tensor]:
     """Vocabulary names (lower-cased, stripped, sorted, as ViECap) and their 7-template ensemble
-    embeddings computed with the captioner's CLIP (spec/ifcap.md 4.3)."""
+    embeddings computed with the captioner's CLIP (as IFCap's official code computes them)."""
     e = c.entities
     if not e.vocabulary:
         raise ConfigError("captioner.entities.mode=clip_classifier needs captioner.entities.vocabulary (a JSON list)")

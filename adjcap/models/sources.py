@@ -438,6 +438,8 @@ def weights_of(cfg: Any, checkpoint: bool = True) -> list[Weights]:
         clip("IFCap CLIP", cap.clip)
     elif cap.family == "hf":
         hub("captioner", cap.hf.model, "verifier")  # config + weights, as the verifier's
+    elif cap.family == "vlm":
+        hub("vision-language captioner", cap.vlm.model, "vlm")  # config + weights + processor + chat template
     clip("output scorer", cfg.scorer_encoder())
     clip("CLIPScore encoder", cfg.eval.clipscore)
     if ifcap:
@@ -481,7 +483,9 @@ def _locate_open_clip(w: Weights, cache_dir: str | None) -> str | None:
 
 # the files a hub repo must hold locally, per what it is used as (any one of each group)
 HUB_FILES = {"verifier": (("config.json",), ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")),
-             "tokenizer": (("tokenizer.json", "vocab.json", "spiece.model"),)}
+             "tokenizer": (("tokenizer.json", "vocab.json", "spiece.model"),),
+             "vlm": (("config.json",), ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"),
+                     ("processor_config.json", "preprocessor_config.json"))}
 
 
 def _locate_hf(w: Weights, cache_dir: str | None) -> str | None:

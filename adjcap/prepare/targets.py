@@ -1,4 +1,6 @@
-"""``adjcap prepare --for PRESET|TABLE``: the configs a preset or a ``reproduce`` table runs, and the
+"""``adjcap prepare --for PRESET|TABLE|CHECKPOINT``: the configs a preset or a ``reproduce`` table runs
+(a known vision-language checkpoint, :data:`adjcap.models.budget.VLM_PARAMS`: the ``lvlm-chair`` table
+with it as the captioner), and the
 prepare steps their needs (:mod:`adjcap.needs`) call for. ``all`` prepares for every table's rows
 and the chosen preset, so the RN50x64 encoder of the IFCap rows and the Flickr30k-fine-tuned BLIP of
 the verifier-substrate row are fetched too."""
@@ -9,9 +11,12 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from adjcap.config import ConfigError, list_presets, load_config
+from adjcap.models.budget import VLM_PARAMS
 from adjcap.needs import needs_of, steps_for
 from adjcap.prepare.errors import PrepareError
 from adjcap.registry import unknown
+
+VLM_TABLE = "lvlm-chair"  # the table a vision-language checkpoint given to --for is prepared for
 
 
 def _data_set(data: Path) -> str:
@@ -30,10 +35,13 @@ def configs_for(target: str, data: Path, sets: Iterable[str] = ()) -> list[Any]:
         tables = load_tables()
         if target in tables:
             return [p.resolved for p in distinct_runs(plan_table(tables[target], None, sets))]
+        if target in VLM_PARAMS:  # a vision-language checkpoint: what `reproduce lvlm-chair --captioner` runs
+            return [p.resolved for p in distinct_runs(plan_table(tables[VLM_TABLE], None,
+                                                                 [*sets, f"captioner.vlm.model={target}"]))]
     except ConfigError as e:
         raise PrepareError(f"--for {target}: {e}") from None
-    known = [*list_presets(), *load_tables()]
-    raise PrepareError(f"--for {target}: " + unknown("preset or reproduce table", target, known,
+    known = [*list_presets(), *load_tables(), *VLM_PARAMS]
+    raise PrepareError(f"--for {target}: " + unknown("preset, reproduce table or vision-language checkpoint", target, known,
                                                     see="adjcap config --list, adjcap reproduce --list"))
 
 

@@ -140,7 +140,9 @@ def build_table(table: TableDef, results: list[RowResult], benchmark: str | None
 def paired_intervals(table: TableDef, results: list[RowResult]) -> list[dict[str, Any]]:
     """The table's differences whose subtrahend is an LM-only pick: the minuend's CIDEr minus the LM-only
     pick of the minuend's own run and protocol (the same beams, on the same images: as the run's report
-    pairs them, :func:`adjcap.report.headline.picker_differences`), with its 95% paired bootstrap interval."""
+    pairs them, :func:`adjcap.report.headline.picker_differences`), with its 95% paired bootstrap interval;
+    a subtrahend of another run (the LVLM table's greedy rows): every metric of
+    :func:`adjcap.report.paired_runs.paired_across`, paired on the images both runs scored."""
     from pathlib import Path
 
     from adjcap.report.collect import LM_PICKER, load_run
@@ -150,8 +152,17 @@ def paired_intervals(table: TableDef, results: list[RowResult]) -> list[dict[str
     out = []
     for d in table.differences:
         a, b = by_label.get(d.minuend), by_label.get(d.subtrahend)
-        if (a is None or b is None or a.status != "ok" or b.picker != LM_PICKER or not a.run_dir
-                or not Path(a.run_dir).is_dir()):
+        if a is None or b is None or a.status != "ok" or not a.run_dir or not Path(a.run_dir).is_dir():
+            continue
+        if b.run_dir != a.run_dir:  # another run's pick (greedy decoding): paired on the images both have
+            from adjcap.report.paired_runs import as_rows, paired_across
+
+            if b.status == "ok" and b.run_dir and Path(b.run_dir).is_dir():
+                diffs = paired_across(load_run(a.run_dir), a.protocol, a.picker, load_run(b.run_dir), b.protocol,
+                                      b.picker)
+                out += as_rows(d.label, diffs, run_dir=a.run_dir, protocol=a.protocol, against=b.run_dir)
+            continue
+        if b.picker != LM_PICKER:
             continue
         diff = picker_differences(load_run(a.run_dir), a.protocol, a.picker).get("CIDEr")
         if diff is not None:

@@ -19,6 +19,7 @@ from adjcap.prepare.verify import zip_problem
 _HF_FILES = {
     "verifier": ["*.json", "*.txt"],
     "tokenizer": ["*.json", "*.txt", "*.model"],  # *.model: SentencePiece (SigLIP's tokenizer)
+    "vlm": ["*.json", "*.txt", "*.model", "*.jinja"],  # + the processor's chat template (chat_template.jinja)
 }
 _SHA_IN_URL = re.compile(r"/([0-9a-f]{64})/")
 
@@ -124,7 +125,7 @@ def fetch(ctx: Context, n: Need) -> str:
                     raise PrepareError(f"{ctx.source_of(item)}: {bad}; the file was removed - run again")
             return str(got.item.dest)
         patterns = list(_HF_FILES[n.tag or "verifier"])
-        if n.tag == "verifier":
+        if n.tag in ("verifier", "vlm"):
             files = HfApi().list_repo_files(n.name)
             patterns.append("*.safetensors" if any(f.endswith(".safetensors") for f in files) else "*.bin")
         return snapshot_download(n.name, allow_patterns=patterns, cache_dir=cache, max_workers=ctx.opts.workers)
