@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 # settings of the captioner section read by one family only (dotted, under "captioner.")
 IFCAP_ONLY = ("checkpoint", "clip", "tokenizer", "lm_config", "mapping_heads", "fusion_captions", "search",
-              "compile", "entities", "contrastive_lambda")
+              "rows", "compile", "compile_cache", "entities", "contrastive_lambda")
 # shared by the beam families (ifcap, hf); a candidates file has its own candidates
 BEAM = ("decoder", "beam_width", "max_len", "precision")
 

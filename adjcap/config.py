@@ -238,12 +238,21 @@ class CaptionerCfg(_Strict):
         "fast", description="fast: KV-cached, batched beam; reference: GPT-2's full forward per step, bitwise the "
         "official search"
     )
-    batch_size: int = Field(32, gt=0, description="images decoded together by the fast beam search")
-    compile: Literal["off", "default"] = Field(
-        "off", description="default: torch.compile (its default mode) the fast beam search's GPT-2 step, once per "
-        "captioner process, on a GPU (ignored on a CPU, said once in the log): the same beams ~1.9x faster on an "
-        "H100, after ~4.5 min of compilation per process, so for jobs of many thousand images; off in every "
-        "preset (BENCHMARKS.md). A speed setting: in no identity")
+    batch_size: int = Field(32, gt=0, description="images decoded together by the fast beam search (its image "
+                            "slots) when captioner.rows is unset; a call to the hf family's generate")
+    rows: int | None = Field(
+        None, gt=0, description="beam rows the fast beam search keeps on the device (image slots x beam_width; "
+        "continuous batching: a finished image's rows take the next image at the next step); None: batch_size "
+        "image slots. The gpu preset sizes it for a GPU. A speed setting: in no identity")
+    compile: Literal["off", "default", "graphs"] = Field(
+        "off", description="default: torch.compile the fast beam search's step (GPT-2 + the vocabulary-wide beam "
+        "step, fixed shapes), once per captioner process and rows shape, on a GPU (ignored on a CPU, said once in "
+        "the log); graphs: the same, replayed as CUDA graphs (mode reduce-overhead). The same beams, compiled "
+        "once per compile_cache; off in every preset (BENCHMARKS.md). A speed setting: in no identity")
+    compile_cache: str = Field(
+        "{cache}/compile", description="where torch.compile keeps its compiled artifacts (inductor's and Triton's "
+        "caches): a second captioner process, or a later job, loads them instead of compiling (a shared volume on "
+        "a cluster). A speed setting: in no identity")
     precision: Precision = Field("fp32", description="the GPT-2 language model's (root `precision` leaves it)")
     entities: EntityCfg = Field(default_factory=EntityCfg)
     contrastive_lambda: float = Field(

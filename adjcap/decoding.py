@@ -13,17 +13,22 @@ recomputed every step):
   stopped or after ``max_len`` tokens;
 * result: per beam the tokens up to its length, sum = score, mean = score / len; sorted by mean desc.
 
-The fast search does the same arithmetic for B images x W beams at once: prompts of different lengths
-are left-padded (attention mask + position ids that start at 0 on the first real position), GPT-2 runs
-once on the prompts and then one token per step on a preallocated KV cache that is never reordered (a
-beam reads its history through an ancestry table, :class:`_BeamCache`); the step reads nothing back
-to the host: images whose beams have all stopped are frozen on the device, the host asks once every
-:data:`CHECK_EVERY` steps whether to end or drop them, and reads the beams once per batch. Being
-KV-cached and padded it is mathematically identical to the reference but not bit-identical
-(differences ~1e-6), so a near-tie can in rare cases flip a beam.
+The fast search does the same arithmetic for many images x W beams at once, continuously batched:
+every image's prompt runs through GPT-2 once (left-padded: attention mask + position ids that start at 0
+on the first real position), then a fixed set of image slots (``captioner.rows`` / W, else
+``captioner.batch_size``) steps one token per beam on preallocated, never-reordered buffers (a beam reads
+its history through an ancestry table, :class:`_Rows`); before each step, slots whose image has
+finished take the next images on the device (:func:`_refill`), so no image waits for another's longest
+beam; when no image is left to start, the live slots move to fewer rows (:func:`_shrink`). The step (:func:`_gpt_step`: GPT-2, log-softmax, stopped-beam mask, length normalisation, top-W
+over W x V, the gathers) has fixed shapes and reads nothing back to the host; the host asks once every
+:data:`CHECK_EVERY` steps whether anything is left and reads the beams once per call. Being KV-cached and
+padded it is mathematically identical to the reference but not bit-identical (differences ~1e-6), so a
+near-tie can in rare cases flip a beam; which images share the rows changes nothing else.
 
 The fast search's step may run under ``torch.compile`` (``captioner.compile``, :func:`beam_step`): the
-caller holds the compiled step (the loaded captioner does), nothing is patched here.
+caller holds the compiled step (the loaded captioner does), nothing is patched here; ``graphs`` replays it
+as CUDA graphs (its buffers are static, kept per shape between calls); the compiled artifacts are kept
+under ``captioner.compile_cache`` (:func:`use_compile_cache`).
 
 Greedy (spec 5.2): argmax per step, stop on the stop set, max_len tokens, text includes the stop token.
 
@@ -48,8 +53,10 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -269,9 +276,9 @@ def greedy_reference(
 # --------------------------------------------------------------------------------------------
 
 
-def _left_pad(prompts: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _left_pad(prompts: Sequence[torch.Tensor], width: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     lens = [p.shape[0] for p in prompts]
-    t = max(lens)
+    t = max(lens) if width is None else width
     b = len(prompts)
     d = prompts[0].shape[1]
     dev, dt = prompts[0].device, prompts[0].dtype
@@ -292,16 +299,16 @@ def _chunks(prompts: Sequence[torch.Tensor], batch_size: int | None) -> list[lis
 
 
 KV_HOOKS: list[Callable[[Sequence[torch.Tensor]], None]] = []
-"""Called with all of the fast beam search's KV-cache tensors each time it allocates them (at the
-start of a batch and when finished images leave it); :mod:`adjcap.dispatch_audit` listens here."""
+"""Called with all of the fast beam search's KV-cache tensors each time it allocates them (once per
+call, or once per shape when the rows are kept, :class:`_Rows`); :mod:`adjcap.dispatch_audit` listens here."""
 
 CHECK_EVERY = 4
-"""The fast beam search asks the device whether images have finished once every this many steps
-(one host read); in between, finished images are frozen on the device."""
+"""The fast beam search asks the device whether anything is left to decode once every this many
+steps (one host read); refilling finished images' rows needs no host read (:func:`_refill`)."""
 
-COMPACT_FRACTION = 0.25
-"""At a check, finished images leave the batch (their cache rows are copied out, once) when they
-are at least this fraction of it; fewer stay frozen in it until the batch ends."""
+REFILL_LANES = 8
+"""At most ``ceil(slots / REFILL_LANES)`` image slots are refilled per step (a fixed-size refill, no
+host read); more finished at once wait a step."""
 
 
 def _is_stop(tok: torch.Tensor, stop: torch.Tensor) -> torch.Tensor:
@@ -316,89 +323,181 @@ def _check_fast_lm(gpt) -> None:
             raise ValueError(f"the fast beam search does not implement GPT-2's {flag}=True; use search='reference'")
 
 
-class _BeamCache:
-    """The KV cache of one fast beam batch, allocated once and never reordered (nothing is copied
-    when beams are chosen; see :func:`_beam_batch`).
+def slots_for(rows: int | None, batch_size: int | None, beam_width: int, n_images: int, streams: int = 1) -> int:
+    """Image slots the fast beam search keeps on the device: ``rows // (beam_width x streams)`` when
+    ``rows`` (``captioner.rows``) is set, else ``batch_size`` images (None: all), at most the images."""
+    s = max(1, rows // (beam_width * streams)) if rows else (batch_size or n_images)
+    return max(1, min(s, n_images))
 
-    * prompt keys/values per layer ``[rows, H, Tp, Dh]``, one row per image and stream: the W beams
-      of an image share its prompt, so it is stored once (transformers' prefill cache, kept);
-    * generated keys/values per layer ``[rows, H, Lg, W, Dh]``, position-major: position g of
-      slot w is written once, by the beam that holds slot w at step g; positions [:n] of all slots
-      are one contiguous block per (row, head), so attention reads them as a view;
-    * a beam's own history is found through the ancestry table ``anc [B, W, Lg]``: the slot that
-      held its ancestor at each generated position.
-    """
 
-    def __init__(self, prompt_cache, rows: int, width: int, max_gen: int):
-        self.kp = [layer.keys.contiguous() for layer in prompt_cache.layers]
-        self.vp = [layer.values.contiguous() for layer in prompt_cache.layers]
-        _, h, _, dh = self.kp[0].shape
-        like = self.kp[0]
-        # torch.empty: positions are written before they are read; on a CPU untouched pages cost nothing
-        self.kg = [like.new_empty(rows, h, max_gen, width, dh) for _ in self.kp]
-        self.vg = [like.new_empty(rows, h, max_gen, width, dh) for _ in self.kp]
-        self._announce()
+class _Rows:
+    """The fast beam search's device state: S image slots x W beams, every buffer allocated once at a
+    fixed shape (static addresses: a CUDA graph may record them) and written in place.
 
-    def _announce(self) -> None:
+    * prompt keys/values per layer ``[streams*S, H, Tp, Dh]`` (an image's W beams share its prompt;
+      left-padded prompts, ``pmask`` the additive padding mask, ``plen`` the real length);
+    * generated keys/values per layer ``[streams*S, H, Lg, W, Dh]``, Lg = max_len - 1, position-major:
+      position g of beam slot w is written once (``scatter_`` at the slot's position ``gpos``), by the
+      beam that holds slot w at step g; a beam reads its history through the ancestry table
+      ``anc [S, W, Lg]`` (the slot that held its ancestor at each position), so the cache is never
+      reordered; positions after ``gpos`` are masked (the attention always spans the fixed Lg);
+    * the beams: ``tokens [S, W, max_len]``, ``scores`` (sums), ``lengths``, ``stopped``; ``live`` (the
+      slot holds an image still being searched), ``occ`` (it holds an image not yet copied out), ``img``.
+
+    Zero-filled once: a masked position must hold a finite value (0 x NaN would be NaN)."""
+
+    def __init__(self, gpt, slots: int, width: int, max_len: int, tp: int, streams: int, dtype, device):
+        cfg = gpt.config
+        h = cfg.n_head
+        dh = cfg.n_embd // h
+        r, lg = streams * slots, max(1, max_len - 1)
+        z = functools.partial(torch.zeros, device=device)
+        # the prompt buffers have one spare row (index r): the refill's idle lanes write there
+        self.kp_all = [z(r + 1, h, tp, dh, dtype=dtype) for _ in range(cfg.n_layer)]
+        self.vp_all = [z(r + 1, h, tp, dh, dtype=dtype) for _ in range(cfg.n_layer)]
+        self.kp = [t[:r] for t in self.kp_all]
+        self.vp = [t[:r] for t in self.vp_all]
+        self.kg = [z(r, h, lg, width, dh, dtype=dtype) for _ in range(cfg.n_layer)]
+        self.vg = [z(r, h, lg, width, dh, dtype=dtype) for _ in range(cfg.n_layer)]
+        self.pmask_all = z(r + 1, tp, dtype=dtype)
+        self.plen_all = z(r + 1, dtype=torch.long)
+        self.pmask, self.plen = self.pmask_all[:r], self.plen_all[:r]
+        self.gpos = z(slots, dtype=torch.long)
+        self.tokens = z(slots, width, max_len, dtype=torch.long)
+        self.scores = z(slots, width)
+        self.lengths = torch.ones(slots, width, device=device)
+        self.stopped = z(slots, width, dtype=torch.bool)
+        self.anc = z(slots, width, lg, dtype=torch.long)
+        self.live = z(slots, dtype=torch.bool)
+        self.occ = z(slots, dtype=torch.bool)
+        self.img = z(slots, dtype=torch.long)
+        self.max_gen = max_len - 1  # steps after the first token
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [*self.kp_all, *self.vp_all, *self.kg, *self.vg, self.pmask_all, self.plen_all, self.gpos, self.tokens, self.scores,
+                self.lengths, self.stopped, self.anc, self.live, self.occ, self.img]
+
+    def announce(self) -> None:
         for hook in KV_HOOKS:
-            hook([*self.kp, *self.vp, *self.kg, *self.vg])
+            hook([*self.kp_all, *self.vp_all, *self.kg, *self.vg])
 
-    def keep_rows(self, rows: torch.Tensor, filled: int) -> None:
-        """Only ``rows`` stay (finished images leave); positions [:filled] are copied, once."""
-        self.kp = [t.index_select(0, rows) for t in self.kp]
-        self.vp = [t.index_select(0, rows) for t in self.vp]
-
-        def keep(t: torch.Tensor) -> torch.Tensor:
-            new = t.new_empty(len(rows), *t.shape[1:])
-            torch.index_select(t[:, :, :filled], 0, rows, out=new[:, :, :filled])  # one pass, filled part only
-            return new
-
-        self.kg = [keep(t) for t in self.kg]
-        self.vg = [keep(t) for t in self.vg]
-        self._announce()
+    def reset(self) -> None:
+        """A new call: no slot holds an image (buffers keep their addresses)."""
+        self.live.zero_()
+        self.occ.zero_()
 
 
-def _gpt_step(gpt, cache: _BeamCache, x: torch.Tensor, g: int, pmask: torch.Tensor, anc: torch.Tensor) -> torch.Tensor:
-    """GPT-2 on one new token per beam slot (transformers' own modules for everything but the
-    attention core): x [rows*W, D] token + position embeddings of generated position g, pmask
-    [rows, 1, 1, Tp] additive prompt padding mask, anc [rows, W, >g] ancestry (slot w's own
-    entry at g already set) -> logits [rows*W, V]. Writes position g of the generated cache.
+_KEPT_ROWS: dict[tuple, _Rows] = {}
+"""The rows of compiled steps, kept between calls per shape (a captured CUDA graph replays on the
+addresses it recorded); the eager step allocates its rows per call."""
 
-    Attention of beam b over generated position p reads slot anc[b, p]: the scores of all W slots
-    are computed (one matmul per row and head over the contiguous [:n, :W] block) and the
-    ancestor's picked by ``gather``; the values are weighted through the one-hot of anc. No cache
-    copy, no host read; the shapes depend only on (rows, W, n = g + 1), so ``torch.compile``
-    (dynamic shapes) can capture the step whole."""
+
+def _rows(step, gpt, slots, width, max_len, tp, streams, dtype, device) -> _Rows:
+    if step is _gpt_step:
+        rows = _Rows(gpt, slots, width, max_len, tp, streams, dtype, device)
+        rows.announce()
+        return rows
+    key = (id(gpt), slots, width, max_len, tp, streams, dtype, str(device))
+    rows = _KEPT_ROWS.get(key)
+    if rows is None:
+        rows = _KEPT_ROWS[key] = _Rows(gpt, slots, width, max_len, tp, streams, dtype, device)
+        for t in rows.tensors():
+            torch._dynamo.mark_static_address(t)
+    rows.announce()
+    rows.reset()
+    return rows
+
+
+def _attend(gpt, st: _Rows, x: torch.Tensor, gw: torch.Tensor, anc: torch.Tensor) -> torch.Tensor:
+    """GPT-2 on one new token per beam row (transformers' own modules for everything but the attention
+    core): x [R*W, D] token + position embeddings, gw [R] each row's generated position, anc [R, W, Lg]
+    ancestry (the row's own slot at gw already set) -> logits [R*W, V]. Writes position gw of the
+    generated cache (``scatter_``). Attention of beam b over generated position p reads slot anc[b, p]:
+    the scores of all W slots are computed over the fixed Lg (one matmul per row and head), the
+    ancestor's picked by ``gather``, later positions masked; values weighted through the one-hot of
+    anc. Every shape depends only on (rows, W, Tp, Lg): no dynamic shape, no host read."""
     tr = gpt.transformer
-    rows, w, n = pmask.shape[0], anc.shape[1], g + 1
-    tp = pmask.shape[-1]
-    a = anc[:, :, :n]
-    pick = a[:, None, :, :, None].expand(rows, cache.kg[0].shape[1], w, n, 1)
-    # one_hot() would check the range of ``a`` on the host; a comparison does not
-    onehot = (a[..., None] == torch.arange(w, device=a.device)).to(x.dtype)[:, None]  # [rows, 1, W, n, W]
+    kg0 = st.kg[0]
+    r, h, lg, w, dh = kg0.shape
+    tp = st.pmask.shape[-1]
+    ar = torch.arange(lg, device=x.device)
+    gmask = torch.zeros(r, lg, dtype=x.dtype, device=x.device).masked_fill(ar > gw[:, None], float("-inf"))
+    gmask = gmask[:, None, None]  # [R, 1, 1, Lg]
+    pmask = st.pmask[:, None, None]
+    pick = anc[:, None, :, :, None].expand(r, h, w, lg, 1)
+    # one_hot() would check the range of ``anc`` on the host; a comparison does not
+    onehot = (anc[..., None] == torch.arange(w, device=x.device)).to(x.dtype)[:, None]  # [R, 1, W, Lg, W]
+    widx = gw[:, None, None, None, None].expand(r, h, 1, w, dh)
     for layer, blk in enumerate(tr.h):
         attn = blk.attn
-        h, dh = attn.num_heads, attn.head_dim
         q, k, v = attn.c_attn(blk.ln_1(x)).split(attn.split_size, dim=-1)
-        q = q.view(rows, w, h, dh).transpose(1, 2)  # [rows, H, W, Dh]
-        kg, vg = cache.kg[layer], cache.vg[layer]
-        # a slice, not kg[:, :, g]: torch.compile keeps the position symbolic (no graph per position)
-        kg[:, :, g:n].copy_(k.view(rows, 1, w, h, dh).permute(0, 3, 1, 2, 4))
-        vg[:, :, g:n].copy_(v.view(rows, 1, w, h, dh).permute(0, 3, 1, 2, 4))
-        kgn = kg[:, :, :n].reshape(rows, h, n * w, dh)  # a view
-        vgn = vg[:, :, :n].reshape(rows, h, n * w, dh)
-        sp = torch.matmul(q, cache.kp[layer].transpose(-1, -2)) * attn.scaling + pmask
-        sg = (torch.matmul(q, kgn.transpose(-1, -2)) * attn.scaling).view(rows, h, w, n, w)
-        sg = sg.gather(-1, pick).squeeze(-1)  # [rows, H, W, n]: the ancestor's key at each position
+        q = q.view(r, w, h, dh).transpose(1, 2)  # [R, H, W, Dh]
+        kg, vg = st.kg[layer], st.vg[layer]
+        kg.scatter_(2, widx, k.view(r, w, h, dh).transpose(1, 2)[:, :, None])
+        vg.scatter_(2, widx, v.view(r, w, h, dh).transpose(1, 2)[:, :, None])
+        kgn = kg.view(r, h, lg * w, dh)
+        vgn = vg.view(r, h, lg * w, dh)
+        sp = torch.matmul(q, st.kp[layer].transpose(-1, -2)) * attn.scaling + pmask
+        sg = (torch.matmul(q, kgn.transpose(-1, -2)) * attn.scaling).view(r, h, w, lg, w)
+        sg = sg.gather(-1, pick).squeeze(-1) + gmask  # [R, H, W, Lg]: the ancestor's key at each position
         p = torch.cat([sp, sg], dim=-1).softmax(dim=-1).to(v.dtype)
-        pp, pg = p.split([tp, n], dim=-1)
-        o = torch.matmul(pp, cache.vp[layer]) + torch.matmul((pg[..., None] * onehot).view(rows, h, w, n * w), vgn)
-        x = attn.c_proj(o.transpose(1, 2).reshape(rows * w, h * dh)) + x
+        pp, pg = p.split([tp, lg], dim=-1)
+        o = torch.matmul(pp, st.vp[layer]) + torch.matmul((pg[..., None] * onehot).view(r, h, w, lg * w), vgn)
+        x = attn.c_proj(o.transpose(1, 2).reshape(r * w, h * dh)) + x
         x = x + blk.mlp(blk.ln_2(x))
     return gpt.lm_head(tr.ln_f(x))
 
 
-Step = Callable[..., torch.Tensor]
+def _gpt_step(gpt, st: _Rows, stop: torch.Tensor, temperature: float, lam: float) -> None:
+    """One step of every slot, in place on ``st``: GPT-2 on each live beam's last token (:func:`_attend`),
+    then the vocabulary-wide step of the reference search on the device: log-softmax (divided by the
+    temperature only when it is not 1), stopped beams' rows -inf but token 0 (log-prob 0), length
+    normalisation, top-W over W x V per image, the chosen beams' tokens / ancestry / sums / lengths
+    gathered. Slots not live are frozen (their beams do not change). No host read, fixed shapes:
+    ``torch.compile(fullgraph=True)`` captures it whole, CUDA graphs can replay it (the buffers it
+    writes are the static :class:`_Rows`)."""
+    tr = gpt.transformer
+    s, w, lmax = st.tokens.shape
+    lg = st.anc.shape[-1]
+    streams = st.plen.shape[0] // s
+    gw = st.gpos.clamp(max=lg - 1)  # the position written this step (a frozen slot's is harmless)
+    st.anc.scatter_(2, gw[:, None, None].expand(s, w, 1), torch.arange(w, device=gw.device)[None, :, None].expand(s, w, 1))
+    nxt = st.tokens.gather(2, gw[:, None, None].expand(s, w, 1))[..., 0]  # each beam's last token
+    gwr = gw.repeat(streams)
+    x = tr.wte(nxt.reshape(-1).repeat(streams)).to(st.kp[0].dtype) + tr.wpe((st.plen + gwr).repeat_interleave(w))
+    logits = _attend(gpt, st, x, gwr, st.anc.repeat(streams, 1, 1) if streams > 1 else st.anc).float()
+    t = effective_temperature(temperature)
+    lp = (logits if t == 1.0 else logits / t).log_softmax(dim=-1)
+    if streams > 1:
+        lp = (1.0 + lam) * lp[: s * w] - lam * lp[s * w :]
+    vocab = lp.shape[-1]
+    stopped = st.stopped
+    tok0 = torch.arange(vocab, device=lp.device) == 0
+    logp = lp.view(s, w, vocab).masked_fill(stopped[..., None], float("-inf"))
+    logp = logp.masked_fill(stopped[..., None] & tok0, 0.0)
+    new_len = st.lengths + (~stopped).to(st.lengths.dtype)
+    avg = (st.scores[..., None] + logp) / new_len[..., None]
+    top, idx = avg.view(s, w * vocab).topk(w, dim=-1)
+    src = idx // vocab
+    tok = idx % vocab
+    new_len = new_len.gather(1, src)
+    new_tokens = st.tokens.gather(1, src[..., None].expand(s, w, lmax))
+    new_tokens = new_tokens.scatter(2, (gw + 1)[:, None, None].expand(s, w, 1), tok[..., None])
+    new_anc = st.anc.gather(1, src[..., None].expand(s, w, lg))
+    new_stopped = stopped.gather(1, src) | _is_stop(tok, stop)
+    live = st.live
+    f = live[:, None]
+    st.tokens.copy_(torch.where(f[..., None], new_tokens, st.tokens))
+    st.anc.copy_(torch.where(f[..., None], new_anc, st.anc))
+    st.scores.copy_(torch.where(f, top * new_len, st.scores))
+    st.lengths.copy_(torch.where(f, new_len, st.lengths))
+    st.stopped.copy_(torch.where(f, new_stopped, st.stopped))
+    gpos = st.gpos + live.to(st.gpos.dtype)
+    st.gpos.copy_(gpos)
+    st.live.copy_(live & ~(st.stopped.all(dim=1) | (gpos >= st.max_gen)))
+
+
+Step = Callable[..., None]
 """A beam step: :func:`_gpt_step`, or the same function under ``torch.compile`` (:func:`beam_step`)."""
 
 COMPILE_BACKEND = "inductor"
@@ -406,14 +505,34 @@ COMPILE_BACKEND = "inductor"
 on a GPU, C++ through a C compiler on a CPU); tests set ``"aot_eager"`` (the same captured graph, run by
 PyTorch's own kernels, no compiler) to check the compiled step's beams on a CPU."""
 
+COMPILE_MODES = {"default": "default", "graphs": "reduce-overhead"}
+"""``captioner.compile`` -> torch.compile's mode: ``graphs`` also replays the step as a CUDA graph (its
+buffers are static, :class:`_Rows`)."""
+
 
 @functools.cache
-def compiled_step(backend: str) -> Step:
-    """:func:`_gpt_step` under ``torch.compile(fullgraph=True, dynamic=True)``, made once per process and
-    backend: its graphs compile on the first batch (about 4.5 minutes with inductor on an H100) and serve
-    every later batch and captioner of the process (symbolic shapes: no graph per batch size or position).
-    CUDA graphs (``mode="reduce-overhead"``) are refused: the step writes its KV cache in place."""
-    return torch.compile(_gpt_step, fullgraph=True, dynamic=True, backend=backend)
+def compiled_step(backend: str, mode: str = "default") -> Step:
+    """:func:`_gpt_step` under ``torch.compile(fullgraph=True)``, made once per process, backend and mode:
+    its graph compiles on the first call (minutes with inductor on a GPU, once per process; with the
+    compile cache, :func:`use_compile_cache`, once per cache) and serves every later call of the same
+    rows shape. Every shape in the step is fixed by (slots, W, Tp, max_len)."""
+    return torch.compile(_gpt_step, fullgraph=True, dynamic=False, backend=backend, mode=mode)
+
+
+def use_compile_cache(cache_dir: str | os.PathLike | None) -> None:
+    """Keep torch.compile's artifacts (inductor's FX-graph and kernel caches, Triton's) under
+    ``cache_dir`` (``captioner.compile_cache``, in the adjcap cache: a shared volume on a cluster), so
+    a second process, or a later job, loads the compiled step instead of compiling it again. Inductor
+    keys its entries by the graph, torch version and device itself. Set before the first compile;
+    an explicit TORCHINDUCTOR_CACHE_DIR in the environment wins."""
+    if not cache_dir:
+        return
+    root = Path(cache_dir).expanduser()
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root / "inductor"))
+    os.environ.setdefault("TRITON_CACHE_DIR", str(root / "triton"))
+    import torch._inductor.config as inductor_config
+
+    inductor_config.fx_graph_cache = True
 
 
 @functools.cache
@@ -422,150 +541,237 @@ def _say_ignored_on_cpu() -> None:
                 "gain nothing on this step); the beam step runs eagerly")
 
 
-def beam_step(mode: str, device: torch.device | str) -> Step:
+def beam_step(mode: str, device: torch.device | str, cache_dir: str | os.PathLike | None = None) -> Step:
     """The step the fast beam search runs for ``captioner.compile = mode``: the eager :func:`_gpt_step`
     when ``"off"``, and on a CPU with inductor (said once per process); else :func:`compiled_step` of
-    :data:`COMPILE_BACKEND`. Nothing global changes: ``_gpt_step`` itself stays the eager function."""
+    :data:`COMPILE_BACKEND` in the mode of :data:`COMPILE_MODES`, its artifacts kept under ``cache_dir``.
+    Nothing global changes: ``_gpt_step`` itself stays the eager function."""
     if mode == "off":
         return _gpt_step
-    if mode != "default":
-        raise ValueError(f"captioner.compile must be 'off' or 'default', got {mode!r}")
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"captioner.compile must be 'off' or one of {sorted(COMPILE_MODES)}, got {mode!r}")
     if torch.device(device).type == "cpu" and COMPILE_BACKEND == "inductor":
         _say_ignored_on_cpu()
         return _gpt_step
-    return compiled_step(COMPILE_BACKEND)
+    use_compile_cache(cache_dir)
+    return compiled_step(COMPILE_BACKEND, COMPILE_MODES[mode] if torch.device(device).type == "cuda" else "default")
 
 
-def _collect(parts: list[tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]) -> dict[int, list[Beam]]:
-    """The beams of a batch, read from the device once: parts of (image ids, tokens [n, W, L],
-    scores, lengths, stopped [n, W])."""
-    ids = [i for p in parts for i in p[0]]
-    tokens = torch.cat([p[1] for p in parts])
-    scores = torch.cat([p[2] for p in parts])
-    lengths = torch.cat([p[3] for p in parts])
-    stopped = torch.cat([p[4] for p in parts])
-    means = scores / lengths  # float32, as the reference orders them
+def _collect(tokens: torch.Tensor, scores: torch.Tensor, lengths: torch.Tensor,
+             stopped: torch.Tensor) -> list[list[Beam]]:
+    """The beams of every image, read from the device once: tokens [N, W, L], scores, lengths,
+    stopped [N, W]; each image's beams sorted by mean (float32, as the reference orders them; stable)."""
+    means = scores / lengths
     packed = torch.cat([tokens.double(), scores.double()[..., None], means.double()[..., None],
                         lengths.double()[..., None], stopped.double()[..., None]], dim=-1).tolist()
-    out = {}
-    for i, rows in zip(ids, packed):
+    out = []
+    for rows in packed:
         order = sorted(range(len(rows)), key=lambda b: -rows[b][-3])
-        out[i] = [
+        out.append([
             Beam(tokens=[int(t) for t in rows[b][: int(rows[b][-2])]], score_sum=rows[b][-4], finished=bool(rows[b][-1]))
             for b in order
-        ]
+        ])
     return out
 
 
 def _prefill(gpt, emb: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor):
-    """The prompt pass of a batch (transformers' forward; its mask code reads the host once or
-    twice, per batch)."""
+    """The prompt pass (transformers' forward; its mask code reads the host once or twice per call)."""
     return gpt(inputs_embeds=emb, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
 
 
 PER_BATCH_SITES = ("_prefill", "_collect")
-"""The functions of the fast beam search that run once per batch, not per step (the audit files
-their host reads per batch)."""
+"""The functions of the fast beam search that read the host once per call (the prompt pass: once per
+chunk of ``slots`` images), not per step (the audit files their reads per batch)."""
+
+
+@dataclass
+class _Queue:
+    """The images of one call on the device: their prompts' keys/values ([streams*N, ...] per layer),
+    masks, lengths, first beams (the prompt pass's top-W), the output beams ([N+1, ...]: row N takes
+    the writes of refill lanes that carry no finished image), and the next image to start (``head``)."""
+
+    kp: list[torch.Tensor]
+    vp: list[torch.Tensor]
+    pmask: torch.Tensor
+    plen: torch.Tensor
+    first: torch.Tensor  # [N, W] the first tokens
+    first_scores: torch.Tensor  # [N, W]
+    out_tokens: torch.Tensor
+    out_scores: torch.Tensor
+    out_lengths: torch.Tensor
+    out_stopped: torch.Tensor
+    head: torch.Tensor  # [] long
+
+    @property
+    def n(self) -> int:
+        return self.first.shape[0]
+
+
+def _queue(gpt, prompts, neg_prompts, w: int, max_len: int, temperature: float, lam: float, tp: int,
+           chunk: int) -> _Queue:
+    """The prompt pass of every image (``chunk`` images per forward), left-padded to ``tp``."""
+    streams = 1 if neg_prompts is None else 2
+    all_prompts = list(prompts) + (list(neg_prompts) if neg_prompts is not None else [])
+    emb, mask, pos = _left_pad(all_prompts, tp)
+    n = len(prompts)
+    kp: list[torch.Tensor] = []
+    vp: list[torch.Tensor] = []
+    lps = []
+    for a in range(0, streams * n, chunk):
+        out = _prefill(gpt, emb[a : a + chunk], mask[a : a + chunk], pos[a : a + chunk])
+        for layer, c in enumerate(out.past_key_values.layers):
+            if not a:  # the prompts' keys/values of every image, written chunk by chunk
+                kp.append(c.keys.new_empty(streams * n, *c.keys.shape[1:]))
+                vp.append(c.values.new_empty(streams * n, *c.values.shape[1:]))
+            kp[layer][a : a + chunk].copy_(c.keys)
+            vp[layer][a : a + chunk].copy_(c.values)
+        lps.append(out.logits[:, -1, :].float())
+        del out
+    t = effective_temperature(temperature)
+    lp = torch.cat(lps)
+    lp = (lp if t == 1.0 else lp / t).log_softmax(dim=-1)
+    if streams > 1:
+        lp = (1.0 + lam) * lp[:n] - lam * lp[n:]
+    scores, first = lp.topk(w, dim=-1)
+    dev = emb.device
+    pmask = torch.zeros(mask.shape, dtype=emb.dtype, device=dev).masked_fill(mask == 0, float("-inf"))
+    plen = torch.tensor([p.shape[0] for p in all_prompts], device=dev)
+    return _Queue(
+        kp=kp, vp=vp, pmask=pmask, plen=plen, first=first,
+        first_scores=scores, out_tokens=torch.zeros(n + 1, w, max_len, dtype=torch.long, device=dev),
+        out_scores=torch.zeros(n + 1, w, device=dev), out_lengths=torch.ones(n + 1, w, device=dev),
+        out_stopped=torch.zeros(n + 1, w, dtype=torch.bool, device=dev),
+        head=torch.zeros((), dtype=torch.long, device=dev),
+    )
+
+
+def _copy_out(st: _Rows, q: _Queue, slots: torch.Tensor, leave: torch.Tensor) -> None:
+    """The beams of ``slots`` whose ``leave`` is set into the outputs (others into the spare row N)."""
+    dest = torch.where(leave, st.img[slots], q.n)
+    q.out_tokens.index_copy_(0, dest, st.tokens[slots])
+    q.out_scores.index_copy_(0, dest, st.scores[slots])
+    q.out_lengths.index_copy_(0, dest, st.lengths[slots])
+    q.out_stopped.index_copy_(0, dest, st.stopped[slots])
+
+
+def _refill(st: _Rows, q: _Queue, lanes: int, stop: torch.Tensor) -> None:
+    """Up to ``lanes`` slots that hold no live image take the next images of the queue, on the device (no
+    host read, fixed shapes): the free slots are found by a stable sort of ``live``; a lane with no free
+    slot or no image left writes each buffer's own content back. The finished image a slot held is
+    copied out first."""
+    s = st.live.shape[0]
+    slots = torch.argsort(st.live.to(torch.uint8), stable=True)[:lanes]  # free slots first
+    cand = q.head + torch.arange(lanes, device=slots.device)
+    valid = ~st.live[slots] & (cand < q.n)
+    img = cand.clamp(max=q.n - 1)
+    _copy_out(st, q, slots, valid & st.occ[slots])
+
+    def put(buf: torch.Tensor, rows: torch.Tensor, new: torch.Tensor, ok: torch.Tensor) -> None:
+        keep = buf.index_select(0, rows)
+        buf.index_copy_(0, rows, torch.where(ok.view(-1, *[1] * (new.dim() - 1)), new, keep))
+
+    r = st.plen.shape[0]
+    streams = r // s
+    # a prompt row is written once per image it takes: idle lanes write the spare row r
+    rows = torch.cat([torch.where(valid, slots + j * s, r) for j in range(streams)])
+    src = torch.cat([img + j * q.n for j in range(streams)])
+    for layer in range(len(st.kp)):
+        st.kp_all[layer].index_copy_(0, rows, q.kp[layer].index_select(0, src))
+        st.vp_all[layer].index_copy_(0, rows, q.vp[layer].index_select(0, src))
+    st.pmask_all.index_copy_(0, rows, q.pmask.index_select(0, src))
+    st.plen_all.index_copy_(0, rows, q.plen.index_select(0, src))
+    first = q.first.index_select(0, img)
+    tokens = torch.zeros(lanes, *st.tokens.shape[1:], dtype=torch.long, device=first.device)
+    tokens[:, :, 0] = first
+    stopped = _is_stop(first, stop)
+    put(st.tokens, slots, tokens, valid)
+    put(st.scores, slots, q.first_scores.index_select(0, img), valid)
+    put(st.lengths, slots, torch.ones_like(st.lengths[:lanes]), valid)
+    put(st.stopped, slots, stopped, valid)
+    put(st.gpos, slots, torch.zeros_like(st.gpos[:lanes]), valid)
+    put(st.img, slots, img, valid)
+    put(st.occ, slots, valid, valid)
+    put(st.live, slots, ~stopped.all(dim=1) & (st.max_gen > 0), valid)
+    q.head.add_(valid.sum())
+
+
+def _shrink(st: _Rows, q: _Queue, step: Step, gpt, live: int) -> _Rows:
+    """The queue is empty and at most half the slots are live: the live slots move to rows of the next
+    power-of-two count that holds them (a few shapes, so a few compiled graphs), copied once; finished
+    images still in the rows are copied out first. The tail of a call then computes no dead rows."""
+    s = st.live.shape[0]
+    small = s
+    while small > 1 and live <= small // 2:
+        small //= 2
+    dev = st.live.device
+    _copy_out(st, q, torch.arange(s, device=dev), st.occ & ~st.live)
+    keep = torch.argsort((~st.live).to(torch.uint8), stable=True)[:small]  # live slots first
+    w, lmax = st.tokens.shape[1:]
+    new = _rows(step, gpt, small, w, lmax, st.pmask.shape[-1], st.plen.shape[0] // s, st.kp[0].dtype, dev)
+    rows = torch.cat([keep + j * s for j in range(st.plen.shape[0] // s)])
+    for a, b in zip([*new.kp, *new.vp, *new.kg, *new.vg, new.pmask, new.plen],
+                    [*st.kp, *st.vp, *st.kg, *st.vg, st.pmask, st.plen]):
+        a.copy_(b.index_select(0, rows))
+    for name in ("gpos", "tokens", "scores", "lengths", "stopped", "anc", "img", "live"):
+        getattr(new, name).copy_(getattr(st, name).index_select(0, keep))
+    new.occ.copy_(new.live)
+    return new
 
 
 @torch.no_grad()
-def _beam_batch(
+def _beam_rows(
     gpt,
     prompts: Sequence[torch.Tensor],
     w: int,
     max_len: int,
     stop: torch.Tensor,
     temperature: float,
+    slots: int,
     neg_prompts: Sequence[torch.Tensor] | None = None,
     lam: float = 0.0,
     step: Step = _gpt_step,
+    stats: dict | None = None,
 ) -> list[list[Beam]]:
-    """Beam search for b images at once; rows (cache, logits) are laid out [stream][image][beam];
-    stream 1 (contrastive negatives) exists only when ``neg_prompts`` is given and follows stream
-    0's choices. The prompt pass is transformers' forward; each later step is ``step``
-    (:func:`_gpt_step`, maybe compiled: :func:`beam_step`) on the preallocated :class:`_BeamCache`.
-    Beams are chosen on the device (the ancestry table and the token table are gathered, the cache
-    is not); an image whose beams have all stopped is
-    frozen on the device (its state no longer changes, as if it had left the batch); the host
-    asks which images are done once every :data:`CHECK_EVERY` steps and reads the beams once, at
-    the end (:func:`_collect`)."""
-    wte, wpe = gpt.transformer.wte, gpt.transformer.wpe
+    """Beam search of all images through ``slots`` image slots (continuous batching): every step runs
+    ``step`` on all slots (fixed shapes, :class:`_Rows`); before each step, slots whose image has
+    finished take the next images (:func:`_refill`), so rows wait for no other image's longest beam.
+    Rows (cache, logits) are laid out [stream][slot][beam]; stream 1 (contrastive negatives) exists
+    only with ``neg_prompts`` and follows stream 0's choices. The host asks whether anything is left
+    once every :data:`CHECK_EVERY` steps and reads the beams once, at the end (:func:`_collect`).
+    ``stats`` (a dict) receives steps, slot-steps and the fraction of row-steps that were live."""
     dev = prompts[0].device
-    b = len(prompts)
+    n = len(prompts)
     streams = 1 if neg_prompts is None else 2
-    all_prompts = list(prompts) + (list(neg_prompts) if neg_prompts is not None else [])
-    emb, mask, pos = _left_pad(all_prompts)
-    out = _prefill(gpt, emb, mask, pos)
-
-    def combine(logits: torch.Tensor, n: int) -> torch.Tensor:
-        """(streams*n, V) last-position logits -> (n, V) per-token scores."""
-        lp = _logp(logits, temperature)
-        if streams == 1:
-            return lp
-        return (1.0 + lam) * lp[:n] - lam * lp[n:]
-
-    logp = combine(out.logits[:, -1, :], b)
-    vocab = logp.shape[1]
-    scores, nxt = logp.topk(w, dim=-1)  # (B, W)
-    max_gen = max_len - 1
-    tokens = torch.zeros(b, w, max_len, dtype=torch.long, device=dev)
-    tokens[:, :, 0] = nxt
-    lengths = torch.ones(b, w, device=dev)
-    stopped = _is_stop(nxt, stop)
-    done = stopped.all(dim=1)
-    anc = torch.zeros(b, w, max_gen, dtype=torch.long, device=dev)
-    own = torch.arange(w, device=dev).expand(b, w)
-    cache = _BeamCache(out.past_key_values, streams * b, w, max_gen)
-    del out
-    pmask = torch.zeros(mask.shape, dtype=emb.dtype, device=dev).masked_fill(mask == 0, float("-inf"))[:, None, None]
-    plen = torch.tensor([p.shape[0] for p in all_prompts], device=dev)
-    alive = list(range(b))  # batch position -> image index (within this batch)
-    finished: list = []
-    for g in range(max_gen):
-        if g and g % CHECK_EVERY == 0:
-            d = done.tolist()  # the one host read of these CHECK_EVERY steps
-            if all(d):
+    tp = max(p.shape[0] for p in [*prompts, *(neg_prompts or [])])
+    tp = -(-tp // 8) * 8  # a few prompt widths, not one per call (the kept rows are per shape)
+    q = _queue(gpt, prompts, neg_prompts, w, max_len, temperature, lam, tp, chunk=max(slots, 1) * streams)
+    st = _rows(step, gpt, slots, w, max_len, tp, streams, q.kp[0].dtype, dev)
+    _refill(st, q, slots, stop)  # the first images, every slot at once
+    lanes = -(-slots // REFILL_LANES)
+    live_steps = torch.zeros((), dtype=torch.long, device=dev)
+    steps = slot_steps = 0
+    queued = True
+    while True:
+        if steps and steps % CHECK_EVERY == 0:
+            # the one host read of CHECK_EVERY steps (before the first step the slots have just been filled)
+            live, head = torch.stack([st.live.sum(), q.head]).tolist()
+            queued = head < n
+            if not live and not queued:
                 break
-            n_done = sum(d)
-            if n_done and n_done >= COMPACT_FRACTION * len(alive):
-                gone = torch.tensor([j for j in range(len(alive)) if d[j]], device=dev)
-                keep = torch.tensor([j for j in range(len(alive)) if not d[j]], device=dev)
-                finished.append(([alive[j] for j in range(len(alive)) if d[j]], tokens[gone], scores[gone],
-                                 lengths[gone], stopped[gone]))
-                alive = [alive[j] for j in range(len(alive)) if not d[j]]
-                rows = torch.cat([keep + s * len(d) for s in range(streams)])
-                cache.keep_rows(rows, g)
-                pmask, plen = pmask[rows], plen[rows]
-                tokens, scores, lengths, stopped, nxt = tokens[keep], scores[keep], lengths[keep], stopped[keep], nxt[keep]
-                anc, done, own = anc[keep], done[keep], own[keep]
-        nb = len(alive)
-        anc[:, :, g] = own
-        tok = nxt.reshape(-1).repeat(streams)
-        x = wte(tok).to(emb.dtype) + wpe((plen + g).repeat_interleave(w, output_size=streams * nb * w))
-        logits = step(gpt, cache, x, g, pmask, anc.repeat(streams, 1, 1) if streams > 1 else anc)
-        logp = combine(logits, nb * w).view(nb, w, vocab)
-        logp = logp.masked_fill(stopped[..., None], float("-inf"))
-        logp[..., 0] = logp[..., 0].masked_fill(stopped, 0.0)
-        cand = scores[..., None] + logp
-        new_len = lengths + (~stopped).to(lengths.dtype)
-        avg = cand / new_len[..., None]
-        top, idx = avg.view(nb, w * vocab).topk(w, dim=-1)
-        src = idx // vocab
-        tok = idx % vocab
-        new_len = new_len.gather(1, src)
-        new_tokens = tokens.gather(1, src[..., None].expand(-1, -1, max_len))
-        new_tokens[:, :, g + 1] = tok
-        frozen = done[:, None]
-        tokens = torch.where(frozen[..., None], tokens, new_tokens)
-        anc = torch.where(frozen[..., None], anc, anc.gather(1, src[..., None].expand(-1, -1, max_gen)))
-        stopped = torch.where(frozen, stopped, stopped.gather(1, src) | _is_stop(tok, stop))
-        scores = torch.where(frozen, scores, top * new_len)
-        lengths = torch.where(frozen, lengths, new_len)
-        nxt = tok
-        done = stopped.all(dim=1)
-    finished.append((alive, tokens, scores, lengths, stopped))
-    results = _collect(finished)
-    return [results[i] for i in range(b)]
+            if not queued and live <= st.live.shape[0] // 2:
+                st = _shrink(st, q, step, gpt, live)
+        if steps and queued:
+            _refill(st, q, lanes, stop)
+        live_steps += st.live.sum()
+        step(gpt, st, stop, temperature, lam)
+        steps += 1
+        slot_steps += st.live.shape[0]
+    _copy_out(st, q, torch.arange(st.live.shape[0], device=dev), st.occ.clone())
+    if stats is not None:
+        live = int(live_steps)
+        stats.update(steps=steps, slots=slots, rows=slots * w * streams, slot_steps=slot_steps,
+                     live_slot_steps=live, live_row_fraction=live / max(1, slot_steps))
+    return _collect(q.out_tokens[:n], q.out_scores[:n], q.out_lengths[:n], q.out_stopped[:n])
 
 
 @torch.no_grad()
@@ -578,15 +784,18 @@ def beam_search_fast(
     stop_ids: Sequence[int],
     temperature: float = 1.0,
     batch_size: int | None = None,
+    rows: int | None = None,
     neg_prompts: Sequence[torch.Tensor] | None = None,
     contrastive_lambda: float = 0.0,
     step: Step | None = None,
+    stats: dict | None = None,
 ) -> list[list[Beam]]:
-    """The reference beam search for many prompts ([T_i, D] each) at once, KV-cached.
-    ``batch_size`` images are decoded together (None: all). Returns, per prompt, W beams sorted by
-    mean log-prob descending. ``neg_prompts`` (one per prompt) + ``contrastive_lambda`` > 0: the
-    contrastive score of :func:`beam_search_reference`. ``step``: the GPT-2 step (None: the eager
-    :func:`_gpt_step`; :func:`beam_step` gives the compiled one)."""
+    """The reference beam search for many prompts ([T_i, D] each) at once, KV-cached, continuously
+    batched (:func:`_beam_rows`): ``rows`` beam rows on the device (``captioner.rows``), else
+    ``batch_size`` image slots (None: all images). Returns, per prompt, W beams sorted by mean log-prob
+    descending; an image's beams do not depend on which images share the rows. ``neg_prompts`` (one per
+    prompt) + ``contrastive_lambda`` > 0: the contrastive score of :func:`beam_search_reference`.
+    ``step``: the step (None: the eager :func:`_gpt_step`; :func:`beam_step` gives the compiled one)."""
     if not prompts:
         return []
     use_neg = neg_prompts is not None and float(contrastive_lambda) != 0.0
@@ -595,22 +804,9 @@ def beam_search_fast(
     _check(gpt, list(prompts) + (list(neg_prompts) if use_neg else []), beam_width, max_len)
     _check_fast_lm(gpt)
     stop = torch.tensor(list(stop_ids), device=prompts[0].device)
-    out: list[list[Beam] | None] = [None] * len(prompts)
-    for idx in _chunks(prompts, batch_size):
-        res = _beam_batch(
-            gpt,
-            [prompts[i] for i in idx],
-            beam_width,
-            max_len,
-            stop,
-            temperature,
-            [neg_prompts[i] for i in idx] if use_neg else None,
-            float(contrastive_lambda),
-            step or _gpt_step,
-        )
-        for i, r in zip(idx, res):
-            out[i] = r
-    return out  # type: ignore[return-value]
+    slots = slots_for(rows, batch_size, beam_width, len(prompts), 2 if use_neg else 1)
+    return _beam_rows(gpt, list(prompts), beam_width, max_len, stop, temperature, slots,
+                      list(neg_prompts) if use_neg else None, float(contrastive_lambda), step or _gpt_step, stats)
 
 
 @torch.no_grad()
@@ -704,6 +900,7 @@ def decode_prompts(
     max_len: int = 64,
     stop_ids: Sequence[int],
     batch_size: int | None = None,
+    rows: int | None = None,
     temperature: float = 1.0,
     neg_prompts: Sequence[torch.Tensor] | None = None,
     contrastive_lambda: float = 0.0,
@@ -734,7 +931,7 @@ def decode_prompts(
     if search == "fast":
         all_beams = beam_search_fast(
             gpt, prompts, beam_width=beam_width, max_len=max_len, stop_ids=stop_ids,
-            temperature=temperature, batch_size=batch_size,
+            temperature=temperature, batch_size=batch_size, rows=rows,
             neg_prompts=neg_prompts if use_neg else None, contrastive_lambda=contrastive_lambda, step=step,
         )
     else:

@@ -451,7 +451,8 @@ register(
         # captioner.search is not speed-only: the reference search's beams differ (the property test)
         Reads(("numerics", "tf32", "captioner"),
               # the candidates file's limits only refuse a file before the job: no output depends on them
-              speed=("captioner.batch_size", "captioner.compile", "captioner.candidates.lm_batch_size",
+              speed=("captioner.batch_size", "captioner.rows", "captioner.compile", "captioner.compile_cache",
+                     "captioner.candidates.lm_batch_size",
                      "captioner.candidates.max_chars", "captioner.candidates.allow_missing",
                      *(f"captioner.clip.{k}" for k in _ENC_SPEED)),
               unread=captioners.unread),  # the other captioner families' settings

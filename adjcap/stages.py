@@ -299,7 +299,7 @@ def caption(
             beams = captioner.generate(
                 img.float(), [f.float() for f in feats], entity_lists,
                 decoder=ccfg.decoder, beam_width=ccfg.beam_width, max_len=ccfg.max_len, search=ccfg.search,
-                batch_size=ccfg.batch_size,
+                batch_size=ccfg.batch_size, rows=ccfg.rows,
                 negative_retrieved_feats=negatives, contrastive_lambda=ccfg.contrastive_lambda,
             )
         for s, ents, beam in zip(batch, entity_lists, beams):

@@ -448,6 +448,17 @@ def decode(args, ctx) -> dict:
 
 
 @section
+def decode_rows(args, ctx) -> dict:
+    """Continuous batching (``captioner.rows``): live rows and images/s at 64/128/256 image slots x 20 beams
+    (the dry run: the demo's tiny IFCap, 2 slots)."""
+    from benchmarks.decoding import demo_captioner, real_captioner, rows_probe
+
+    dry, dev = args.dry_run, torch.device(args.device)
+    cap = demo_captioner(args.root, Path(tempfile.mkdtemp())) if dry else real_captioner(dev, torch.float32, 12.0)
+    return rows_probe(cap, dev, (2,) if dry else (64, 128, 256), 4 if dry else 1024)
+
+
+@section
 def clip(args, ctx) -> dict:
     from adjcap.models.roles import load_retrieval_encoder
 

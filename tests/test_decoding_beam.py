@@ -83,6 +83,29 @@ def test_fast_beam_search_does_not_depend_on_batching(cap, prompts):
     assert_same_beams(one, small)
 
 
+def test_continuous_batching_keeps_each_images_beams_and_its_rows_full(cap, prompts):
+    """Rows refilled as images finish (continuous batching): each image's beams (texts, order, mean
+    log-probs within 1e-5) are those it gets decoded alone and in other company (reversed order, other slot
+    counts, rows given as ``rows``); and the live share of the row-steps beats decoding the same images
+    batch by batch, where every batch waits for its longest beam."""
+    ps = prompts[:14]
+    alone = [beam_search_fast(cap.gpt, [p], beam_width=5, max_len=MAX_LEN, stop_ids=cap.stop_ids)[0] for p in ps]
+    stats: dict = {}
+    three = beam_search_fast(cap.gpt, ps, beam_width=5, max_len=MAX_LEN, stop_ids=cap.stop_ids, rows=15, stats=stats)
+    rev = beam_search_fast(cap.gpt, ps[::-1], beam_width=5, max_len=MAX_LEN, stop_ids=cap.stop_ids, batch_size=4)[::-1]
+    for got in (three, rev):
+        assert [[b.tokens for b in bs] for bs in got] == [[b.tokens for b in bs] for bs in alone]
+        # mean log-probs (the candidates' lm_logprob_mean) within 1e-5; sums over up to 14 float32 tokens 1e-4
+        assert max(abs(a.score_mean - b.score_mean) for x, y in zip(alone, got) for a, b in zip(x, y)) <= 1e-5
+        assert max(abs(a.score_sum - b.score_sum) for x, y in zip(alone, got) for a, b in zip(x, y)) <= 1e-4
+    assert stats["slots"] == 3 and stats["rows"] == 15
+    steps = [max(b.length for b in bs) - 1 for bs in alone]  # steps after the prompt pass's first token
+    assert len(set(steps)) > 2  # images of different lengths share the rows
+    batched = sum(steps) / sum(3 * max(steps[i : i + 3]) for i in range(0, len(steps), 3))
+    assert stats["live_slot_steps"] == sum(steps)  # every live slot-step is one of an image's own steps
+    assert stats["live_row_fraction"] > batched, (stats, batched)
+
+
 def teacher_forced_logprob(cap, prompt, tokens):
     """Sum over generated tokens (stop token included) of log p(token | prompt, previous tokens)."""
     wte = cap.gpt.transformer.wte

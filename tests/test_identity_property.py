@@ -144,6 +144,9 @@ ALTERNATIVES: dict[str, typing.Callable[[World], list[str]]] = {
     "captioner.clip.model": lambda w: ["captioner.clip.model=adjcap-tiny-clip-large"],
     # alone: without the open_clip_config.json beside it, the file loads as another model
     "captioner.clip.pretrained": lambda w: [f"captioner.clip.pretrained={w.copy(w.cfg.captioner.clip.pretrained, alone=True)}"],
+    "captioner.compile_cache": lambda w: [f"captioner.compile_cache={w.root}/elsewhere"],
+    # as captioner.batch_size's 33: slots for every image (fewer slots move the log-probs' last bits, ~1e-6)
+    "captioner.rows": lambda w: [f"captioner.rows={40 * w.cfg.captioner.beam_width}"],
     "captioner.candidates.file": lambda w: [f"captioner.candidates.file={w.root}/candidates.jsonl"],
     "captioner.candidates.lm": lambda w: ["captioner.candidates.lm=distilgpt2"],
     "captioner.entities.tagger": lambda w: ["captioner.entities.tagger=nltk"],
@@ -272,4 +275,5 @@ def test_every_setting_changes_the_identity_or_nothing(world):
     assert checked["captioner.checkpoint"] == "none" and checked["captioner.beam_width"] == "caption"
     assert checked["verifier.keep"] == "verify" and checked["eval.clipscore.model"] == "score"
     assert checked["captioner.batch_size"] == "none" and checked["captioner.compile"] == "none", checked
+    assert checked["captioner.rows"] == "none" and checked["captioner.compile_cache"] == "none", checked
     assert checked["paths.cache_dir"] == "retrieve"  # the image root counts by its path (its files are the ids)

@@ -106,7 +106,7 @@ def test_output_scorer_and_clipscore_encoders_are_their_own(demo_cfg, models, te
 
 
 def test_captioner_batch_size_reaches_the_beam_search(demo_cfg, models, test_records):
-    """captioner.batch_size is the fast beam's chunk size (images decoded together)."""
+    """captioner.batch_size (image slots) and captioner.rows (beam rows) reach the fast beam search."""
     from adjcap.models.roles import CaptionerRole
 
     real = models.captioner.captioner
@@ -117,14 +117,15 @@ def test_captioner_batch_size_reaches_the_beam_search(demo_cfg, models, test_rec
             return getattr(real, name)
 
         def generate(self, *args, **kwargs):
-            seen.append((len(args[0]), kwargs.get("batch_size")))
+            seen.append((len(args[0]), kwargs.get("batch_size"), kwargs.get("rows")))
             return real.generate(*args, **kwargs)
 
     cfg = demo_cfg.model_copy(deep=True)
     cfg.captioner.batch_size = 2
+    cfg.captioner.rows = 2 * cfg.captioner.beam_width
     role = CaptionerRole(Recording(), models.captioner.clip, models.captioner.vocabulary)
     rows = run_pipeline(test_records[:3], cfg, type(models)(**{**models.__dict__, "captioner": role}), batch_size=3)
-    assert seen == [(3, 2)]
+    assert seen == [(3, 2, 2 * cfg.captioner.beam_width)]
     whole = run_pipeline(test_records[:3], demo_cfg, models, batch_size=3)
     assert [[c["text"] for c in r["candidates"]] for r in rows] == [[c["text"] for c in r["candidates"]] for r in whole]
 
@@ -273,7 +274,7 @@ def test_captioner_compile_gives_the_same_beams_and_off_touches_nothing(demo_cfg
     counters.clear()
     try:
         compiled = stage_registry.load_families(rcfg, ["captioner"], given={"nouns": models.captioner.nouns})
-        assert compiled["captioner"].captioner.step is decoding.compiled_step("aot_eager")
+        assert compiled["captioner"].captioner.step is decoding.compiled_step("aot_eager", "default")
         recs = test_records[:3]
         plain = run_pipeline(recs, demo_cfg, models, batch_size=3)
         rows = run_pipeline(recs, cfg, _with(models, captioner=compiled["captioner"]), batch_size=3)

@@ -364,12 +364,13 @@ class IFCapCaptioner:
     **unnormalised** CLIP text embeddings of the k retrieved captions.
     """
 
-    def __init__(self, model: ClipCaptionModel, tokenizer, *, device: torch.device | str = "cpu", compile: str = "off"):
+    def __init__(self, model: ClipCaptionModel, tokenizer, *, device: torch.device | str = "cpu", compile: str = "off",
+                 compile_cache: str | None = None):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         # the fast beam search's GPT-2 step: eager, or compiled once per process (captioner.compile)
-        self.step = beam_step(compile, self.device)
+        self.step = beam_step(compile, self.device, compile_cache)
         self.stop_ids = stop_token_ids(tokenizer)
         if len(tokenizer) > model.gpt.config.vocab_size:
             raise ValueError(
@@ -445,6 +446,7 @@ class IFCapCaptioner:
         max_len: int = 64,
         search: str = "fast",
         batch_size: int | None = None,
+        rows: int | None = None,
         temperature: float = 1.0,
         negative_retrieved_feats: torch.Tensor | Sequence[torch.Tensor] | None = None,
         contrastive_lambda: float = 0.0,
@@ -477,6 +479,7 @@ class IFCapCaptioner:
             max_len=max_len,
             stop_ids=self.stop_ids,
             batch_size=batch_size,
+            rows=rows,
             temperature=temperature,
             neg_prompts=neg,
             contrastive_lambda=contrastive_lambda,
@@ -516,13 +519,14 @@ def load_ifcap(
     mapping_heads: int = 8,
     precision: str = "fp32",
     compile: str = "off",
+    compile_cache: str | None = None,
 ) -> IFCapCaptioner:
     """Load an IFCap checkpoint (a plain state dict, as released) strictly.
 
     ``lm_config``: "gpt2" (built-in GPT-2 small config) or a directory with config.json.
     ``tokenizer``: HF id ("gpt2") or a local tokenizer directory. ``mapping_heads`` is not stored in
     the file (8 for the released models). Mapping-network sizes are inferred from the shapes.
-    ``compile``: ``captioner.compile`` (:func:`adjcap.decoding.beam_step`).
+    ``compile``: ``captioner.compile`` (:func:`adjcap.decoding.beam_step`), its artifacts under ``compile_cache``.
     """
     path = existing_file(checkpoint, "IFCap checkpoint", RELEASE_HINT)
     try:
@@ -553,10 +557,11 @@ def load_ifcap(
     dtype = _resolve_dtype(precision, dev)
     model = model.to(device=dev, dtype=dtype).eval()
     tok = load_gpt2_tokenizer(tokenizer)
-    return IFCapCaptioner(model, tok, device=dev, compile=compile)
+    return IFCapCaptioner(model, tok, device=dev, compile=compile, compile_cache=compile_cache)
 
 
 def load_ifcap_from_config(cfg: CaptionerCfg, *, device: str | torch.device = "auto") -> IFCapCaptioner:
     """Load from a resolved ``CaptionerCfg`` (checkpoint, lm_config, tokenizer, heads, precision, compile)."""
     return load_ifcap(cfg.checkpoint, lm_config=cfg.lm_config, tokenizer=cfg.tokenizer, device=device,
-                      mapping_heads=cfg.mapping_heads, precision=cfg.precision, compile=cfg.compile)
+                      mapping_heads=cfg.mapping_heads, precision=cfg.precision, compile=cfg.compile,
+                      compile_cache=cfg.compile_cache)

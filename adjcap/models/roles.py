@@ -126,7 +126,8 @@ def load_captioner(c: CaptionerCfg, device: str) -> CaptionerRole:
     from adjcap.models.ifcap import load_ifcap
 
     captioner = load_ifcap(c.checkpoint, lm_config=c.lm_config, tokenizer=c.tokenizer, device=device,
-                           mapping_heads=c.mapping_heads, precision=c.precision, compile=c.compile)
+                           mapping_heads=c.mapping_heads, precision=c.precision, compile=c.compile,
+                           compile_cache=c.compile_cache)
     clip = load_encoder_from_config(c.clip, device=device)
     vocabulary = entity_vocabulary(c, clip) if c.entities.mode == "clip_classifier" else None
     return CaptionerRole(captioner, clip, vocabulary)
