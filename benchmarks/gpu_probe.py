@@ -379,7 +379,8 @@ def _mps_on() -> tuple[bool, str]:
 
 @section
 def ray_job(args, ctx) -> dict:
-    layouts = {"split-mps": ("ray.pools=split",), "fused": ("ray.pools=fused",)}
+    # fused first: what ray.pools=auto runs on a GPU without MPS; then the split pools under MPS
+    layouts = {"fused": ("ray.pools=fused",), "split-mps": ("ray.pools=split", "ray.mps=true")}
     data = ctx.get("job_data") or write_benchmark(args.root / "probe-job", args.shape.job_images, args.shape.job_corpus)
     ctx["job_data"] = data
     cfgs = {k: job_config(args, ctx, "gpu", sets, data) for k, sets in layouts.items()}
@@ -395,7 +396,7 @@ def ray_job(args, ctx) -> dict:
         return out
     from benchmarks.realsize import overrides, run_ray
 
-    env_vars = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env_vars = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     for name, sets in layouts.items():
         if over_budget(args):
             out[name] = "skipped: over the time budget"
@@ -405,7 +406,9 @@ def ray_job(args, ctx) -> dict:
         job_sets = [*overrides(files, "bf16", args.device, args.shape.job_images, args.root / "cache", args.judges),
                     *sets]
         try:
-            r = run_ray(job_sets, args.root / "runs" / f"probe-{name}", env_vars, preset="gpu")
+            left = args.budget_s + 150 - (time.perf_counter() - T0)  # a job may run past the budget a little
+            r = run_ray(job_sets, args.root / "runs" / f"probe-{name}", env_vars, preset="gpu", evaluate=False,
+                        timeout_s=max(60.0, left))
         except (Exception, SystemExit) as e:  # noqa: BLE001
             r = {"error": f"{type(e).__name__}: {e}"[:1500]}
         r["mps"] = {"on": mps[0], "note": mps[1]}

@@ -506,10 +506,12 @@ def ray_refuses(cfg, avail: int) -> str | None:
 # --------------------------------------------------------------------------------------------
 
 
-def run_ray(sets: list[str], run_dir: Path, env: dict, preset: str = "headline") -> dict:
-    """``cli.py run-job`` in a subprocess; returns the figures it printed and the pools' peak RSS."""
+def run_ray(sets: list[str], run_dir: Path, env: dict, preset: str = "headline", evaluate: bool = True,
+            timeout_s: float | None = None) -> dict:
+    """``cli.py run-job`` in a subprocess; returns the figures it printed and the pools' peak RSS
+    (``evaluate=False``: the features only; ``timeout_s``: the job is killed then, and that is the error)."""
     cmd = [sys.executable, str(ROOT / "cli.py"), "run-job", "realsize", "--preset", preset,
-           "--run-dir", str(run_dir), "--fresh", "--workers", "1"]
+           "--run-dir", str(run_dir), "--fresh", "--workers", "1", *([] if evaluate else ["--no-evaluate"])]
     for s in sets:
         cmd += ["--set", s]
     print("  $ " + " ".join(cmd[:8]) + f" ... ({len(sets)} --set overrides)")
@@ -520,7 +522,13 @@ def run_ray(sets: list[str], run_dir: Path, env: dict, preset: str = "headline")
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, text=True)
         mon = PoolMemory(proc.pid)
         mon.start()
-        proc.wait()
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            mon.stop()
+            raise SystemExit(f"run-job killed after {timeout_s:.0f}s; its last lines: {log.read_text()[-1500:]}")
     wall = time.time() - t
     mon.stop()
     out = log.read_text()
