@@ -403,8 +403,10 @@ def ray_job(args, ctx) -> dict:
             continue
         mps = _mps_on() if name.startswith("split") else (False, "fused: one process per GPU")
         files = {**ctx["assets"], **data}
+        # each layout its own stage cache (the corpus index stays shared): a layout run after another must
+        # compute its stages, not read the other's (the H200 run of 2026-11-28 measured the cache instead)
         job_sets = [*overrides(files, "bf16", args.device, args.shape.job_images, args.root / "cache", args.judges),
-                    *sets]
+                    f"cache.stages_dir={args.root / 'stages' / name}", *sets]
         try:
             left = args.budget_s + 150 - (time.perf_counter() - T0)  # a job may run past the budget a little
             r = run_ray(job_sets, args.root / "runs" / f"probe-{name}", env_vars, preset="gpu", evaluate=False,
