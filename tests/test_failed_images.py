@@ -117,7 +117,7 @@ def test_a_job_whose_every_image_is_corrupt_exits_65_with_one_line(demo_cfg, tmp
         "--set", f"benchmarks.demo.images={images}", "--set", f"cache.stages_dir={tmp_path / 'stages'}"])
     assert res.exit_code == EXIT_FAILED_IMAGES, res.output
     lines = [ln for ln in res.output.splitlines() if "images failed" in ln]
-    assert len(lines) == 1 and "; first: demo-" in lines[0] and "cannot decode" in lines[0], res.output
+    assert len(lines) == 1 and "; first: demo-" in lines[0] and "decode: not an image" in lines[0], res.output
     assert "stopped after" in lines[0] and "more than ray.max_failed_share=0.5" in lines[0]
     assert not (run_dir / "heads").exists()  # stopped before fitting
     kept = RunDir(run_dir).read_features("demo", "val", columns=["image_id", "error"]).to_pylist()
