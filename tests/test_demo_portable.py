@@ -70,6 +70,10 @@ def test_a_pinned_training_is_the_same_on_every_instruction_set():
 def test_the_tiny_models_are_the_committed_ones(demo_cfg):
     """The session's tiny world (built through build_tiny_world, in a process started with the pin) has
     the digests that every x86-64 CPU with AVX2 computes."""
+    from adjcap import numerics
+
+    if numerics.cpu_problem():  # a CPU the committed bits do not hold on (it says why): nothing to compare
+        pytest.skip(numerics.cpu_problem())
     root = Path(demo_cfg.resolved().paths.cache_dir) / "tiny"
     assert model_digests(root) == figures.expected()["tiny_models"]
 
