@@ -32,6 +32,7 @@ from adjcap.run_plan import read_records
 
 from .listening import descendants
 from .own_world import own_world_settings
+from adjcap.jobs.failures import EXIT_FAILED_IMAGES
 
 pytestmark = [pytest.mark.alone, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -279,7 +280,10 @@ def test_the_embedded_ray_does_not_outlive_a_killed_driver(killed):
 
 def test_resume_after_everything_has_every_image_exactly_once(finished):
     ev, run, records = finished["events"], finished["run"], finished["records"]
-    assert ev["d_rc"] == 0, ev["d_err"][-4000:]
+    # the world's one truncated image (the victim) failed: the job still writes everything, then says so
+    # in one line and exits EXIT_FAILED_IMAGES (jobs/failures.py)
+    assert ev["d_rc"] == EXIT_FAILED_IMAGES, ev["d_err"][-4000:]
+    assert sum("1 of 20 images failed; first: " in ln for ln in ev["d_err"].splitlines()) == 1, ev["d_err"][-4000:]
     # the corrupt part was moved aside (kept for inspection) and said so
     corrupt = run.features_dir(BENCH, "val") / (ev["corrupt_name"] + ".corrupt")
     assert corrupt.exists() and "moved to" in ev["d_err"] and ev["corrupt_name"] in ev["d_err"]
