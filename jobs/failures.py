@@ -61,7 +61,20 @@ class FailureWatch:
 
     def add_table(self, table: pa.Table) -> None:
         """A batch as :func:`adjcap.batch_sink.done_columns` reports it."""
-        self.add(table.column("image_id").to_pylist(), table.column("error").to_pylist())
+        import pyarrow.compute as pc
+
+        errors = table.column("error")
+        failed = pc.is_valid(errors)
+        n_failed = int(pc.sum(failed).as_py() or 0)  # counted in Arrow: no Python per image on the driver
+        first = None
+        if n_failed and self.first is None:
+            i = int(pc.index(failed, True).as_py())
+            first = (table.column("image_id")[i].as_py(), errors[i].as_py())
+        self.seen += table.num_rows
+        self.failed += n_failed
+        self.first = self.first or first
+        if self.seen >= min(self.images, CHECK_AFTER):
+            self.check()
 
     def check(self) -> None:
         if self.seen and self.failed > self.max_share * self.seen:
