@@ -435,16 +435,8 @@ def evaluate_run(
     """
     run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
     run_dir = run.path
-    if references is None:
-        references, dom2, feats2 = load_run_references(run)
-        domains = domains if domains is not None else dom2
-        features = features if features is not None else feats2
-    failed = failed_image_ids(features, references)
-    if failed:  # their rows say why; every other image is scored
-        references = {k: v for k, v in references.items() if str(k) not in failed}
-    proto_names = run.prediction_protocols()
-    if protocols is not None:
-        proto_names = [p for p in proto_names if p in set(protocols)]
+    references, domains, features, failed = _run_inputs(run, references, domains, features)
+    proto_names = [p for p in run.prediction_protocols() if protocols is None or p in set(protocols)]
     if not proto_names:
         raise FileNotFoundError(f"{run_dir / 'predictions'}: no predictions/<protocol>/ folders to evaluate; "
                                 "run `adjcap fit` first")
@@ -478,21 +470,7 @@ def evaluate_run(
             picks: dict[str, dict[str, Any]] = {}
 
             def score_file(f: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-                entries = load_predictions(f)
-                preds, rows, _ = resolve_predictions(entries, refs_obj.resolve, on_missing=on_missing, source=str(f))
-                res = ev.score(preds)
-                if chair_note:
-                    res["notes"]["chair_instances"] = chair_note
-                keys = {i: _pick_key(e) for i, e in rows.items()}
-                if features is not None:
-                    cs = clipscore_from_features(features, keys, w=w)
-                    res["clipscore"] = cs.to_dict()
-                    if cs.source == "clipscore_cosine" and eval_cfg is not None and hasattr(eval_cfg, "clipscore"):
-                        res["clipscore"]["encoder"] = f"{eval_cfg.clipscore.model} {eval_cfg.clipscore.pretrained or ''}".strip()
-                    for i, v in cs.per_image.items():
-                        if i in res["per_image"]:
-                            res["per_image"][i]["CLIPScore"] = v
-                return res, keys
+                return _score_file(f, ev, refs_obj, features, eval_cfg, w, on_missing, chair_note)
 
             for f in files:
                 res, picks[f.stem] = score_file(f)
@@ -504,30 +482,77 @@ def evaluate_run(
                 res, _ = score_file(f)
                 seed_per_image.setdefault(picker, {})[seed] = res.pop("per_image")
                 seed_scored.setdefault(picker, {})[seed] = res
-            stats: dict[str, Any] = {}
-            if rank is not None:
-                stats["retrieval_verifier_spearman"] = rank
-            if LM_PICKER in picks:
-                stats["pick_disagreement_vs_lm"] = pick_disagreement(picks, LM_PICKER)
-            if all(h in picks for h in HEAD_PICKERS):
-                stats["top1_agreement_heads"] = top1_agreement(*(picks[h] for h in HEAD_PICKERS))
-            doc = {
-                "protocol": proto,
-                "run": str(run_dir),
-                "n_references": len(refs_obj.captions),
-                "pickers": pickers,
-                "rank_stats": stats,
-                "failed_images": {"count": len(failed), "ids": sorted(failed)[:50],
-                                  "note": "images whose feature row has an error: not scored, counted here"},
-                "per_image": per_image,
-            }
-            if seed_scored:
-                study = seed_study(seed_scored, seed_per_image, {b: per_image[b] for b in BASELINES if b in per_image})
-                study["per_image"] = {p: {str(s): v for s, v in d.items()} for p, d in seed_per_image.items()}
-                doc["seeds"] = study
+            doc = _protocol_doc(proto, run_dir, len(refs_obj.captions), pickers, _rank_stats(rank, picks), failed,
+                                per_image, seed_scored, seed_per_image)
             run.write_metrics(proto, _clean_json(doc))
             written[proto] = doc
     return written
+
+
+def _run_inputs(run: RunDir, references: Any, domains: Any, features: Any) -> tuple[Any, Any, Any, set]:
+    """References, domains and features (the run's where not given) and the failed images' ids, which
+    are left out of the references (their rows say why; every other image is scored)."""
+    if references is None:
+        references, dom2, feats2 = load_run_references(run)
+        domains = domains if domains is not None else dom2
+        features = features if features is not None else feats2
+    failed = failed_image_ids(features, references)
+    if failed:
+        references = {k: v for k, v in references.items() if str(k) not in failed}
+    return references, domains, features, failed
+
+
+def _score_file(f: Path, ev: Any, refs_obj: Any, features: Any, eval_cfg: Any, w: float, on_missing: OnMissing,
+                chair_note: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One predictions file scored by ``ev`` (CLIPScore from the features where given); and its picks' keys."""
+    entries = load_predictions(f)
+    preds, rows, _ = resolve_predictions(entries, refs_obj.resolve, on_missing=on_missing, source=str(f))
+    res = ev.score(preds)
+    if chair_note:
+        res["notes"]["chair_instances"] = chair_note
+    keys = {i: _pick_key(e) for i, e in rows.items()}
+    if features is not None:
+        cs = clipscore_from_features(features, keys, w=w)
+        res["clipscore"] = cs.to_dict()
+        if cs.source == "clipscore_cosine" and eval_cfg is not None and hasattr(eval_cfg, "clipscore"):
+            res["clipscore"]["encoder"] = f"{eval_cfg.clipscore.model} {eval_cfg.clipscore.pretrained or ''}".strip()
+        for i, v in cs.per_image.items():
+            if i in res["per_image"]:
+                res["per_image"][i]["CLIPScore"] = v
+    return res, keys
+
+
+def _protocol_doc(proto: str, run_dir: Path, n_references: int, pickers: dict, stats: dict, failed: set,
+                  per_image: dict, seed_scored: dict, seed_per_image: dict) -> dict[str, Any]:
+    """``metrics/<protocol>.json``: the pickers' scores, rank statistics, failed images, per-image scores
+    and, with ``rerank.seeds``, the seed study."""
+    doc: dict[str, Any] = {
+        "protocol": proto,
+        "run": str(run_dir),
+        "n_references": n_references,
+        "pickers": pickers,
+        "rank_stats": stats,
+        "failed_images": {"count": len(failed), "ids": sorted(failed)[:50],
+                          "note": "images whose feature row has an error: not scored, counted here"},
+        "per_image": per_image,
+    }
+    if seed_scored:
+        study = seed_study(seed_scored, seed_per_image, {b: per_image[b] for b in BASELINES if b in per_image})
+        study["per_image"] = {p: {str(s): v for s, v in d.items()} for p, d in seed_per_image.items()}
+        doc["seeds"] = study
+    return doc
+
+
+def _rank_stats(rank: Any, picks: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """A protocol's rank statistics: retrieval-verifier Spearman, pick disagreement with LM-only, head agreement."""
+    stats: dict[str, Any] = {}
+    if rank is not None:
+        stats["retrieval_verifier_spearman"] = rank
+    if LM_PICKER in picks:
+        stats["pick_disagreement_vs_lm"] = pick_disagreement(picks, LM_PICKER)
+    if all(h in picks for h in HEAD_PICKERS):
+        stats["top1_agreement_heads"] = top1_agreement(*(picks[h] for h in HEAD_PICKERS))
+    return stats
 
 
 def _clean_json(obj: Any) -> Any:
