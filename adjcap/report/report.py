@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from adjcap.io import atomic_write_text
+from adjcap.nested import flatten
 from adjcap.report.collect import LM_PICKER, RunData, load_run
 from adjcap.report.headline import headline_table
 from adjcap.report.intervals import interval_text, picker_intervals
@@ -222,29 +223,22 @@ def rank_table(run: RunData, label: str) -> Table | None:
 _HEADS_SKIP = ("meta.rerank", "meta.losses")
 
 
-def _flatten(prefix: str, obj: Any, out: list[list[Any]], depth: int = 0) -> None:
-    if prefix in _HEADS_SKIP:
-        return
-    if isinstance(obj, dict) and depth < 4:
-        for k, v in obj.items():
-            _flatten(f"{prefix}.{k}" if prefix else str(k), v, out, depth + 1)
-    elif isinstance(obj, list):
-        nums = [x for x in obj if isinstance(x, (int, float)) and not isinstance(x, bool)]
-        if nums and len(nums) == len(obj):
-            out.append([prefix, f"{len(obj)} values, first {nums[0]:.4g}, last {nums[-1]:.4g}"])
-        else:
-            out.append([prefix, f"{len(obj)} items"])
-    elif isinstance(obj, float):
-        out.append([prefix, f"{obj:.4g}"])
-    else:
-        out.append([prefix, str(obj)])
+def _summary(v: Any) -> str:
+    """A heads.json value as a diagnostics cell: numbers rounded, lists summarised."""
+    if isinstance(v, list):
+        nums = [x for x in v if isinstance(x, (int, float)) and not isinstance(x, bool)]
+        if nums and len(nums) == len(v):
+            return f"{len(v)} values, first {nums[0]:.4g}, last {nums[-1]:.4g}"
+        return f"{len(v)} items"
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
 def heads_table(run: RunData, label: str) -> Table | None:
     if not run.heads:
         return None
-    rows: list[list[Any]] = []
-    _flatten("", run.heads, rows)
+    flat = flatten(run.heads, empty_is_leaf=False, max_depth=4)
+    rows = [[k, _summary(v)] for k, v in flat.items()
+            if not any(k == s or k.startswith(s + ".") for s in _HEADS_SKIP)]
     return Table(title=f"{label}: reranker diagnostics (heads/heads.json)", columns=["field", "value"], rows=rows[:80])
 
 
