@@ -3,7 +3,7 @@
     python docs/gen_reference.py           # rewrite docs/reference/*.md and the pages' generated blocks
     python docs/gen_reference.py --check   # exit 1, naming the stale pages, when they differ from the code
 
-* ``docs/reference/config.md``: every configuration key of the pydantic models in ``adjcap/config.py``
+* ``docs/reference/config.md``: every configuration key of the pydantic models in ``adjcap/config/schema.py``
   (the keys ``config_keys()`` lists for "did you mean"), with its type, default and description, the
   built-in benchmarks (``adjcap/benchmarks.toml``) and the presets (``adjcap config --list`` and what
   each one sets, from ``adjcap/presets/*.toml``);
@@ -142,17 +142,17 @@ def _env_note(field: Any) -> str:
 
 def _field(key: str) -> Any:
     """The pydantic field of a dotted key of :func:`adjcap.config.config_keys` (the schema walk of
-    adjcap.config's own ``_model_of`` / ``_dict_value_model``, as ``set_key`` does it)."""
-    from adjcap.config import Config, _dict_value_model, _model_of
+    adjcap.config's own ``section_model`` / ``dict_entry_model``, as ``set_key`` does it)."""
+    from adjcap.config import Config, dict_entry_model, section_model
 
     parts = key.split(".")
     model: Any = Config
     field, i = None, 0
     while i < len(parts):
         field = model.model_fields[parts[i]]
-        sub = _model_of(field.annotation)
+        sub = section_model(field.annotation)
         if sub == "dict":
-            model = _dict_value_model(parts[i])
+            model = dict_entry_model(parts[i])
             i += 2  # benchmarks.<name>.
         else:
             model = sub
@@ -194,7 +194,7 @@ def _sections(keys: list[str]) -> dict[str, list[str]]:
     sections: dict[str, list[str]] = {"": []}
     for key in keys:
         field = _field(key)
-        sub = config._model_of(field.annotation)
+        sub = config.section_model(field.annotation)
         name = key.rpartition(".")[2]
         if sub == "dict" and name in config.DICT_SECTIONS:  # a table of sections: its entries' keys
             sections[f"{key}.{config.DICT_SECTIONS[name][1]}"] = []
@@ -213,9 +213,9 @@ def _section_intro(section: str, defaults: dict[str, Any]) -> list[str]:
 
     entries = section.endswith(">")  # benchmarks.<name>, ray.pool.<pool>
     field = _field(section.rpartition(".")[0] if entries else section)
-    model = config._model_of(field.annotation)
+    model = config.section_model(field.annotation)
     if model == "dict":
-        model = config._dict_value_model(section.split(".")[-2])
+        model = config.dict_entry_model(section.split(".")[-2])
     lines = []
     if section == "benchmarks.<name>":
         lines.append("A table of benchmarks by name; `benchmark` picks one. Add your own with "
@@ -273,7 +273,7 @@ def _presets_reference() -> list[str]:
     for name, desc in presets.items():
         out.append(f"| [`{name}`](#{name}) | {_cell(desc)} |")
     out.append("")
-    presets_dir = Path(str(config._presets_dir()))
+    presets_dir = Path(str(config.presets_dir()))
     for name in presets:
         data = tomllib.loads((presets_dir / f"{name}.toml").read_text(encoding="utf-8"))
         base = data.pop("base", None)
@@ -295,7 +295,7 @@ def _config_reference() -> str:
     from adjcap.config import Config, config_keys
 
     defaults = Config().model_dump(mode="python")
-    out = [_banner("the models in adjcap/config.py, adjcap/benchmarks.toml and adjcap/presets/*.toml"),
+    out = [_banner("the models in adjcap/config/schema.py, adjcap/benchmarks.toml and adjcap/presets/*.toml"),
            "# Configuration reference", ""]
     out += [_rst_to_md(config.__doc__.strip()), ""]
     out += ["Set any key with `--set key=value` on a command (the value is read as TOML: numbers, `true`, "

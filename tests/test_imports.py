@@ -183,7 +183,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                      "adjcap.pixel_prep")),
     # reading benchmarks and corpora: files in, records out (knows no configuration)
     ("data", ("adjcap.data",)),
-    # the configuration: presets, validation (checks names against the data layouts and picker needs)
+    # the configuration (a package, one job a module): the schema, the keys and "did you mean", the presets,
+    # loading with overrides, validation (checks names against the data layouts and picker needs)
     ("settings", ("adjcap.config",)),
     # a run directory's layout: the one writer and reader of a run (reads its config back)
     ("run directory", ("adjcap.rundir",)),
