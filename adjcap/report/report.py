@@ -1,7 +1,7 @@
 """``adjcap report --run DIR [--run DIR2 ...]``: report.md, report.html (tables + qualitative
 gallery), LaTeX tables (booktabs) in tables/, PNG plots in plots/.
 
-Reads what :func:`adjcap.metrics.evaluate.evaluate_run` wrote (``metrics/<protocol>.json``), the
+Reads what :func:`adjcap.metrics.run_metrics.evaluate_run` wrote (``metrics/<protocol>.json``), the
 run's config, ``heads/heads.json`` (reranker diagnostics) and, for the gallery, predictions,
 references and images.
 """
