@@ -8,8 +8,8 @@ line of the offending import.
 
 The application layer lives in the repository's jobs/, actors/ and cli.py, reached as adjcap.jobs,
 adjcap.actors and adjcap.cli through the links in adjcap/ (one layout). The library's one import of it
-is adjcap/__init__ exposing the Python API lazily (adjcap.jobs.api, inside a function); the entry
-point adjcap/__main__ runs adjcap.cli."""
+are its two entry points: the Python API adjcap.api (caption and run call the jobs, inside those
+functions), exposed lazily by adjcap/__init__, and adjcap/__main__, which runs adjcap.cli."""
 
 import ast
 import functools
@@ -23,8 +23,9 @@ FORBIDDEN = {  # layer -> what it never imports
     "adjcap.actors": {"adjcap.jobs", CLI},
     "adjcap.jobs": {CLI},
 }
-# the library's modules that may import the application layer, and what (inside a function only)
-ENTRIES = {"adjcap": {"adjcap.jobs.api"}, "adjcap.__main__": {CLI}}
+# the library's modules that may import the application layer, and what (inside a function only): the
+# package's entry points, the Python API (the jobs it runs) and the command line's
+ENTRIES = {"adjcap.api": {"adjcap.jobs.caption", "adjcap.jobs.demo", "adjcap.jobs.run"}, "adjcap.__main__": {CLI}}
 
 
 def _layer(module: str) -> str:
@@ -109,15 +110,19 @@ def test_import_rules():
 
 
 def test_entry_points_import_only_their_layer_and_nothing_imports_them():
-    """adjcap/__init__ -> adjcap.jobs.api, adjcap/__main__ -> adjcap.cli, each inside a function or
-    as the entry point's whole body; no module imports adjcap.__main__ or adjcap.cli, and only
-    adjcap/__init__ imports the facade adjcap.jobs.api."""
+    """adjcap/__init__ -> adjcap.api (inside a function), adjcap.api -> the jobs it runs (inside
+    caption and run), adjcap/__main__ -> adjcap.cli; no module imports adjcap.__main__ or adjcap.cli,
+    and only adjcap/__init__ imports the Python API adjcap.api."""
     bad = []
     init = _sources()["adjcap"]
     tree = ast.parse(init.read_text())
     top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
-    if any(isinstance(n, ast.ImportFrom) and (n.module or "").startswith("adjcap.") for n in top):
+    if any(isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "adjcap" for n in top):
         bad.append("adjcap/__init__.py imports the project at module level")
+    api = ast.parse(_sources()["adjcap.api"].read_text())
+    for n in api.body:  # the Python API imports the application layer only inside the functions that run a job
+        if isinstance(n, ast.ImportFrom) and _hits(n.module or "", [a.name for a in n.names], FORBIDDEN["library"]):
+            bad.append(f"adjcap/api.py:{n.lineno} imports the application layer at module level")
     for m, path in _sources().items():
         for mod, names in _import_nodes(path):
             full = {mod, *(f"{mod}.{n}" for n in names)}
@@ -125,8 +130,8 @@ def test_entry_points_import_only_their_layer_and_nothing_imports_them():
                 bad.append(f"{path.relative_to(ROOT)} imports adjcap.__main__")
             if CLI in full and m != "adjcap.__main__":
                 bad.append(f"{path.relative_to(ROOT)} imports adjcap.cli")
-            if "adjcap.jobs.api" in full and m != "adjcap":
-                bad.append(f"{path.relative_to(ROOT)} imports adjcap.jobs.api")
+            if "adjcap.api" in full and m != "adjcap":
+                bad.append(f"{path.relative_to(ROOT)} imports adjcap.api")
     assert not bad, "\n".join(bad)
 
 
@@ -222,8 +227,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("jobs", ("adjcap.jobs",)),
     ("cli", ("adjcap.cli",)),
 ]
-# the package's entry points sit above everything: adjcap/__init__ (the Python API, lazily) and __main__
-ENTRY_MODULES = ("adjcap", "adjcap.__main__")
+# the package's entry points sit above everything: adjcap/__init__ (the Python API, lazily), the Python
+# API adjcap.api and __main__ (the command line)
+ENTRY_MODULES = ("adjcap", "adjcap.api", "adjcap.__main__")
 
 
 def _rank(module: str) -> tuple[int, str] | None:
@@ -334,7 +340,7 @@ RESOLVING_EDGES = {
     "adjcap.jobs.caption": {"main"},  # the caption job's folder config, its run plan built from it
     "adjcap.jobs.demo": {"prepare"},  # the demo world, built before any job plans its run
     "adjcap.jobs.encode_corpus": {"main"},  # adjcap encode-corpus
-    "adjcap.jobs.api": {"caption"},  # adjcap.caption: where a list of images is staged
+    "adjcap.api": {"caption"},  # adjcap.caption: where a list of images is staged
     "adjcap.pipeline": {"load_models", "run_pipeline"},  # the in-process driver (tests, notebooks)
     "adjcap.reproduce.plan": {"plan_table"},  # each row of a reproduce table
 }
