@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from adjcap.config.keys import close_keys
-from adjcap.config.presets import load_preset_dict
+from adjcap.config.presets import load_preset_dict, over_base, read_settings
 from adjcap.config.schema import Config, ConfigError, dict_entry_model, section_model
 from adjcap.config.validation import validate_config
 from adjcap.nested import deep_update
@@ -87,15 +87,7 @@ def config_data(
         p = Path(config_file)
         if not p.exists():
             raise ConfigError(f"config file {p} does not exist")
-        try:
-            data = tomllib.loads(p.read_text())
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{p}: not valid TOML: {e}") from e
-        base = data.pop("base", None)
-        if base:
-            merged = load_preset_dict(base)
-            deep_update(merged, data)
-            data = merged
+        data = over_base(read_settings(p))
     else:
         data = load_preset_dict(preset or "headline")
     full = Config().model_dump(mode="json")

@@ -40,15 +40,26 @@ def load_preset_dict(name: str, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
             )
     if name in _seen:
         raise ConfigError(f"preset '{name}' extends itself through {' -> '.join(_seen)}")
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: not valid TOML: {e}") from e
-    base = data.pop("base", None)
+    data = read_settings(path)
     own_name = data.get("name")
-    if base:
-        merged = load_preset_dict(base, _seen + (name,))
-        deep_update(merged, data)
-        data = merged
+    data = over_base(data, _seen + (name,))
     data["name"] = own_name or path.stem
     return data
+
+
+def read_settings(path: Path) -> dict[str, Any]:
+    """A preset's or a config.toml's settings as written (a file that is not TOML is an error naming it)."""
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from e
+
+
+def over_base(data: dict[str, Any], _seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Settings laid over the preset their ``base`` key names (the key removed), or as they are without one."""
+    base = data.pop("base", None)
+    if not base:
+        return data
+    merged = load_preset_dict(base, _seen)
+    deep_update(merged, data)
+    return merged
