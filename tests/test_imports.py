@@ -190,12 +190,13 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # the frozen models and the caption corpus index they search
     ("models", ("adjcap.models",)),
     ("index", ("adjcap.index",)),
-    # one image through the stages: its state, the stage functions, the stage registry (stages and model
-    # families as data) and the pools it lays out, identities, the stage cache, the in-process pipeline
+    # one image through the stages: its state, the stage functions, the stage registry's mechanism (its records
+    # and lookups: stage_records) and its built-in entries (stages and model families as data: stage_registry)
+    # and the pools it lays out, identities, the stage cache, the in-process pipeline
     # and what made a run (provenance), where a pool's last actor writes its batch (batch_sink), a
     # job's run plan (records, corpus, identities, pools, run directory: built once at the edge), and the
     # captioner families stage 3 picks from (captioners)
-    ("stages", ("adjcap.image_state", "adjcap.stages", "adjcap.stage_registry", "adjcap.pools", "adjcap.cluster_plan", "adjcap.identity",
+    ("stages", ("adjcap.image_state", "adjcap.stages", "adjcap.stage_records", "adjcap.stage_registry", "adjcap.pools", "adjcap.cluster_plan", "adjcap.identity",
                 "adjcap.stage_cache", "adjcap.pipeline", "adjcap.provenance", "adjcap.batch_sink", "adjcap.run_plan",
                 "adjcap.captioners")),
     # the learned rerankers over the feature table
