@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import numpy as np
 import pyarrow as pa
 
-from adjcap import captioners
+from adjcap import captioners, verifier_families
 from adjcap.features import CANDIDATE, RETRIEVED, VERIFIED
 from adjcap.image_state import ImageState
 from adjcap.models import budget
@@ -247,10 +247,8 @@ _ENC_SPEED = ("image_batch_size", "text_batch_size")
 
 
 def _verifier_unread(cfg: "Config") -> tuple[str, ...]:
-    """The verifier keys its family does not read: BLIP ITM neither ``family`` nor ``pretrained`` (so the
-    runs from before verifier families keep their identities), BLIP-2 not ``pretrained``."""
-    return {"blip_itm": ("verifier.family", "verifier.pretrained"), "blip2_itm": ("verifier.pretrained",),
-            "clip": ()}[cfg.verifier.family]
+    """The verifier keys its family does not read (its record's ``unread``: :mod:`adjcap.verifier_families`)."""
+    return verifier_families.unread(cfg.verifier)
 
 register(
     Family("retrieval", _load_retrieval, _size_retrieval, _pixels_retrieval),

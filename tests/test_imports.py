@@ -173,13 +173,13 @@ def test_actors_import_no_model_math_from_elsewhere():
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # helpers that know nothing of a run: files written atomically and their digests (content ids), "did you mean",
     # numerics, the accelerators, the LAVIS environment, beam search, the entity filter, the feature
-    # row's schema, the pickers' names and needs (what the config checks without torch), the one deep
-    # merge and flattener of nested settings, the one file lock and the one Parquet part writer, the
+    # row's schema, the pickers' names and needs and the verifier families' records (what the config checks
+    # without torch), the one deep merge and flattener of nested settings, the one file lock and the one Parquet part writer, the
     # dispatch audit (host reads and KV bytes per decode step, for tests and benchmarks), the CPU half of
     # an image transform (pixel_prep: the decode tasks resize and crop for the pools' models)
     ("foundations", ("adjcap.io", "adjcap.content_ids", "adjcap.registry", "adjcap.numerics", "adjcap.accelerators", "adjcap.lavis_env",
-                     "adjcap.decoding", "adjcap.entities", "adjcap.features", "adjcap.picker_needs", "adjcap.nested",
-                     "adjcap.file_lock", "adjcap.parts", "adjcap.dispatch_audit", "adjcap.gpu_errors",
+                     "adjcap.decoding", "adjcap.entities", "adjcap.features", "adjcap.picker_needs", "adjcap.verifier_families",
+                     "adjcap.nested", "adjcap.file_lock", "adjcap.parts", "adjcap.dispatch_audit", "adjcap.gpu_errors",
                      "adjcap.pixel_prep")),
     # reading benchmarks and corpora: files in, records out (knows no configuration)
     ("data", ("adjcap.data",)),

@@ -441,6 +441,13 @@ def pixel_prep_for(model: str | os.PathLike, what: str = "BLIP ITM verifier", ca
         return None
 
 
+def verifier_pixel_prep(cfg: VerifierCfg):
+    """The pixel preparation of a BLIP or BLIP-2 verifier section (its family's ``pixels``)."""
+    from adjcap.verifier_families import of
+
+    return pixel_prep_for(cfg.model, of(cfg).title)
+
+
 def _verifier(net, tok, image_processor, model_id, dev, dtype, max_text_tokens, first_token, caption_preprocess,
               image_batch_size, pair_batch_size, text_token_budget=None, attention="eager") -> Verifier:
     if attention not in ("eager", "sdpa"):
