@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from adjcap.picker_needs import PICKER_NEEDS
 from adjcap.registry import unknown
+from adjcap.verifier_families import NAMES as VERIFIER_FAMILIES
 
 Precision = Literal["auto", "fp32", "fp16", "bf16"]
 
@@ -93,7 +94,7 @@ class RetrievalCfg(_Strict):
 
 class VerifierCfg(_Strict):
     enabled: bool = Field(True, description="run stage 2; false keeps the first k retrieved, in retrieval order")
-    family: Literal["blip_itm", "blip2_itm", "clip"] = Field(
+    family: Literal[VERIFIER_FAMILIES] = Field(  # adjcap.verifier_families: one record each
         "blip_itm", description="the judge of stages 2 and 4: blip_itm (BLIP ITM head, match probability in (0, 1)), "
         "blip2_itm (BLIP-2 Q-Former ITM head, match probability in (0, 1)) or clip (any open_clip dual encoder: "
         "sigmoid(scale * cosine + bias) in (0, 1) for a model with a logit bias (SigLIP), else (cosine + 1) / 2 "

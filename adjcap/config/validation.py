@@ -12,6 +12,7 @@ from adjcap.config.keys import close_keys
 from adjcap.config.schema import Config, ConfigError
 from adjcap.picker_needs import PICKER_NEEDS, picker_names
 from adjcap.registry import did_you_mean, suggestion
+from adjcap.verifier_families import refusal as verifier_refusal
 
 
 def validate_config(data: dict[str, Any]) -> Config:
@@ -37,20 +38,7 @@ def _picker_vs_protocol(cfg: Config) -> str | None:
 
 
 def _verifier_family(cfg: Config) -> str | None:
-    v = cfg.verifier
-    if not v.enabled or v.family == "blip_itm":
-        return None
-    if v.backend != "transformers":
-        return (f"verifier.backend={v.backend} runs BLIP ITM only; verifier.family={v.family} needs "
-                "verifier.backend=transformers")
-    if v.model.startswith("Salesforce/blip-itm"):
-        example = "Salesforce/blip2-itm-vit-g" if v.family == "blip2_itm" else "ViT-SO400M-14-SigLIP-384"
-        return (f"verifier.family={v.family} but verifier.model is the BLIP ITM checkpoint {v.model}; set "
-                f"verifier.model (e.g. {example})")
-    if v.family == "clip" and not v.pretrained:
-        return ("verifier.family=clip needs verifier.pretrained: an open_clip pretrained tag of verifier.model "
-                "(e.g. webli), hf-hub:REPO or a local checkpoint")
-    return None
+    return verifier_refusal(cfg.verifier)  # the family's record says what it cannot run
 
 
 # conflicts the configuration alone shows, refused when it loads (before Ray or any feature pass):
