@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Mapping, Sequence
 
 from adjcap import pools as pool_layout
@@ -185,8 +186,7 @@ def cpu_share(cfg: Config, total: float, pools: tuple[str, ...] | None = None) -
     room = max(0.8 * total - cfg.ray.decode_cpus, 0.1)
     fixed = sum(pool_layout.actors(cfg, p) * (pool_layout.cpu_request(cfg, p) or 0.0) for p in pools)
     shared = sum(pool_layout.actors(cfg, p) for p in pools if pool_layout.cpu_request(cfg, p) is None)
-    if cfg.verifier.enabled and cfg.verifier.backend == "lavis" and "scorer" in pools:
-        shared += pool_layout.actors(cfg, "scorer")  # + the LAVIS scorer pool
+    shared += pool_layout.part_actors(cfg, pools)  # + the pools running an isolated family's part (LAVIS's)
     return round(min(float(cfg.ray.cpu_share), max(room - fixed, 0.1) / max(shared, 1)), 4)
 
 
@@ -201,7 +201,7 @@ def pool_plan(cfg: Config, cluster: Mapping[str, float], pools: tuple[str, ...] 
     each once."""
     gpu = float(cluster.get("GPU", 0)) > 0
     if pools is None:
-        pools = tuple(p.name for p in pool_layout.layout(cfg, gpu, first))
+        pools = tuple(dict.fromkeys(p.name for p in pool_layout.layout(cfg, gpu, first)))
     budget = pool_layout.pool_budget(cfg, gpu=gpu)
     cpus = float(cluster.get("CPU", 1.0))
     count = {p: pool_layout.actors(cfg, p) for p in pools}
@@ -331,7 +331,7 @@ def plan_cluster(cfg: Config, types: Sequence[NodeType], first: int = 0,
     types = tuple(t for t in types if t.max_count is None or t.max_count > 0 or t.up > 0)
     gpu_types = [t for t in types if t.gpus > 0]
     gpu = bool(gpu_types)
-    pools = tuple(p.name for p in pool_layout.layout(cfg, gpu, first))
+    pools = tuple(dict.fromkeys(p.name for p in pool_layout.layout(cfg, gpu, first)))
     count = {p: pool_layout.actors(cfg, p) for p in pools}
     whole = {"CPU": _can_have(types, "cpus"), "GPU": _can_have(types, "gpus")}
     gpu_mem = [t.gpu_memory for t in gpu_types if t.gpu_memory]
@@ -365,6 +365,81 @@ def plan_cluster(cfg: Config, types: Sequence[NodeType], first: int = 0,
         raise ResourceError(f"{asked}: {phrase} ({per} of memory each) do not fit on the nodes the cluster "
                             f"can have ({where}); {hint} or raise the node types' max workers")
     return ClusterPlan(gpu, pools, actor, count, nodes, types)
+
+
+def _shape_key(r: Mapping[str, float]) -> tuple[float, float]:
+    return float(r.get("CPU", 0)), float(r.get("GPU", 0))
+
+
+def merge_up(types: Sequence[NodeType], up: Sequence[tuple[str, Mapping[str, float]]],
+             autoscaling: bool) -> tuple[NodeType, ...]:
+    """The node types with the nodes ``up`` ((type name or "", total resources) each) counted in (by type
+    name, else by CPU/GPU shape); a node of no known type becomes a type of its own (its real resources;
+    without an autoscaler, as many as are up)."""
+    count: dict[str, int] = {}
+    extra: dict[tuple, list[Mapping[str, float]]] = {}
+    by_name = {t.name: t for t in types}
+    for name, r in up:
+        t = by_name.get(name) or next((t for t in types if _shape_key(r) == (t.cpus, t.gpus)), None)
+        if t is not None:
+            count[t.name] = count.get(t.name, 0) + 1
+        else:
+            extra.setdefault(_shape_key(r), []).append(r)
+    out = [NodeType(t.name, t.cpus, t.gpus, t.memory, t.max_count if t.max_count is None else max(t.max_count, count.get(t.name, 0)),
+                    count.get(t.name, 0), t.gpu_memory) for t in types]
+    for (cpus, gpus), rs in extra.items():
+        name = f"{cpus:g}-CPU{f' {gpus:g}-GPU' if gpus else ''} node"
+        out.append(NodeType(name, cpus, gpus, min(float(r.get("memory", 0)) for r in rs),
+                            None if autoscaling and not types else len(rs), len(rs)))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    """The pools a job may run, decided once from the (resolved) config ``cfg``; a job's run plan holds it
+    and the job reads its pools from it alone: the layout on a cluster without GPUs and on one with them
+    (which one runs is the connected cluster's to say: :attr:`ClusterPlan.gpu`), each pool's stages, actor
+    class name, actors, batch size and runtime environment (:class:`adjcap.pools.Pool`); the Ray resources
+    of one actor of each on the cluster's facts (:meth:`on_cluster`, :meth:`on_node`). Pure."""
+
+    cfg: Config
+    without_gpus: tuple[pool_layout.Pool, ...]
+    with_gpus: tuple[pool_layout.Pool, ...]
+
+    @classmethod
+    def of(cls, cfg: Config) -> "PoolPlan":
+        """The pool plan of a resolved config; an unknown ``ray.pool.<name>`` (or a missing isolated
+        environment) is refused here."""
+        return cls(cfg, *(tuple(pool_layout.layout(cfg, gpu)) for gpu in (False, True)))
+
+    @property
+    def actors(self) -> Mapping[str, int]:
+        """Actors of every pool either layout runs, by pool name."""
+        return MappingProxyType({p.name: p.actors for p in (*self.without_gpus, *self.with_gpus)})
+
+    def layout(self, gpu: bool, first: int = 0) -> list[pool_layout.Pool]:
+        """The pools, in stream order, for images that need the stages from index ``first`` on."""
+        from adjcap.stage_registry import names
+
+        keep = names()[first:]
+        return [q for p in (self.with_gpus if gpu else self.without_gpus) if (q := p.from_stage(keep))]
+
+    def decode_batch(self, gpu: bool) -> int:
+        """Images per batch of the decode tasks (:func:`adjcap.pools.batch_size`)."""
+        return pool_layout.batch_size(self.cfg, None, gpu)
+
+    def on_cluster(self, types: Sequence[NodeType], first: int = 0) -> ClusterPlan:
+        """The plan on a cluster of node ``types`` (:func:`plan_cluster`)."""
+        return plan_cluster(self.cfg, types, first)
+
+    def on_node(self, cluster: Mapping[str, float], pool: str | None = None, working: int = 0) -> dict[str, dict[str, float]]:
+        """One actor's Ray resources per pool on one node (or a cluster summed as one) of ``cluster``
+        resources (:func:`pool_plan`): every pool of the layout, or, with ``pool``, that pool's actor holding
+        ``working`` bytes beyond its models (a pool outside the layout, the corpus encoder, planned alone)."""
+        if pool is None:
+            return pool_plan(self.cfg, cluster)
+        job = tuple(dict.fromkeys(p.name for p in self.layout(float(cluster.get("GPU", 0)) > 0)))
+        return pool_plan(self.cfg, cluster, job if pool in job else (pool,), {pool: working})
 
 
 def with_up(types: Sequence[NodeType], up: Mapping[str, int]) -> tuple[NodeType, ...]:

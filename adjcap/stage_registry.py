@@ -91,12 +91,19 @@ class Family:
     ``size(cfg, gpu, holds)`` returns (parameters, bytes at run precision) of what ``load`` would
     load in a process holding the families ``holds`` (reused models count once, where loaded);
     ``pixels(cfg)``: the image preprocessing its models want, without loading them, which the job's
-    decode tasks prepare (:mod:`adjcap.pixel_prep`; None: the decoded image itself; none: no image)."""
+    decode tasks prepare (:mod:`adjcap.pixel_prep`; None: the decoded image itself; none: no image);
+    ``env(cfg)``: the Ray runtime environment its models load in when it is not the job's own (None:
+    the job's), e.g. the ``lavis`` verifier backend's isolated environment (:mod:`adjcap.lavis_env`);
+    ``parts``: what it runs of other stages when it loads in an environment of its own, by stage name
+    (the verifier half of stage 4): a pool of its own runs that part before the stage's pool, which is
+    handed None for this family (:mod:`adjcap.pools`)."""
 
     name: str
     load: Callable[["Config", Loading], Any]
     size: Callable[["Config", bool, frozenset[str]], tuple[int, int]]
     pixels: Callable[["Config"], tuple[Any, ...]] = lambda cfg: ()
+    env: Callable[["Config"], Mapping[str, Any] | None] = lambda cfg: None
+    parts: Mapping[str, Callable[[list[ImageState], Mapping[str, Any], "Config"], Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -250,9 +257,30 @@ def _load_index(cfg: "Config", ld: Loading) -> SearchIndex:
 
 
 def _load_verifier(cfg: "Config", ld: Loading):
+    v = cfg.verifier
+    if v.enabled and v.backend == "lavis":  # LAVIS's own BLIP ITM, in its environment (_verifier_env)
+        from adjcap.models.lavis_itm import load_lavis_verifier
+
+        return load_lavis_verifier(v.model, tokenizer=v.tokenizer, device=cfg.device, image_batch_size=v.batch_size)
     from adjcap.models.roles import load_verifier
 
-    return load_verifier(cfg.verifier, cfg.device)
+    return load_verifier(v, cfg.device)
+
+
+def _verifier_env(cfg: "Config") -> Mapping[str, Any] | None:
+    """The ``lavis`` backend's isolated environment (salesforce-lavis cannot share this one)."""
+    if not (cfg.verifier.enabled and cfg.verifier.backend == "lavis"):
+        return None
+    from adjcap.lavis_env import runtime_env
+
+    return runtime_env(cfg.paths.cache_dir)
+
+
+def _score_verifier(states: list[ImageState], m: Mapping[str, Any], cfg: "Config") -> None:
+    """The verifier half of stage 4, in the verifier's environment (the stage's cosines follow in its pool)."""
+    from adjcap import stages
+
+    stages.score_verifier(states, m["verifier"])
 
 
 def _pixels_verifier(cfg: "Config") -> tuple[Any, ...]:
@@ -417,7 +445,8 @@ def _verifier_unread(cfg: "Config") -> tuple[str, ...]:
 register(
     Family("retrieval", _load_retrieval, _size_retrieval, _pixels_retrieval),
     Family("index", _load_index, _nothing),
-    Family("verifier", _load_verifier, _size_verifier, _pixels_verifier),
+    Family("verifier", _load_verifier, _size_verifier, _pixels_verifier, env=_verifier_env,
+           parts={"score": _score_verifier}),
     Family("captioner", _load_captioner, _size_captioner, _pixels_captioner),
     Family("scorer", _load_scorer, _size_scorer, _pixels_scorer),
     Stage(
