@@ -21,7 +21,7 @@ built), never imports Ray. The job reads all of it from its run plan (:class:`ad
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from adjcap import gpu_errors, stage_registry
@@ -34,39 +34,32 @@ ENCODER = "encoder"  # the corpus-encoder pool of `adjcap encode-corpus` (not a 
 
 @dataclass(frozen=True)
 class Pool:
-    """A pool of identical actors (``actors`` of them, ``batch_size`` images a batch): the stages they run (in
-    order) and the families they load. ``part``: the pool runs only that family's part of its stages
-    (:attr:`adjcap.stage_registry.Family.parts`, the verifier half of stage 4), in the family's environment;
-    ``given``: families whose part of these stages a pool before this one ran (handed None here);
-    ``env``: the Ray runtime environment its workers start in (None: the job's own)."""
+    """A pool of identical actors (``actors`` of them, ``batch_size`` images a batch), as data: the stages
+    they run (in order), the families they load, the actor's class name (what Ray shows:
+    ``MapWorker(MapBatches(CaptionerActor))``) and the names it reports progress under (``meters``).
+    ``part``: the pool runs only that family's part of its stages (:attr:`adjcap.stage_registry.Family.parts`,
+    the verifier half of stage 4: meter ``score-verifier``, actor ``ScorerVerifierActor``), in the family's
+    environment; ``given``: families whose part of these stages a pool before this one ran (handed None
+    here); ``env``: the Ray runtime environment its workers start in (None: the job's own)."""
 
     name: str
     stages: tuple[str, ...]
+    families: tuple[str, ...]
+    actor_name: str
+    meters: tuple[str, ...]
     part: str | None = None
     given: tuple[str, ...] = ()
     env: Mapping[str, Any] | None = None
     actors: int = 1
     batch_size: int = 16
 
-    @property
-    def families(self) -> tuple[str, ...]:
-        return (self.part,) if self.part else stage_registry.families_of(self.stages)
 
-    @property
-    def actor_name(self) -> str:
-        """The actor's class name (what Ray shows: ``MapWorker(MapBatches(CaptionerActor))``,
-        ``ScorerVerifierActor`` for the verifier's part of the scorer's stage)."""
-        return f"{self.name.capitalize()}{(self.part or '').capitalize()}Actor"
-
-    @property
-    def meters(self) -> tuple[str, ...]:
-        """The names it reports progress under: its stages (a part: ``score-verifier``)."""
-        return tuple(f"{s}-{self.part}" if self.part else s for s in self.stages)
-
-    def from_stage(self, keep: Iterable[str]) -> "Pool | None":
-        """This pool for images that need only the stages ``keep`` (None: it runs none of them)."""
-        stages = tuple(s for s in self.stages if s in set(keep))
-        return replace(self, stages=stages) if stages else None
+def pool(name: str, stages: Iterable[str], part: str | None = None, **more: Any) -> Pool:
+    """The :class:`Pool` record of pool ``name`` running ``stages`` (or ``part``'s part of them)."""
+    stages = tuple(stages)
+    return Pool(name, stages, (part,) if part else stage_registry.families_of(stages),
+                f"{name.capitalize()}{(part or '').capitalize()}Actor",
+                tuple(f"{s}-{part}" if part else s for s in stages), part, **more)
 
 
 def _split(stage_names: Iterable[str]) -> dict[str, list[str]]:
@@ -79,7 +72,7 @@ def _split(stage_names: Iterable[str]) -> dict[str, list[str]]:
 def split_pools(stage_names: Iterable[str] | None = None) -> list[Pool]:
     """One pool per distinct stage ``pool``, in stage order (names and stages only)."""
     names = tuple(stage_names) if stage_names is not None else stage_registry.names()
-    return [Pool(p, tuple(st)) for p, st in _split(names).items()]
+    return [pool(p, st) for p, st in _split(names).items()]
 
 
 def pool_names() -> tuple[str, ...]:
@@ -134,10 +127,19 @@ def layout(cfg: Config, gpu: bool, first: int = 0) -> list[Pool]:
                  for f in envs if f not in fams]
         parts = [(f, st) for f, st in parts if st]
         for f, st in parts:
-            out.append(Pool(name, st, part=f, env=envs[f], **common))
+            out.append(pool(name, st, part=f, env=envs[f], **common))
         env = next((envs[f] for f in fams if f in envs), None)
-        out.append(Pool(name, tuple(stages), given=tuple(f for f, _ in parts), env=env, **common))
+        out.append(pool(name, stages, given=tuple(f for f, _ in parts), env=env, **common))
     return out
+
+
+def read(cfg: Config) -> tuple[dict[tuple[bool, int], tuple[Pool, ...]], dict[str, "Share"], dict[bool, int]]:
+    """Everything a job's pool plan holds, read from the (resolved) config in one pass: the layouts by (a
+    cluster with GPUs?, the first stage index some image needs), every pool's :class:`Share`, and the
+    decode tasks' batch size with and without GPUs (:class:`adjcap.cluster_plan.PoolPlan`)."""
+    layouts = {(gpu, first): tuple(layout(cfg, gpu, first))
+               for gpu in (False, True) for first in range(len(stage_registry.names()))}
+    return layouts, shares(cfg), {gpu: batch_size(cfg, None, gpu) for gpu in (False, True)}
 
 
 def part_actors(cfg: Config, pools: Iterable[str]) -> int:
@@ -219,24 +221,26 @@ def pool_budget(cfg: Any, gpu: bool | None = None) -> dict[str, dict[str, int]]:
     return out
 
 
-def gpu_memory_problem(cfg: Any, gpus: float, gpu_bytes: int, pools: Iterable[str]) -> str | None:
-    """Why the models of ``pools`` (each pool's actors, :func:`actors`) cannot fit on ``gpus`` GPUs of
-    ``gpu_bytes`` each, counted at the precision each model loads in (``cfg`` resolved), or None: one
-    actor's models larger than a whole GPU, or every actor's together larger than all of them."""
-    plan = pool_budget(cfg, gpu=True)
-    pools = tuple(pools)
-    for p in pools:
-        need = plan[p]["bytes"]
-        if need > gpu_bytes:
-            return (f"pool {p}: one actor's models take {budget.human_bytes(need)} of GPU memory at the precision "
-                    f"they load in, more than a whole GPU ({budget.human_bytes(gpu_bytes)}); use precision=bf16 "
-                    "or a larger GPU")
-    total = sum(actors(cfg, p) * plan[p]["bytes"] for p in pools)
-    if total > gpus * gpu_bytes:
-        per = " + ".join(f"{actors(cfg, p)} x {p} {budget.human_bytes(plan[p]['bytes'])}" for p in pools)
-        return (f"the pools' models take {per} = {budget.human_bytes(total)} of GPU memory, the "
-                f"{gpus:g} GPU(s) have {budget.human_bytes(gpus * gpu_bytes)}; use fewer actors or precision=bf16")
-    return None
+@dataclass(frozen=True)
+class Share:
+    """What one actor of a pool asks of a cluster, read from the config once: its pool's ``actors``, its GPU
+    share, its CPUs (None: the shared default, ``ray.cpu_share`` shrunk to fit), its models' bytes at run
+    precision on a GPU and on a CPU, and the actors of the pools that run an isolated family's part of its
+    stages beside it (:func:`part_actors`)."""
+
+    actors: int
+    gpus: float
+    cpus: float | None
+    gpu_bytes: int
+    cpu_bytes: int
+    part_actors: int = 0
+
+
+def shares(cfg: Config) -> dict[str, Share]:
+    """Every pool's :class:`Share` (the split pools, the fused pool and the corpus encoder)."""
+    on_gpu, on_cpu = pool_budget(cfg, gpu=True), pool_budget(cfg, gpu=False)
+    return {p: Share(actors(cfg, p), gpu_share(cfg, p), cpu_request(cfg, p), on_gpu[p]["bytes"], on_cpu[p]["bytes"],
+                     part_actors(cfg, (p,))) for p in (*pool_names(), FUSED, ENCODER)}
 
 
 def check_gpu_memory(cfg: Any, pool: str, families: Iterable[str] | None = None) -> None:
