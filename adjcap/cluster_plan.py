@@ -9,6 +9,10 @@ by node (first fit, set by set: one actor of each pool, then the next set): a no
 actors placed on it, so a GPU-less head's memory never counts for a GPU actor. A request no node type can ever hold is refused in one line
 (:class:`ResourceError`); one that the cluster's node types can hold once the autoscaler adds them is
 returned with the nodes it needs (``ClusterPlan.waiting``).
+
+A job's run plan holds its :class:`PoolPlan`: the config read once (:func:`adjcap.pools.read`) into the
+layouts and each pool's :class:`adjcap.pools.Share`; the planning here reads that, never the config, and
+the job reaches it only through the plan (``PoolPlan.on_cluster``, ``PoolPlan.on_node``).
 """
 
 from __future__ import annotations

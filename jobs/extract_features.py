@@ -1,5 +1,6 @@
 """Feature extraction, the Ray part of the main job: records -> image decode (CPU tasks) -> the stage
-pools (retriever -> verifier -> captioner -> scorer, or one fused pool: :mod:`adjcap.pools`) -> Parquet
+pools (retriever -> verifier -> captioner -> scorer, or one fused pool, as the run plan lays them out:
+``RunPlan.pools``, :class:`adjcap.cluster_plan.PoolPlan`) -> Parquet
 feature parts in the run directory, written by the last pool's actors (:mod:`adjcap.batch_sink`); the
 driver gets back only each image's id, split, error and computed stages (docs/architecture.md, "Data
 flow of one image"). Images that need no model (every stage stored, or refused by the reader) never

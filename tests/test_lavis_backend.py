@@ -146,7 +146,7 @@ def test_ray_actors_of_both_backends_agree(tiny, tmp_path):
     assert importlib.util.find_spec("lavis") is None  # so the LAVIS pools can only have run in the LAVIS env
     pth, tok, _ = tiny
     cfg = load_config("demo", [f"paths.cache_dir={_cache()}", f"verifier.model={pth}", f"verifier.tokenizer={tok}",
-                               "verifier.keep=3", "device=cpu"])
+                               "verifier.keep=3", "device=cpu", "ray.pools=split"])
     states = []
     for i, p in enumerate(IMAGES):
         s = ImageState(image_id=p.stem, benchmark="fixture", split="test", image=Image.open(p).convert("RGB"),
