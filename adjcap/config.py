@@ -23,6 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from adjcap.nested import deep_update
 from adjcap.picker_needs import PICKER_NEEDS, picker_names
 from adjcap.registry import close_matches, did_you_mean, similar, suggestion, unknown
+from adjcap.verifier_families import NAMES as VERIFIER_FAMILIES
+from adjcap.verifier_families import refusal as verifier_refusal
 
 Precision = Literal["auto", "fp32", "fp16", "bf16"]
 
@@ -103,7 +105,7 @@ class RetrievalCfg(_Strict):
 
 class VerifierCfg(_Strict):
     enabled: bool = Field(True, description="run stage 2; false keeps the first k retrieved, in retrieval order")
-    family: Literal["blip_itm", "blip2_itm", "clip"] = Field(
+    family: Literal[VERIFIER_FAMILIES] = Field(  # adjcap.verifier_families: one record each
         "blip_itm", description="the judge of stages 2 and 4: blip_itm (BLIP ITM head, match probability in (0, 1)), "
         "blip2_itm (BLIP-2 Q-Former ITM head, match probability in (0, 1)) or clip (any open_clip dual encoder: "
         "sigmoid(scale * cosine + bias) in (0, 1) for a model with a logit bias (SigLIP), else (cosine + 1) / 2 "
@@ -791,20 +793,7 @@ def _picker_vs_protocol(cfg: Config) -> str | None:
 
 
 def _verifier_family(cfg: Config) -> str | None:
-    v = cfg.verifier
-    if not v.enabled or v.family == "blip_itm":
-        return None
-    if v.backend != "transformers":
-        return (f"verifier.backend={v.backend} runs BLIP ITM only; verifier.family={v.family} needs "
-                "verifier.backend=transformers")
-    if v.model.startswith("Salesforce/blip-itm"):
-        example = "Salesforce/blip2-itm-vit-g" if v.family == "blip2_itm" else "ViT-SO400M-14-SigLIP-384"
-        return (f"verifier.family={v.family} but verifier.model is the BLIP ITM checkpoint {v.model}; set "
-                f"verifier.model (e.g. {example})")
-    if v.family == "clip" and not v.pretrained:
-        return ("verifier.family=clip needs verifier.pretrained: an open_clip pretrained tag of verifier.model "
-                "(e.g. webli), hf-hub:REPO or a local checkpoint")
-    return None
+    return verifier_refusal(cfg.verifier)  # the family's record says what it cannot run
 
 
 # conflicts the configuration alone shows, refused when it loads (before Ray or any feature pass):

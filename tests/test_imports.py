@@ -198,13 +198,13 @@ def test_actors_import_no_model_math_from_elsewhere():
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # helpers that know nothing of a run: files written atomically and their digests (content ids), "did you mean",
     # numerics, the accelerators, the LAVIS environment, beam search, the entity filter, the feature
-    # row's schema, the pickers' names and needs (what the config checks without torch), the one deep
-    # merge and flattener of nested settings, the one file lock and the one Parquet part writer, the
+    # row's schema, the pickers' names and needs and the verifier families' records (what the config checks
+    # without torch), the one deep merge and flattener of nested settings, the one file lock and the one Parquet part writer, the
     # dispatch audit (host reads and KV bytes per decode step, for tests and benchmarks), the CPU half of
     # an image transform (pixel_prep: the decode tasks resize and crop for the pools' models)
     ("foundations", ("adjcap.io", "adjcap.content_ids", "adjcap.registry", "adjcap.numerics", "adjcap.accelerators", "adjcap.lavis_env",
-                     "adjcap.decoding", "adjcap.entities", "adjcap.features", "adjcap.picker_needs", "adjcap.nested",
-                     "adjcap.file_lock", "adjcap.parts", "adjcap.dispatch_audit", "adjcap.gpu_errors",
+                     "adjcap.decoding", "adjcap.entities", "adjcap.features", "adjcap.picker_needs", "adjcap.verifier_families",
+                     "adjcap.nested", "adjcap.file_lock", "adjcap.parts", "adjcap.dispatch_audit", "adjcap.gpu_errors",
                      "adjcap.pixel_prep")),
     # reading benchmarks and corpora: files in, records out (knows no configuration)
     ("data", ("adjcap.data",)),
@@ -215,12 +215,13 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # the frozen models and the caption corpus index they search
     ("models", ("adjcap.models",)),
     ("index", ("adjcap.index",)),
-    # one image through the stages: its state, the stage functions, the stage registry (stages and model
-    # families as data) and the pools it lays out, identities, the stage cache, the in-process pipeline
+    # one image through the stages: its state, the stage functions, the stage registry's mechanism (its records
+    # and lookups: stage_records) and its built-in entries (stages and model families as data: stage_registry)
+    # and the pools it lays out, identities, the stage cache, the in-process pipeline
     # and what made a run (provenance), where a pool's last actor writes its batch (batch_sink), a
     # job's run plan (records, corpus, identities, pools, run directory: built once at the edge), and the
     # captioner families stage 3 picks from (captioners)
-    ("stages", ("adjcap.image_state", "adjcap.stages", "adjcap.stage_registry", "adjcap.pools", "adjcap.cluster_plan", "adjcap.identity",
+    ("stages", ("adjcap.image_state", "adjcap.stages", "adjcap.stage_records", "adjcap.stage_registry", "adjcap.pools", "adjcap.cluster_plan", "adjcap.identity",
                 "adjcap.stage_cache", "adjcap.pipeline", "adjcap.provenance", "adjcap.batch_sink", "adjcap.run_plan",
                 "adjcap.captioners")),
     # the learned rerankers over the feature table
