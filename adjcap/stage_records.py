@@ -86,12 +86,19 @@ class Family:
     ``pixels(cfg)``: the image preprocessing its models want, without loading them, which the job's
     decode tasks prepare (:mod:`adjcap.pixel_prep`; a None in it: the decoded image itself, so the
     image's bytes travel; ``()``: its models read no image). Required: a family that does not say
-    what its models read would get no image at all (:func:`register` refuses it)."""
+    what its models read would get no image at all (:func:`register` refuses it). ``env(cfg)``: the Ray
+    runtime environment its models load in when it is not the job's own (None: the job's), e.g. the
+    ``lavis`` verifier backend's isolated environment (:mod:`adjcap.lavis_env`); ``parts``: what it runs
+    of other stages when it loads in an environment of its own, by stage name (the verifier half of stage
+    4): a pool of its own runs that part before the stage's pool, which is handed None for this family
+    (:func:`adjcap.pools.layout`)."""
 
     name: str
     load: Callable[["Config", Loading], Any]
     size: Callable[["Config", bool, frozenset[str]], tuple[int, int]]
     pixels: Callable[["Config"], tuple[Any, ...]]
+    env: Callable[["Config"], Mapping[str, Any] | None] = lambda cfg: None
+    parts: Mapping[str, Callable[[list[ImageState], Mapping[str, Any], "Config"], Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

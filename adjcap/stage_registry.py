@@ -18,6 +18,7 @@ functions when they run.
 from __future__ import annotations
 
 import logging
+import pkgutil
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -96,6 +97,20 @@ def _load_verifier(cfg: "Config", ld: Loading):
     from adjcap.models.roles import load_verifier
 
     return load_verifier(cfg.verifier, cfg.device)
+
+
+def _verifier_env(cfg: "Config") -> Mapping[str, Any] | None:
+    """The environment of a backend that runs in one of its own (the verifier family's record: ``lavis``,
+    LAVIS's, which cannot share this one), else None."""
+    own = verifier_families.isolated(cfg.verifier)
+    return None if own is None else pkgutil.resolve_name(own.env)(cfg.paths.cache_dir)
+
+
+def _score_verifier(states: list[ImageState], m: Mapping[str, Any], cfg: "Config") -> None:
+    """The verifier half of stage 4, in the verifier's environment (the stage's cosines follow in its pool)."""
+    from adjcap import stages
+
+    stages.score_verifier(states, m["verifier"])
 
 
 def _pixels_verifier(cfg: "Config") -> tuple[Any, ...]:
@@ -253,7 +268,8 @@ def _verifier_unread(cfg: "Config") -> tuple[str, ...]:
 register(
     Family("retrieval", _load_retrieval, _size_retrieval, _pixels_retrieval),
     Family("index", _load_index, _nothing, lambda cfg: ()),  # reads no image
-    Family("verifier", _load_verifier, _size_verifier, _pixels_verifier),
+    Family("verifier", _load_verifier, _size_verifier, _pixels_verifier, env=_verifier_env,
+           parts={"score": _score_verifier}),
     Family("captioner", _load_captioner, _size_captioner, _pixels_captioner),
     Family("scorer", _load_scorer, _size_scorer, _pixels_scorer),
     Stage(

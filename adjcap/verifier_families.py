@@ -2,7 +2,9 @@
 knows a family reads its record: the configuration (the family names, and the refusals of a setting
 the family cannot run: :func:`refusal`), stage 2's identity (:func:`unread`), the memory plan
 (``adjcap.models.budget.verifier_params``), the image preparation the decode tasks do
-(``adjcap.models.roles.verifier_pixel_prep``) and the loader (``adjcap.models.roles.load_verifier``).
+(``adjcap.models.roles.verifier_pixel_prep``), the loader (``adjcap.models.roles.load_verifier``) and
+the environment a backend runs in when not the job's (:class:`Isolated`: the stage registry's verifier
+family's ``env``).
 
 * ``blip_itm``: BLIP's ITM head (:mod:`adjcap.models.blip`), also through salesforce-lavis's own
   code (``verifier.backend = "lavis"``, in an environment of its own);
@@ -17,10 +19,21 @@ entry points do) and the models layer resolves them (``pkgutil.resolve_name``, i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 from adjcap.registry import lookup
+
+@dataclass(frozen=True)
+class Isolated:
+    """A ``verifier.backend`` that runs a family's judge in an environment of its own (``lavis``): its
+    ``load`` (``(cfg, *, device) -> judge``, run inside that environment) and ``env`` (``(cache_dir) ->``
+    the Ray runtime environment its pools' workers start in), ``"module:function"`` each. Its pools run
+    stage 2 and the verifier's part of stage 4 (the stage registry's verifier ``Family.parts``)."""
+
+    load: str
+    env: str
+
 
 @dataclass(frozen=True)
 class VerifierFamily:
@@ -35,7 +48,8 @@ class VerifierFamily:
     ``family`` nor ``pretrained``, so the runs from before there were families keep their identities);
     ``backends``: the ``verifier.backend`` values it runs on; ``needs``: (key, what to set) for keys it
     cannot run without; ``hub``: the prefix of its checkpoints' hub ids (a model of another family's
-    prefix is refused); ``example``: a model of its own, for the refusal lines."""
+    prefix is refused); ``example``: a model of its own, for the refusal lines; ``isolated``: the backends
+    it runs in an environment of their own (:class:`Isolated`), by name."""
 
     name: str
     title: str
@@ -47,8 +61,7 @@ class VerifierFamily:
     needs: tuple[tuple[str, str], ...] = ()
     hub: str = ""
     example: str = ""
-    # the runtimes of its other backends (the lavis backend's environment and half-stage) are the pools'
-    # to add here, as data
+    isolated: Mapping[str, Isolated] = field(default_factory=dict)
 
 
 FAMILIES: dict[str, VerifierFamily] = {f.name: f for f in (
@@ -56,7 +69,10 @@ FAMILIES: dict[str, VerifierFamily] = {f.name: f for f in (
         "blip_itm", "BLIP ITM verifier",
         load="adjcap.models.blip:load_verifier_from_config", params="adjcap.models.budget:blip_itm_params",
         pixels="adjcap.models.blip:verifier_pixel_prep", unread=("family", "pretrained"),
-        backends=("transformers", "lavis"), hub="Salesforce/blip-itm", example="Salesforce/blip-itm-large-coco"),
+        backends=("transformers", "lavis"), hub="Salesforce/blip-itm", example="Salesforce/blip-itm-large-coco",
+        # salesforce-lavis's own BLIP ITM, in its environment (it cannot share this one: adjcap.lavis_env)
+        isolated={"lavis": Isolated(load="adjcap.models.lavis_itm:load_from_config",
+                                    env="adjcap.lavis_env:runtime_env")}),
     VerifierFamily(
         "blip2_itm", "BLIP-2 ITM verifier",
         load="adjcap.models.blip2:load_blip2_from_config", params="adjcap.models.budget:blip2_itm_params",
@@ -81,6 +97,11 @@ def family(name: str) -> VerifierFamily:
 def of(v: Any) -> VerifierFamily:
     """The record of a verifier section (a section without ``family`` is BLIP ITM's, as before families)."""
     return family(getattr(v, "family", "blip_itm"))
+
+
+def isolated(v: Any) -> Isolated | None:
+    """The section's backend when it runs in an environment of its own (None: in the job's)."""
+    return of(v).isolated.get(v.backend) if v.enabled else None
 
 
 def unread(v: Any) -> tuple[str, ...]:

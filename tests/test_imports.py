@@ -109,6 +109,31 @@ def test_import_rules():
     assert not bad, "\n".join(bad)
 
 
+# The job reads its pools from the run plan alone (RunPlan.pools, adjcap.cluster_plan.PoolPlan: layout, actors,
+# batch sizes, runtime environments, and each actor's resources on the cluster's facts): the jobs import
+# nothing of the pool planning (adjcap.pools) and, of adjcap.cluster_plan, only the plan's and the cluster's
+# data (docs/architecture.md, "Pools")
+POOL_PLANNING = "adjcap.pools"
+CLUSTER_PLAN = "adjcap.cluster_plan"
+CLUSTER_DATA = {"ClusterPlan", "NodeType", "PoolPlan", "ResourceError", "launcher_node_types", "merge_up"}
+
+
+def test_the_jobs_read_their_pools_from_the_run_plan_alone():
+    bad = []
+    for m, path in _sources().items():
+        if _layer(m) != "adjcap.jobs":
+            continue
+        for mod, names in _import_nodes(path):
+            targets = [f"{mod}.{n}" for n in names] if names else [mod]
+            for t in targets:
+                if t == POOL_PLANNING or t.startswith(POOL_PLANNING + "."):
+                    bad.append(f"{path.relative_to(ROOT)} imports {t}: read the run plan's pools (RunPlan.pools)")
+                elif t == CLUSTER_PLAN or (t.startswith(CLUSTER_PLAN + ".") and t.rsplit(".", 1)[1] not in CLUSTER_DATA):
+                    bad.append(f"{path.relative_to(ROOT)} imports {t}: plan through the run plan's PoolPlan "
+                               f"(the jobs take only {', '.join(sorted(CLUSTER_DATA))})")
+    assert not bad, "\n".join(bad)
+
+
 def test_entry_points_import_only_their_layer_and_nothing_imports_them():
     """adjcap/__init__ -> adjcap.api (inside a function), adjcap.api -> the jobs it runs (inside
     caption and run), adjcap/__main__ -> adjcap.cli; no module imports adjcap.__main__ or adjcap.cli,

@@ -7,6 +7,7 @@ import pyarrow as pa
 import pytest
 
 from adjcap import pools, stage_registry
+from adjcap.cluster_plan import PoolPlan
 from adjcap.config import load_config
 from adjcap.features import rows_to_table
 from adjcap.index import benchmark_corpus
@@ -110,7 +111,7 @@ def test_a_toy_stage_runs_through_pipeline_identity_and_cache(world):
         budget = pools.pool_budget(cfg, gpu=False)
         assert budget["counter"] == {"params": 1000, "bytes": 4000}
         assert budget["fused"]["params"] > 1000
-        assert stream_stages(cfg, 0) == ["decode", "retrieve", "verify", "caption", "score", "count"]
+        assert stream_stages(PoolPlan.of(cfg), 0) == ["decode", "retrieve", "verify", "caption", "score", "count"]
     assert stage_registry.names() == ("retrieve", "verify", "caption", "score")
     assert stage_identities(cfg, fp) == four
 

@@ -226,6 +226,11 @@ def test_each_family_is_one_record_that_everything_reads():
         for part in ("load", "params", "pixels"):
             fn = pkgutil.resolve_name(getattr(f, part))
             assert inspect.isfunction(fn) and fn.__module__.startswith("adjcap.models."), (f.name, part)
+        for backend, own in f.isolated.items():  # a backend in its own environment: its loader and environment
+            assert backend in f.backends and inspect.isfunction(pkgutil.resolve_name(own.load)), (f.name, backend)
+            assert pkgutil.resolve_name(own.env).__module__ == "adjcap.lavis_env", (f.name, backend)
+    assert vf.isolated(VerifierCfg(backend="lavis")) is vf.FAMILIES["blip_itm"].isolated["lavis"]
+    assert vf.isolated(VerifierCfg()) is None and vf.isolated(VerifierCfg(backend="lavis", enabled=False)) is None
     # a model of another family's hub prefix is refused for every family, BLIP ITM's too
     with pytest.raises(ConfigError, match="verifier.family=blip_itm but verifier.model is the BLIP-2 ITM checkpoint"):
         load_config("headline", ["verifier.model=Salesforce/blip2-itm-vit-g"])

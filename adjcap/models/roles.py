@@ -85,7 +85,8 @@ def load_verifier(verifier: VerifierCfg, device: str):
     score: one score per pair), or None when the verifier is disabled (presets without stage 2)."""
     if not verifier.enabled:
         return None
-    return pkgutil.resolve_name(verifier_families.of(verifier).load)(verifier, device=device)
+    own = verifier_families.isolated(verifier)  # a backend in its own environment (lavis): its loader
+    return pkgutil.resolve_name(own.load if own else verifier_families.of(verifier).load)(verifier, device=device)
 
 
 @dataclass
