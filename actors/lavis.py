@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow as pa
 
 from adjcap.actors.progress import StageMeter
-from adjcap.actors.transport import pack, unpack
+from adjcap.engine.transport import pack, unpack
 from adjcap import stages
 from adjcap.config import Config
 from adjcap.models.lavis_itm import load_lavis_verifier

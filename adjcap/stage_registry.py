@@ -58,7 +58,7 @@ class Reads:
 @dataclass(frozen=True)
 class StageOutput:
     """A stage's output columns (``image_id`` first): what the stage cache stores and what travels
-    between pools (``actors/transport.py``); how to take them from a state the stage filled and how to
+    between pools (``adjcap/engine/transport.py``); how to take them from a state the stage filled and how to
     put them back into a fresh state. ``blank``: struct fields of list columns that a later stage fills
     in the same state, stored as NaN (:meth:`stored`) but carried between pools as they are."""
 

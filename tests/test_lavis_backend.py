@@ -135,7 +135,7 @@ def test_ray_actors_of_both_backends_agree(tiny, tmp_path):
     import ray
 
     from adjcap.actors.lavis import LavisScorerActor, LavisVerifierActor
-    from adjcap.actors.transport import pack, unpack
+    from adjcap.engine.transport import pack, unpack
     from adjcap.actors.pool import actor_class
     from adjcap.config import load_config
     from adjcap.image_state import ImageState
