@@ -65,9 +65,9 @@ class RayExecutor(Executor):
 
     def _index(self, cfg: Config, refs: dict):
         # once per job; each node's retriever actors share one read-only copy (adjcap.index.shared), read
-        # and put by a worker (the driver's CPU stays off the index: docs/benchmarks/pipeline.md, "The
-        # driver off the image path"); its worker (torch imported) exits after it; lost with its node,
-        # Ray runs the task again
+        # and put by a worker (the driver's CPU stays off the index:
+        # docs/benchmarks/pipeline.md, "The driver off the image path"); its worker (torch imported)
+        # exits after it; lost with its node, Ray runs the task again
         if "index" not in refs:
             refs["index"] = ray.remote(num_cpus=cfg.ray.decode_cpus, max_calls=1)(put_index).remote(
                 str(index_for(cfg, self.corpus)), self.corpus.texts)
