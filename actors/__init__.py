@@ -2,6 +2,6 @@
 verifier backend's pools in LAVIS's environment), the decode tasks, the index task, the corpus encoder,
 the metrics. Thin: load models once in __init__, call adjcap.stages in __call__.
 
-Batches travel between pools as one Arrow table of declared columns (:mod:`adjcap.actors.transport`:
+Batches travel between pools as one Arrow table of declared columns (:mod:`adjcap.engine.transport`:
 the image's own columns, the pixels its decode task prepared, each stage's declared outputs), never a
 pickled state; each pool rebuilds its :class:`adjcap.image_state.ImageState` objects from the table."""

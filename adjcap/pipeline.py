@@ -1,21 +1,24 @@
 """The in-process driver: records -> feature rows with every stage in one Python process (tests,
-notebooks, debugging). The Ray job (``jobs/extract_features.py``) runs the same stages, walking the
-same registry (:mod:`adjcap.stage_registry`), on pools whose models the same family loaders load."""
+notebooks, debugging), through the engine's local backend (:mod:`adjcap.engine`): the same decode
+function, pool batch class and Arrow transport the Ray job's pools run (``jobs/ray_backend.py``), the
+models loaded once here by the same family loaders."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 from typing import Any, Sequence
 
-from adjcap import gpu_errors, image_state, pools, stage_registry
+from adjcap import pools, stage_registry
 from adjcap.config import Config
 from adjcap.data.records import Record
+from adjcap.engine import executor
+from adjcap.engine.local import LocalExecutor
+from adjcap.engine.transport import unpack
 from adjcap.index import CaptionIndex, encode_shards_in_process, encoder_identity, ensure_index
 from adjcap.index.lifecycle import search_corpus
 from adjcap.index.nouns import ensure_nouns
 from adjcap.models import roles
 from adjcap.stage_cache import StageCache, stage_counts
-from adjcap.stages import HalvedSizes, carrying
 
 
 class Models(SimpleNamespace):
@@ -51,40 +54,26 @@ def _load_models(cfg: Config, benchmark: str | None = None) -> Models:
     return Models(**loaded)
 
 
-def process_states(states: list[image_state.ImageState], models: Models, cfg: Config) -> list[image_state.ImageState]:
-    """Every registered stage, in order, on decoded states (``cfg`` resolved)."""
-    m = vars(models)
-    for stage in stage_registry.stages():
-        try:
-            stage.run(states, m, cfg)
-        except gpu_errors.GpuFailure as e:
-            raise e.in_pool(stage.pool) from None
-    return states
-
-
 def run_pipeline(records: Sequence[Record], cfg: Config, models: Models | None = None,
                  benchmark: str | None = None, batch_size: int | None = None,
                  stage_cache: StageCache | None = None, counts: dict[str, int] | None = None) -> list[dict[str, Any]]:
     """Records -> feature rows (docs/architecture.md, "Data flow of one image"), one per record, in
-    record order. With a ``stage_cache`` stored stage outputs are reused and new ones stored;
-    ``counts`` (when given) accumulates the images each stage processed. A batch size halved out of GPU
-    memory carries to the call's next batches (:class:`adjcap.stages.HalvedSizes`). An edge of its own
-    (tests, notebooks): ``cfg`` as loaded, resolved here."""
+    record order: the engine's local backend (:class:`adjcap.engine.local.LocalExecutor`) runs the
+    stages as one fused pool, the batches handed on as the transport's Arrow tables, as on Ray. With a
+    ``stage_cache`` stored stage outputs are reused and new ones stored; ``counts`` (when given)
+    accumulates the images each stage processed. A batch size halved out of GPU memory carries to the
+    call's next batches (:class:`adjcap.stages.HalvedSizes`). An edge of its own (tests, notebooks):
+    ``cfg`` as loaded, resolved here."""
     cfg = cfg.resolved()
     benchmark = benchmark or cfg.benchmark
     models = models or _load_models(cfg, benchmark)
-    bs = batch_size or pools.batch_size(cfg, pools.FUSED, str(cfg.device).startswith("cuda"))
+    gpu = str(cfg.device).startswith("cuda")
+    bs = batch_size or pools.batch_size(cfg, pools.FUSED, gpu)
+    found = stage_cache.lookup(r.image_id for r in records if not r.error) if stage_cache is not None else {}
+    stream = executor.stream(cfg, records, found, executor.fused(cfg), gpu, benchmark=benchmark, batch_size=bs)
     rows: list[dict[str, Any]] = []
-    halved = HalvedSizes()
-    known = cfg.benchmarks.get(benchmark)
-    exif = known.applies_exif() if known is not None else True  # records of an unconfigured folder: users' photos
-    for start in range(0, len(records), bs):
-        states = [image_state.decode_state(r.image_id, benchmark, r.split, r.domain, r.image_path, r.error, exif)
-                  for r in records[start : start + bs]]
-        if stage_cache is not None:
-            stage_cache.prefill(states)
-        with carrying(halved):
-            process_states(states, models, cfg)
+    for table in LocalExecutor(vars(models)).run(stream):
+        states = unpack(table)
         if stage_cache is not None:
             stage_cache.store(states)
         if counts is not None:

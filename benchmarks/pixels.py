@@ -29,7 +29,7 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from adjcap.actors.transport import pack, unpack  # noqa: E402
+from adjcap.engine.transport import pack, unpack  # noqa: E402
 from adjcap.data.images import decode_image  # noqa: E402
 from adjcap.image_state import ImageState  # noqa: E402
 from adjcap.models.blip_lavis import LavisEvalTransform  # noqa: E402

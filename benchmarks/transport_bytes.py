@@ -1,5 +1,5 @@
 """Bytes per image per hop between split pools: everything carried (before) against what the later pools
-read (after: adjcap.actors.transport.kept_for, the job's ``keep``).
+read (after: adjcap.engine.transport.kept_for, the job's ``keep``).
 
     python benchmarks/transport_bytes.py [--images 6] [--json benchmarks/results/transport-bytes.json]
 
@@ -31,10 +31,11 @@ if str(ROOT) not in sys.path:
 import pyarrow as pa  # noqa: E402
 
 from adjcap import stage_registry  # noqa: E402
-from adjcap.actors import transport  # noqa: E402
+from adjcap.engine import transport  # noqa: E402
 from adjcap.config import load_config  # noqa: E402
 from adjcap.cluster_plan import PoolPlan  # noqa: E402
-from adjcap.jobs.extract_features import decode_pixels, pools  # noqa: E402
+from adjcap.engine.executor import decode_pixels  # noqa: E402
+from adjcap.jobs.extract_features import pools  # noqa: E402
 
 def ipc_bytes(table: pa.Table) -> int:
     sink = pa.BufferOutputStream()

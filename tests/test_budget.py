@@ -126,7 +126,7 @@ def test_the_corpus_encoder_asks_for_its_corpus_and_one_shard():
 def test_decoding_tasks_are_bounded_by_the_workers():
     """At most ray.decode_tasks image-decoding tasks at once, by default 2 x workers (unbounded, Ray
     Data starts one per free decode_cpus of the cluster: tests/test_multinode.py counts them)."""
-    from adjcap.jobs.extract_features import decode_tasks
+    from adjcap.jobs.ray_backend import decode_tasks
 
     assert decode_tasks(load_config("demo", ["ray.workers=4"])) == 8
     assert decode_tasks(load_config("demo", ["ray.workers=4", "ray.decode_tasks=3"])) == 3
@@ -198,7 +198,7 @@ def test_batch_sizes_are_data_and_blocks_hold_whole_batches():
     """Each pool's Ray Data batch: ray.pool.<pool>.batch_size, else ray.batch_size, else 64 images with
     GPUs and 16 without; a block holds whole batches of every pool (a multiple of their least common
     multiple), at most 4 of them, and there are at least twice as many blocks as tasks at once."""
-    from adjcap.jobs.extract_features import BLOCK_BATCHES, block_rows
+    from adjcap.engine.executor import BLOCK_BATCHES, block_rows
 
     cfg = load_config("headline", ["paths.data_dir=/nonexistent", "ray.pool.captioner.batch_size=32"])
     assert pools.batch_size(cfg, "retriever", gpu=True) == 64 and pools.batch_size(cfg, None, gpu=False) == 16

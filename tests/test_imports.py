@@ -223,13 +223,18 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("index", ("adjcap.index",)),
     # one image through the stages: its state, the stage functions, the stage registry's mechanism (its records
     # and lookups: stage_records) and its built-in entries (stages and model families as data: stage_registry)
-    # and the pools it lays out, identities, the stage cache, the in-process pipeline
+    # and the pools it lays out, identities, the stage cache
     # and what made a run (provenance), where a pool's last actor writes its batch (batch_sink), a
     # job's run plan (records, corpus, identities, pools, run directory: built once at the edge), and the
     # captioner families stage 3 picks from (captioners)
     ("stages", ("adjcap.image_state", "adjcap.stages", "adjcap.stage_records", "adjcap.stage_registry", "adjcap.pools", "adjcap.cluster_plan", "adjcap.identity",
-                "adjcap.stage_cache", "adjcap.pipeline", "adjcap.provenance", "adjcap.batch_sink", "adjcap.run_plan",
+                "adjcap.stage_cache", "adjcap.provenance", "adjcap.batch_sink", "adjcap.run_plan",
                 "adjcap.captioners")),
+    # the engine: one executor interface over the stages (executor), its in-process backend (local), the
+    # batch functions both backends run (decode_task, pool_batch) and the Arrow transport between them;
+    # the Ray backend is the application layer's (jobs/ray_backend.py); the in-process pipeline over the
+    # local backend (tests, notebooks)
+    ("engine", ("adjcap.engine", "adjcap.pipeline")),
     # the learned rerankers over the feature table
     ("rerank", ("adjcap.rerank",)),
     # Java and the jars it runs: found and trusted, shared by needs, prepare and the metrics

@@ -135,7 +135,7 @@ def test_ray_actors_of_both_backends_agree(tiny, tmp_path):
     import pyarrow as pa
     import ray
 
-    from adjcap.actors.transport import pack, unpack
+    from adjcap.engine.transport import pack, unpack
     from adjcap.actors.pool import actor_class
     from adjcap.cluster_plan import PoolPlan
     from adjcap.config import load_config

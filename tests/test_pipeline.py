@@ -330,7 +330,8 @@ def test_out_of_memory_with_one_image_fails_the_job_in_one_line(demo_cfg, models
         run_pipeline(test_records[:4], demo_cfg, _with(models, retrieval=enc), batch_size=4)
     line = str(got.value)
     assert "\n" not in line and enc.sizes == [4, 2, 1]
-    assert line.startswith("pool retriever, stage retrieve: out of GPU memory with one image (its batch of 4")
+    # in process the stages run as the one fused pool (adjcap.engine.local), named as on Ray
+    assert line.startswith("pool fused, stage retrieve: out of GPU memory with one image (its batch of 4")
     assert "no GPU visible" in line  # the memory part (on a GPU: allocated, reserved, free of total)
 
 
@@ -349,7 +350,7 @@ def test_a_cuda_error_is_not_an_error_row_but_the_jobs_end(demo_cfg, models, tes
     with pytest.raises(GpuFailure) as got:
         run_pipeline(test_records[:3], demo_cfg, _with(models, verifier=ver), batch_size=3)
     assert ver.sizes == [3]  # not retried image by image into three error rows
-    assert str(got.value).startswith("pool verifier, stage verify: GPU error in a batch of 3 images (RuntimeError: ")
+    assert str(got.value).startswith("pool fused, stage verify: GPU error in a batch of 3 images (RuntimeError: ")
     # as Ray hands it to the driver (pickled across, wrapped): the command line prints its one line
     import pickle
 

@@ -12,7 +12,7 @@ from adjcap.config import load_config
 from adjcap.features import rows_to_table
 from adjcap.index import benchmark_corpus
 from adjcap.pipeline import load_models, run_pipeline
-from adjcap.actors import transport
+from adjcap.engine import transport
 from adjcap.image_state import ImageState
 from adjcap.stage_cache import StageCache, apply_outputs, stage_identities
 from adjcap.stage_registry import Family, Reads, Stage, StageOutput

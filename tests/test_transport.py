@@ -11,8 +11,8 @@ from PIL import Image
 
 import pyarrow as pa
 
-from adjcap.actors import transport
-from adjcap.actors.transport import pack, unpack
+from adjcap.engine import transport
+from adjcap.engine.transport import pack, unpack
 from adjcap.cluster_plan import PoolPlan
 from adjcap import image_state, stages
 from adjcap import stage_registry as registry
@@ -96,7 +96,8 @@ def test_pixels_prepared_by_the_decode_task_give_the_same_features_without_the_b
     """The job's decode tasks resize and crop for every model of the pools (known before any loads);
     the pools normalise them on their device, decode no image, and every feature is the same."""
     from adjcap.actors.decode import decode_batch
-    from adjcap.jobs.extract_features import decode_pixels, pools
+    from adjcap.engine.executor import decode_pixels
+    from adjcap.jobs.extract_features import pools
     from adjcap.models.clip import pixel_prep_for
     from adjcap.models.roles import verifier_pixel_prep
 
@@ -125,7 +126,8 @@ def test_pixels_prepared_by_the_decode_task_give_the_same_features_without_the_b
 
 
 def test_the_bytes_travel_where_a_pool_preprocesses_otherwise(world):
-    from adjcap.jobs.extract_features import decode_pixels, pools
+    from adjcap.engine.executor import decode_pixels
+    from adjcap.jobs.extract_features import pools
 
     cfg = world[0]
     for change in ({"captioner": cfg.captioner.model_copy(update={"family": "hf"})},
@@ -233,7 +235,7 @@ def test_decode_tasks_and_the_stage_cache_load_no_torch():
     import sys
     from pathlib import Path
 
-    code = ("import sys, actors.decode, actors.transport, adjcap.stage_cache; "
+    code = ("import sys, actors.decode, adjcap.engine.transport, adjcap.engine.decode_task, adjcap.stage_cache; "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'torchvision', 'open_clip', 'transformers'}))")
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True).stdout
@@ -245,7 +247,8 @@ def test_split_pools_carry_only_what_later_pools_read_and_the_features_are_uncha
     the pools after it read and the verifier's encoding only to a pool that reads it; the features are the
     same as before and the hops carry fewer bytes than with everything kept."""
     from adjcap.actors.decode import decode_batch
-    from adjcap.jobs.extract_features import decode_pixels, pools
+    from adjcap.engine.executor import decode_pixels
+    from adjcap.jobs.extract_features import pools
 
     cfg, m, recs = world
     recs = recs[:3]

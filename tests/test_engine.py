@@ -1,0 +1,63 @@
+"""One engine, two backends (docs/architecture.md, "Data flow of one image"): the demo's features run
+through the Ray backend (Ray Data pools, jobs/ray_backend.py) and the local backend (in process,
+adjcap/engine/local.py), each through the same decode function, pool batch class, Arrow transport and
+batch sink, come out the same, in the run directory and in the stage cache: bit for bit where this
+process computes with the kernels the workers are pinned to (adjcap.numerics.PIN), else within
+tests/rows_agree.py's tolerance (this CPU's own kernels sum in another order)."""
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from rows_agree import assert_rows_agree
+
+from adjcap import numerics
+from adjcap.config import load_config
+from adjcap.engine.local import LocalExecutor
+from adjcap.jobs.extract_features import extract_features
+from adjcap.pipeline import load_models
+from adjcap.run_plan import RunPlan
+
+pytestmark = pytest.mark.slow
+
+
+def _sorted(table: pa.Table) -> pa.Table:
+    return table.sort_by("image_id")
+
+
+def test_both_backends_write_the_same_features_and_stage_outputs(demo_cfg, one_local_ray, tmp_path):
+    plans = {}
+    for backend in ("ray", "local"):
+        cfg = load_config("demo", [f"paths.cache_dir={demo_cfg.paths.cache_dir}", f"paths.runs_dir={tmp_path / 'runs'}",
+                                   f"cache.stages_dir={tmp_path / backend / 'stages'}", "limit=6",
+                                   "ray.include_dashboard=false", "ray.batch_size=4", "ray.rows_per_part=4"])
+        plans[backend] = RunPlan.build(cfg, cfg.resolved(), tmp_path / backend / "run")
+    # the models loaded in this process first (the corpus index built here once, when missing)
+    local = LocalExecutor(vars(load_models(plans["local"].given)))
+    summaries = {"ray": extract_features(plans["ray"]), "local": extract_features(plans["local"], executor=local)}
+    assert summaries["ray"] == summaries["local"]
+    assert all(s["done"] == 6 and s["failed"] == 0 for s in summaries["ray"].values()), summaries
+    cfg = plans["ray"].cfg
+    for split in plans["ray"].records:
+        ray_rows, local_rows = (_sorted(plans[b].run.read_features(cfg.benchmark, split)) for b in ("ray", "local"))
+        assert ray_rows.num_rows == 6 and ray_rows.column("image_id").equals(local_rows.column("image_id"))
+        _agree(ray_rows, local_rows)
+    # the sink wrote the same stage outputs in both stage caches (batches of 4: the same part names too)
+    caches = {b: plans[b].stage_cache() for b in plans}
+    for stage in plans["ray"].stages:
+        names = {b: sorted(p.name for p in caches[b].parts(stage)) for b in caches}
+        assert names["ray"] == names["local"] and names["ray"], stage
+        read = {b: _sorted(pa.concat_tables(pq.read_table(p) for p in caches[b].parts(stage))) for b in caches}
+        _agree(read["ray"], read["local"], rows=False)
+
+
+def _agree(ray_rows: pa.Table, local_rows: pa.Table, rows: bool = True) -> None:
+    if numerics.pinned():  # this process runs the workers' kernels: the same bits, every column
+        # (compared as Python values, whose repr is exact for every float, so a NaN, the stage cache's
+        # blank for a field a later stage fills, equals itself)
+        assert repr(ray_rows.to_pylist()) == repr(local_rows.to_pylist())
+    elif rows:
+        for g, e in zip(ray_rows.to_pylist(), local_rows.to_pylist()):
+            assert_rows_agree(g, e)
+    else:  # a stage's stored columns: the same images (the part names above: the same batches)
+        assert ray_rows.column("image_id").equals(local_rows.column("image_id"))
+
