@@ -33,7 +33,7 @@ from adjcap.jobs.driver_threads import ThreadCPU
 from adjcap.jobs.failures import FailureWatch
 from adjcap.jobs.progress_display import tracked
 from adjcap.jobs.ray_backend import RayExecutor, decode_tasks
-from adjcap.jobs.ray_session import has_gpus
+from adjcap.jobs.ray_session import check_pools, has_gpus
 
 
 def pools(plan: PoolPlan, first: int = 0, gpu: bool = False) -> list[PoolRun]:
