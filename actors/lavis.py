@@ -32,7 +32,7 @@ class LavisVerifierActor:
     def __call__(self, batch: pa.Table) -> pa.Table:
         states = unpack(batch)
         with self.meter.batch(states), stages.carrying(self.halved):
-            stages.verify(states, self.verifier, self.cfg.verifier.keep)
+            stages.verify(states, self.verifier, self.cfg.verifier.keep, self.cfg.verifier.long_captions)
         return pack(states)
 
 
@@ -46,5 +46,5 @@ class LavisScorerActor:
     def __call__(self, batch: pa.Table) -> pa.Table:
         states = unpack(batch)
         with self.meter.batch(states), stages.carrying(self.halved):
-            stages.score_verifier(states, self.verifier)
+            stages.score_verifier(states, self.verifier, self.cfg.verifier.long_captions)
         return pack(states)

@@ -48,6 +48,7 @@ ADDED_LATER: dict[str, Any] = {
     "tf32": False,                      # exact fp32 matmuls
     "retrieval.corpus": None,           # the benchmark's own corpus
     "verifier.attention": "eager",      # transformers' own BLIP attention
+    "verifier.long_captions": "whole",  # each text judged as one caption
     "*.text_token_budget": 0,           # one text batch per batch size, padded to its longest
 }
 

@@ -391,7 +391,7 @@ def _retrieve(states: list[ImageState], m: Mapping[str, Any], cfg: "Config") -> 
 def _verify(states: list[ImageState], m: Mapping[str, Any], cfg: "Config") -> None:
     from adjcap import stages
 
-    stages.verify(states, m["verifier"], cfg.verifier.keep)
+    stages.verify(states, m["verifier"], cfg.verifier.keep, cfg.verifier.long_captions)
 
 
 def _caption(states: list[ImageState], m: Mapping[str, Any], cfg: "Config") -> None:
@@ -402,7 +402,8 @@ def _score(states: list[ImageState], m: Mapping[str, Any], cfg: "Config") -> Non
     from adjcap import stages
 
     sc = m["scorer"]
-    stages.score(states, sc.output, sc.verifier, sc.clipscore, reuse_image_embedding=sc.reuse_stage1)
+    stages.score(states, sc.output, sc.verifier, sc.clipscore, reuse_image_embedding=sc.reuse_stage1,
+                 long_captions=cfg.verifier.long_captions)
 
 
 _ENC_SPEED = ("image_batch_size", "text_batch_size")

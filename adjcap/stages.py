@@ -34,6 +34,7 @@ from adjcap import entities as ent
 from adjcap import gpu_errors, numerics
 from adjcap.config import CaptionerCfg
 from adjcap.image_state import ImageState
+from adjcap.models.judge_window import judge
 from adjcap.models.pixels import Pixels, stacked
 
 log = logging.getLogger(__name__)
@@ -193,11 +194,12 @@ def retrieve(states: list[ImageState], encoder, index, corpus_texts: Sequence[st
 # --------------------------------------------------------------------------------------------
 
 
-def verify(states: list[ImageState], verifier, keep: int) -> list[ImageState]:
+def verify(states: list[ImageState], verifier, keep: int, long_captions: str = "whole") -> list[ImageState]:
     """BLIP ITM match probability on the L retrieved; keep the top k (paper Eq. stage2).
 
     With ``verifier=None`` (IFCap and ablation rows without a verifier) the first k retrieved are
-    kept in retrieval order and their verifier score is NaN."""
+    kept in retrieval order and their verifier score is NaN. ``long_captions``: how the judge reads a
+    text (``verifier.long_captions``, :func:`adjcap.models.judge_window.judge`)."""
 
     def run(batch: list[ImageState]) -> None:
         if verifier is None:
@@ -209,7 +211,7 @@ def verify(states: list[ImageState], verifier, keep: int) -> list[ImageState]:
             return
         with torch.inference_mode():
             memo = verifier.encode_images(_images(batch, verifier))
-            probs = verifier.score(memo, [[r["text"] for r in s.retrieved] for s in batch])
+            probs = judge(verifier, memo, [[r["text"] for r in s.retrieved] for s in batch], long_captions)
             # only the vision-encoder output travels to stage 4; cross-attention K/V are recomputed
             # there from it (cheap), which keeps the per-image state small between Ray pools. One copy
             # to the host for the batch (a read per image would stall a GPU once per image)
@@ -414,11 +416,12 @@ def _tagger(spec: str):
 
 
 def score(states: list[ImageState], encoder, verifier, clipscore_encoder=None, *,
-          reuse_image_embedding: bool = True) -> list[ImageState]:
+          reuse_image_embedding: bool = True, long_captions: str = "whole") -> list[ImageState]:
     """Per candidate: the output scorer's cosine with the image (``encoder``; with
     ``reuse_image_embedding`` it is the retrieval encoder and the stage-1 image embedding is reused),
-    the verifier score (reusing the stage-2 image encoding when present), and the CLIPScore
-    encoder's cosine (``clipscore_encoder``; None: it is the output scorer, whose cosine is reused)."""
+    the verifier score (reusing the stage-2 image encoding when present; the text read as
+    ``long_captions`` says), and the CLIPScore encoder's cosine (``clipscore_encoder``; None: it is the
+    output scorer, whose cosine is reused)."""
 
     def cosines(enc, batch: list[ImageState], flat: list[str], reuse: bool) -> list[np.ndarray]:
         temb = _np(enc.encode_texts(flat, normalize=True)).astype(np.float32) if flat else None
@@ -447,7 +450,7 @@ def score(states: list[ImageState], encoder, verifier, clipscore_encoder=None, *
             probs = None
             if verifier is not None:
                 memo = _memo_for(verifier, batch)
-                probs = verifier.score(memo, texts)
+                probs = judge(verifier, memo, texts, long_captions)
         for i, s in enumerate(batch):
             for j, c in enumerate(s.candidates):
                 c["retrieval_cosine"] = float(cos[i][j])
@@ -458,13 +461,14 @@ def score(states: list[ImageState], encoder, verifier, clipscore_encoder=None, *
     return _guarded("score", run, states)
 
 
-def score_verifier(states: list[ImageState], verifier) -> list[ImageState]:
+def score_verifier(states: list[ImageState], verifier, long_captions: str = "whole") -> list[ImageState]:
     """The verifier half of stage 4 alone (the ``lavis`` backend's own pool): every candidate's verifier
     score, reusing the stage-2 image encoding when present."""
 
     def run(batch: list[ImageState]) -> None:
         with torch.inference_mode():
-            probs = verifier.score(_memo_for(verifier, batch), [[c["text"] for c in s.candidates] for s in batch])
+            probs = judge(verifier, _memo_for(verifier, batch), [[c["text"] for c in s.candidates] for s in batch],
+                          long_captions)
         for s, p in zip(batch, probs):
             for c, v in zip(s.candidates, p):
                 c["verifier"] = float(v)
