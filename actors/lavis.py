@@ -32,7 +32,7 @@ class LavisVerifierActor:
     def __call__(self, batch: pa.Table) -> pa.Table:
         states = unpack(batch)
         with self.meter.batch(states), stages.carrying(self.halved):
-            stages.verify(states, self.verifier, self.cfg.verifier.keep, self.cfg.verifier.long_captions)
+            stages.verify(states, self.verifier, self.cfg.verifier.keep)
         return pack(states)
 
 

@@ -391,7 +391,7 @@ def _retrieve(states: list[ImageState], m: Mapping[str, Any], cfg: "Config") -> 
 def _verify(states: list[ImageState], m: Mapping[str, Any], cfg: "Config") -> None:
     from adjcap import stages
 
-    stages.verify(states, m["verifier"], cfg.verifier.keep, cfg.verifier.long_captions)
+    stages.verify(states, m["verifier"], cfg.verifier.keep)
 
 
 def _caption(states: list[ImageState], m: Mapping[str, Any], cfg: "Config") -> None:
@@ -411,9 +411,10 @@ _ENC_SPEED = ("image_batch_size", "text_batch_size")
 
 def _verifier_unread(cfg: "Config") -> tuple[str, ...]:
     """The verifier keys its family does not read: BLIP ITM neither ``family`` nor ``pretrained`` (so the
-    runs from before verifier families keep their identities), BLIP-2 not ``pretrained``."""
+    runs from before verifier families keep their identities), BLIP-2 not ``pretrained``; no family
+    ``long_captions``, which stage 4 reads (the candidates, not the retrieved corpus captions)."""
     return {"blip_itm": ("verifier.family", "verifier.pretrained"), "blip2_itm": ("verifier.pretrained",),
-            "clip": ()}[cfg.verifier.family]
+            "clip": ()}[cfg.verifier.family] + ("verifier.long_captions",)
 
 register(
     Family("retrieval", _load_retrieval, _size_retrieval, _pixels_retrieval),
@@ -467,7 +468,7 @@ register(
     ),
     Stage(
         "score", "scorer", ("scorer",),
-        Reads(("numerics", "tf32", "scorer.encoder", "eval.clipscore"),
+        Reads(("numerics", "tf32", "scorer.encoder", "eval.clipscore", "verifier.long_captions"),
               speed=(*(f"scorer.encoder.{k}" for k in _ENC_SPEED), *(f"eval.clipscore.{k}" for k in _ENC_SPEED))),
         StageOutput(pa.schema([("image_id", pa.string()), ("candidates", pa.list_(CANDIDATE))]),
                     lambda s: {"candidates": s.candidates}, _give_score),

@@ -194,12 +194,11 @@ def retrieve(states: list[ImageState], encoder, index, corpus_texts: Sequence[st
 # --------------------------------------------------------------------------------------------
 
 
-def verify(states: list[ImageState], verifier, keep: int, long_captions: str = "whole") -> list[ImageState]:
+def verify(states: list[ImageState], verifier, keep: int) -> list[ImageState]:
     """BLIP ITM match probability on the L retrieved; keep the top k (paper Eq. stage2).
 
     With ``verifier=None`` (IFCap and ablation rows without a verifier) the first k retrieved are
-    kept in retrieval order and their verifier score is NaN. ``long_captions``: how the judge reads a
-    text (``verifier.long_captions``, :func:`adjcap.models.judge_window.judge`)."""
+    kept in retrieval order and their verifier score is NaN."""
 
     def run(batch: list[ImageState]) -> None:
         if verifier is None:
@@ -211,7 +210,7 @@ def verify(states: list[ImageState], verifier, keep: int, long_captions: str = "
             return
         with torch.inference_mode():
             memo = verifier.encode_images(_images(batch, verifier))
-            probs = judge(verifier, memo, [[r["text"] for r in s.retrieved] for s in batch], long_captions)
+            probs = verifier.score(memo, [[r["text"] for r in s.retrieved] for s in batch])
             # only the vision-encoder output travels to stage 4; cross-attention K/V are recomputed
             # there from it (cheap), which keeps the per-image state small between Ray pools. One copy
             # to the host for the batch (a read per image would stall a GPU once per image)

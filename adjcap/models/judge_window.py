@@ -10,8 +10,8 @@ tokens) is longer than every judge reads:
 The same judges score the candidates in stage 4 (:mod:`adjcap.stages`): what lies past the window does
 not count, so a hallucinated object late in a long caption goes unjudged; the count says how often.
 
-``verifier.long_captions`` says how a judge reads a text (stages 2 and 4, every family and backend:
-:func:`judge` wraps the judge's own ``score``):
+``verifier.long_captions`` says how the judge reads a candidate (stage 4, every family and backend:
+:func:`judge` wraps the judge's own ``score``; stage 2 reads the retrieved corpus captions whole):
 
 * ``whole`` (the default, as before the setting existed): the text as one caption, cut at the window;
 * ``sentence_min`` / ``sentence_mean``: each sentence of the text (:func:`sentences`) judged alone, in
