@@ -127,7 +127,7 @@ def test_judge_windows_and_cut_counts(tmp_path):
     blip = VerifierCfg(family="blip_itm", model=str(tmp_path / "bert"))
     assert window(blip)[0] == 35
     assert cut_count([short, long, long], blip) | {"how": ""} == {"judge": "blip_itm", "window": 35, "how": "",
-                                                               "candidates": 3, "cut": 2}
+                                                               "long_captions": "whole", "candidates": 3, "cut": 2}
     clip = VerifierCfg(family="clip", model="ViT-B-32", pretrained="openai")
     assert window(clip)[0] == 77
     assert cut_count([short, long], clip)["cut"] == 1  # 73 words + start and end > 77
