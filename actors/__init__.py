@@ -1,4 +1,6 @@
-"""Ray actor classes, one per pool. Thin: load models once in __init__, call adjcap.stages in __call__.
+"""The Ray actors: the one pool actor (actors/pool.py, a class name per pool; it also runs the ``lavis``
+verifier backend's pools in LAVIS's environment), the decode tasks, the index task, the corpus encoder,
+the metrics. Thin: load models once in __init__, call adjcap.stages in __call__.
 
 Batches travel between pools as one Arrow table of declared columns (:mod:`adjcap.actors.transport`:
 the image's own columns, the pixels its decode task prepared, each stage's declared outputs), never a

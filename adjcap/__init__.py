@@ -1,5 +1,5 @@
-"""adjcap: Adjudicated Captioning. The Python API (``adjcap.jobs.api``, the application layer's
-facade), loaded on first use (PEP 562) so that ``import adjcap`` stays cheap (no torch, no Ray)::
+"""adjcap: Adjudicated Captioning. The Python API (``adjcap.api``, the package's Python entry
+point), loaded on first use (PEP 562) so that ``import adjcap`` stays cheap (no torch, no Ray)::
 
     import adjcap
     result = adjcap.caption("my-photos/", preset="demo")
@@ -19,7 +19,7 @@ def __getattr__(name: str) -> Any:
 
         return metadata.version("adjcap")
     if name in __all__:
-        from adjcap.jobs import api  # the one import of the application layer in the library (docs/architecture.md)
+        from adjcap import api  # the Python API: it alone runs jobs, inside caption() and run()
 
         return getattr(api, name)
     raise AttributeError(f"module 'adjcap' has no attribute {name!r}")

@@ -9,12 +9,17 @@ by node (first fit, set by set: one actor of each pool, then the next set): a no
 actors placed on it, so a GPU-less head's memory never counts for a GPU actor. A request no node type can ever hold is refused in one line
 (:class:`ResourceError`); one that the cluster's node types can hold once the autoscaler adds them is
 returned with the nodes it needs (``ClusterPlan.waiting``).
+
+A job's run plan holds its :class:`PoolPlan`: the config read once (:func:`adjcap.pools.read`) into the
+layouts and each pool's :class:`adjcap.pools.Share`; the planning here reads that, never the config, and
+the job reaches it only through the plan (``PoolPlan.on_cluster``, ``PoolPlan.on_node``).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Mapping, Sequence
 
 from adjcap import pools as pool_layout
@@ -171,46 +176,75 @@ def _actors_phrase(pools: tuple[str, ...], count: Mapping[str, int]) -> str:
     return " + ".join(f"{p} {count[p]}" for p in pools) + " actors"
 
 
-def _asked(cfg: Config, pools: tuple[str, ...], count: Mapping[str, int]) -> str:
+def _asked(workers: int, pools: tuple[str, ...], count: Mapping[str, int]) -> str:
     """Who asked: ``--workers N`` when every pool has ``ray.workers`` actors, else the pools' own counts."""
-    return f"--workers {cfg.ray.workers}" if all(count[p] == cfg.ray.workers for p in pools) else "ray.pool.<pool>.actors"
+    return f"--workers {workers}" if all(count[p] == workers for p in pools) else "ray.pool.<pool>.actors"
 
 
-def cpu_share(cfg: Config, total: float, pools: tuple[str, ...] | None = None) -> float:
+def _of(plan: "PoolPlan | Config") -> "PoolPlan":
+    return plan if isinstance(plan, PoolPlan) else PoolPlan.of(plan)
+
+
+def cpu_share(plan: "PoolPlan | Config", total: float, pools: tuple[str, ...] | None = None) -> float:
     """CPUs per actor without GPUs: ``ray.cpu_share``, shrunk so that every actor of ``pools`` (default:
     the split pools) plus the decode tasks fit in ``total`` CPUs (else Ray Data waits forever).
-    Actors with their own ``ray.pool.<pool>.cpus`` take theirs first."""
-    pools = pool_layout.pool_names() if pools is None else pools
+    Actors with their own ``ray.pool.<pool>.cpus`` take theirs first; the pools running an isolated
+    family's part of a pool's stages (LAVIS's) share with the others."""
+    plan = _of(plan)
+    sh = [plan.shares[p] for p in (pool_layout.pool_names() if pools is None else pools)]
     # Ray Data stalls when its operators' requests add up to every CPU: keep 20% headroom
-    room = max(0.8 * total - cfg.ray.decode_cpus, 0.1)
-    fixed = sum(pool_layout.actors(cfg, p) * (pool_layout.cpu_request(cfg, p) or 0.0) for p in pools)
-    shared = sum(pool_layout.actors(cfg, p) for p in pools if pool_layout.cpu_request(cfg, p) is None)
-    if cfg.verifier.enabled and cfg.verifier.backend == "lavis" and "scorer" in pools:
-        shared += pool_layout.actors(cfg, "scorer")  # + the LAVIS scorer pool
-    return round(min(float(cfg.ray.cpu_share), max(room - fixed, 0.1) / max(shared, 1)), 4)
+    room = max(0.8 * total - plan.decode_cpus, 0.1)
+    fixed = sum(s.actors * (s.cpus or 0.0) for s in sh)
+    shared = sum(s.actors for s in sh if s.cpus is None) + sum(s.part_actors for s in sh)
+    return round(min(plan.cpu_default, max(room - fixed, 0.1) / max(shared, 1)), 4)
 
 
-def pool_plan(cfg: Config, cluster: Mapping[str, float], pools: tuple[str, ...] | None = None,
+def gpu_memory_problem(plan: "PoolPlan | Config", gpus: float, gpu_bytes: int, pools: Sequence[str]) -> str | None:
+    """Why the models of ``pools`` (each pool's actors) cannot fit on ``gpus`` GPUs of ``gpu_bytes`` each,
+    counted at the precision each model loads in, or None: one actor's models larger than a whole GPU, or
+    every actor's together larger than all of them."""
+    sh = _of(plan).shares
+    for p in pools:
+        need = sh[p].gpu_bytes
+        if need > gpu_bytes:
+            return (f"pool {p}: one actor's models take {human_bytes(need)} of GPU memory at the precision "
+                    f"they load in, more than a whole GPU ({human_bytes(gpu_bytes)}); use precision=bf16 "
+                    "or a larger GPU")
+    total = sum(sh[p].actors * sh[p].gpu_bytes for p in pools)
+    if total > gpus * gpu_bytes:
+        per = " + ".join(f"{sh[p].actors} x {p} {human_bytes(sh[p].gpu_bytes)}" for p in pools)
+        return (f"the pools' models take {per} = {human_bytes(total)} of GPU memory, the "
+                f"{gpus:g} GPU(s) have {human_bytes(gpus * gpu_bytes)}; use fewer actors or precision=bf16")
+    return None
+
+
+def _job_pools(plan: "PoolPlan", gpu: bool, first: int) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(p.name for p in plan.layout(gpu, first)))
+
+
+def pool_plan(plan: "PoolPlan | Config", cluster: Mapping[str, float], pools: tuple[str, ...] | None = None,
               working: Mapping[str, int] | None = None, first: int = 0) -> dict[str, dict[str, float]]:
     """The Ray resources of one actor of every pool in ``pools`` (default: the pools the job runs on
-    this cluster from stage index ``first`` on, split or fused: :func:`adjcap.pools.layout`) on one node
+    this cluster from stage index ``first`` on, split or fused: :meth:`PoolPlan.layout`) on one node
     (or a cluster summed as one) with ``cluster`` resources (``ray.cluster_resources()``: CPU, GPU,
-    memory, and ``gpu_memory`` where known), or a ResourceError when the pools' actors
-    (:func:`adjcap.pools.actors`) can never be placed: too many CPUs, GPUs or bytes of memory asked for
-    (``memory`` 0 or absent: not checked). A fused actor asks for the memory of every model it holds,
-    each once."""
+    memory, and ``gpu_memory`` where known), or a ResourceError when the pools' actors can never be
+    placed: too many CPUs, GPUs or bytes of memory asked for (``memory`` 0 or absent: not checked). A
+    fused actor asks for the memory of every model it holds, each once. ``plan``: the run plan's pools
+    (a resolved config: its plan)."""
+    plan = _of(plan)
+    sh = plan.shares
     gpu = float(cluster.get("GPU", 0)) > 0
     if pools is None:
-        pools = tuple(p.name for p in pool_layout.layout(cfg, gpu, first))
-    budget = pool_layout.pool_budget(cfg, gpu=gpu)
+        pools = _job_pools(plan, gpu, first)
     cpus = float(cluster.get("CPU", 1.0))
-    count = {p: pool_layout.actors(cfg, p) for p in pools}
-    asked, phrase = _asked(cfg, pools, count), _actors_phrase(pools, count)
+    decode = plan.decode_cpus
+    count = {p: sh[p].actors for p in pools}
+    asked, phrase = _asked(plan.workers, pools, count), _actors_phrase(pools, count)
     n = sum(count.values())
-    plan: dict[str, dict[str, float]] = {}
+    out: dict[str, dict[str, float]] = {}
     if gpu:
         gpus = float(cluster["GPU"])
-        shares = {p: pool_layout.gpu_share(cfg, p) for p in pools}
+        shares = {p: sh[p].gpus for p in pools}
         need = sum(count[p] * shares[p] for p in pools)
         if need > gpus + 1e-9:
             if len(set(count.values())) == 1:
@@ -221,31 +255,32 @@ def pool_plan(cfg: Config, cluster: Mapping[str, float], pools: tuple[str, ...] 
                 fewer = "use fewer ray.pool.<pool>.actors"
             raise ResourceError(f"{asked}: {phrase} need {how} = {need:g} GPUs, the cluster has {gpus:g}; "
                                 f"{fewer} or lower ray.gpu_share / ray.pool.<pool>.gpus")
-        each = {p: pool_layout.cpu_request(cfg, p) or 1.0 for p in pools}
+        each = {p: sh[p].cpus or 1.0 for p in pools}
         used = sum(count[p] * each[p] for p in pools)
-        if used + cfg.ray.decode_cpus > cpus + 1e-9:
+        if used + decode > cpus + 1e-9:
             raise ResourceError(
                 f"{asked}: {phrase} x {'/'.join(f'{each[p]:g}' for p in dict.fromkeys(pools))} CPU + "
-                f"{cfg.ray.decode_cpus:g} decode = {used + cfg.ray.decode_cpus:g} CPUs, the cluster has {cpus:g}; "
+                f"{decode:g} decode = {used + decode:g} CPUs, the cluster has {cpus:g}; "
                 "use fewer --workers")
         for p in pools:
-            plan[p] = {"num_gpus": shares[p], "num_cpus": each[p]}
+            out[p] = {"num_gpus": shares[p], "num_cpus": each[p]}
         if cluster.get("gpu_memory"):  # a local Ray: the GPUs' memory is known before Ray starts
-            problem = pool_layout.gpu_memory_problem(cfg, gpus, int(cluster["gpu_memory"]), pools)
+            problem = gpu_memory_problem(plan, gpus, int(cluster["gpu_memory"]), pools)
             if problem:
                 raise ResourceError(f"{asked}: {problem}")
     else:
-        share = cpu_share(cfg, cpus, pools)
+        share = cpu_share(plan, cpus, pools)
         if share < MIN_CPU_SHARE:
-            fit = max(1, int((max(0.8 * cpus - cfg.ray.decode_cpus, 0.1)) / (len(pools) * MIN_CPU_SHARE)))
+            fit = max(1, int((max(0.8 * cpus - decode, 0.1)) / (len(pools) * MIN_CPU_SHARE)))
             raise ResourceError(
                 f"{asked}: {phrase} = {n} actors on {cpus:g} CPUs "
                 f"({share:.3f} CPU each, below the {MIN_CPU_SHARE:g} needed to get past model loading); "
                 f"use --workers {fit} or a bigger cluster (--address)")
         for p in pools:
-            plan[p] = {"num_cpus": pool_layout.cpu_request(cfg, p) or share}
+            out[p] = {"num_cpus": sh[p].cpus or share}
     have = float(cluster.get("memory", 0))
-    mem = {p: actor_memory(budget[p]["bytes"] + (working or {}).get(p, 0), p) for p in pools}
+    mem = {p: actor_memory((sh[p].gpu_bytes if gpu else sh[p].cpu_bytes) + (working or {}).get(p, 0), p)
+           for p in pools}
     total = sum(count[p] * mem[p] for p in pools)
     if have and total > have:
         per = " + ".join(f"{p} {human_bytes(mem[p])}" for p in pools)
@@ -260,8 +295,8 @@ def pool_plan(cfg: Config, cluster: Mapping[str, float], pools: tuple[str, ...] 
         raise ResourceError(f"{asked}: {what} = {human_bytes(total)} of memory, "
                             f"the cluster has {human_bytes(have)} for actors; {hint}")
     for p in pools:
-        plan[p]["memory"] = float(mem[p])
-    return plan
+        out[p]["memory"] = float(mem[p])
+    return out
 
 
 @dataclass
@@ -321,28 +356,29 @@ def _can_have(types: Sequence[NodeType], key: str) -> float:
     return sum(getattr(t, key) * (t.max_count if t.max_count is not None else 10**6) for t in types)
 
 
-def plan_cluster(cfg: Config, types: Sequence[NodeType], first: int = 0,
+def plan_cluster(plan: "PoolPlan | Config", types: Sequence[NodeType], first: int = 0,
                  working: Mapping[str, int] | None = None) -> ClusterPlan:
-    """The job's plan (``cfg`` resolved) on a cluster of node ``types`` (those up and those the autoscaler
-    can add): GPUs when some type has them, the pools of :func:`adjcap.pools.layout`, one actor's
-    resources per pool (:func:`pool_plan` against everything the cluster can have, GPU memory checked
-    against its smallest GPU), then every actor placed on a node that holds it, set by set (:func:`place`). Raises
-    ResourceError, in one line, only for what no node type can ever hold."""
+    """The job's plan (the run plan's pools, or a resolved config's) on a cluster of node ``types`` (those
+    up and those the autoscaler can add): GPUs when some type has them, the pools of
+    :meth:`PoolPlan.layout`, one actor's resources per pool (:func:`pool_plan` against everything the
+    cluster can have, GPU memory checked against its smallest GPU), then every actor placed on a node that
+    holds it, set by set (:func:`place`). Raises ResourceError, in one line, only for what no node type can
+    ever hold."""
+    plan = _of(plan)
     types = tuple(t for t in types if t.max_count is None or t.max_count > 0 or t.up > 0)
     gpu_types = [t for t in types if t.gpus > 0]
     gpu = bool(gpu_types)
-    pools = tuple(p.name for p in pool_layout.layout(cfg, gpu, first))
-    count = {p: pool_layout.actors(cfg, p) for p in pools}
+    pools = _job_pools(plan, gpu, first)
+    count = {p: plan.shares[p].actors for p in pools}
     whole = {"CPU": _can_have(types, "cpus"), "GPU": _can_have(types, "gpus")}
     gpu_mem = [t.gpu_memory for t in gpu_types if t.gpu_memory]
     if gpu_mem:
         whole["gpu_memory"] = min(gpu_mem)
     if not gpu:  # CPU shares are sized to the CPUs there are, not to those the autoscaler could add
         whole["CPU"] = sum(t.cpus * max(t.up, 1) for t in types)
-    actor = pool_plan(cfg, whole, pools, working)
-    budget = pool_layout.pool_budget(cfg, gpu=True) if gpu else {}
-    gpu_bytes = {p: float(budget[p]["bytes"]) for p in pools} if gpu else {}
-    asked, phrase = _asked(cfg, pools, count), _actors_phrase(pools, count)
+    actor = pool_plan(plan, whole, pools, working)
+    gpu_bytes = {p: float(plan.shares[p].gpu_bytes) for p in pools} if gpu else {}
+    asked, phrase = _asked(plan.workers, pools, count), _actors_phrase(pools, count)
     where = "; ".join(t.describe() for t in types)
     for p in pools:  # one actor that no node type can hold
         one = _needs({p: actor[p]}, {p: 1}, gpu_bytes)[0]
@@ -355,8 +391,8 @@ def plan_cluster(cfg: Config, types: Sequence[NodeType], first: int = 0,
     nodes = place(_needs(actor, count, gpu_bytes), types)
     if nodes is None:
         fit = 0
-        if all(count[p] == cfg.ray.workers for p in pools):
-            for k in range(cfg.ray.workers - 1, 0, -1):
+        if all(count[p] == plan.workers for p in pools):
+            for k in range(plan.workers - 1, 0, -1):
                 if place(_needs(actor, {p: k for p in pools}, gpu_bytes), types) is not None:
                     fit = k
                     break
@@ -365,6 +401,88 @@ def plan_cluster(cfg: Config, types: Sequence[NodeType], first: int = 0,
         raise ResourceError(f"{asked}: {phrase} ({per} of memory each) do not fit on the nodes the cluster "
                             f"can have ({where}); {hint} or raise the node types' max workers")
     return ClusterPlan(gpu, pools, actor, count, nodes, types)
+
+
+def _shape_key(r: Mapping[str, float]) -> tuple[float, float]:
+    return float(r.get("CPU", 0)), float(r.get("GPU", 0))
+
+
+def merge_up(types: Sequence[NodeType], up: Sequence[tuple[str, Mapping[str, float]]],
+             autoscaling: bool) -> tuple[NodeType, ...]:
+    """The node types with the nodes ``up`` ((type name or "", total resources) each) counted in (by type
+    name, else by CPU/GPU shape); a node of no known type becomes a type of its own (its real resources;
+    without an autoscaler, as many as are up)."""
+    count: dict[str, int] = {}
+    extra: dict[tuple, list[Mapping[str, float]]] = {}
+    by_name = {t.name: t for t in types}
+    for name, r in up:
+        t = by_name.get(name) or next((t for t in types if _shape_key(r) == (t.cpus, t.gpus)), None)
+        if t is not None:
+            count[t.name] = count.get(t.name, 0) + 1
+        else:
+            extra.setdefault(_shape_key(r), []).append(r)
+    out = [NodeType(t.name, t.cpus, t.gpus, t.memory, t.max_count if t.max_count is None else max(t.max_count, count.get(t.name, 0)),
+                    count.get(t.name, 0), t.gpu_memory) for t in types]
+    for (cpus, gpus), rs in extra.items():
+        name = f"{cpus:g}-CPU{f' {gpus:g}-GPU' if gpus else ''} node"
+        out.append(NodeType(name, cpus, gpus, min(float(r.get("memory", 0)) for r in rs),
+                            None if autoscaling and not types else len(rs), len(rs)))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    """The pools a job may run, decided once from the (resolved) config ``cfg``, which is read here and
+    nowhere after: a job's run plan holds it and the job reads its pools from it alone. ``layouts``: the
+    pools, in stream order, by (a cluster with GPUs?, the first stage index some image needs): which GPU
+    case runs is the connected cluster's to say (:attr:`ClusterPlan.gpu`); each pool's stages, actor
+    class name, actors, batch size and runtime environment (:class:`adjcap.pools.Pool`). ``shares``: what
+    one actor of each pool asks of a cluster (:class:`adjcap.pools.Share`); with the decode tasks' CPUs
+    and batch sizes, ``ray.workers`` and ``ray.cpu_share``, everything :func:`pool_plan` and
+    :func:`plan_cluster` need to give each actor's Ray resources on the cluster's facts
+    (:meth:`on_cluster`, :meth:`on_node`). Pure."""
+
+    cfg: Config
+    layouts: Mapping[tuple[bool, int], tuple[pool_layout.Pool, ...]]
+    shares: Mapping[str, pool_layout.Share]
+    workers: int
+    cpu_default: float
+    decode_cpus: float
+    decode_batches: Mapping[bool, int]
+
+    @classmethod
+    def of(cls, cfg: Config) -> "PoolPlan":
+        """The pool plan of a resolved config; an unknown ``ray.pool.<name>`` (or a missing isolated
+        environment) is refused here."""
+        layouts, shares, decode = pool_layout.read(cfg)
+        return cls(cfg, MappingProxyType(layouts), MappingProxyType(shares), cfg.ray.workers,
+                   float(cfg.ray.cpu_share), float(cfg.ray.decode_cpus), MappingProxyType(decode))
+
+    @property
+    def actors(self) -> Mapping[str, int]:
+        """Actors of every pool either layout runs, by pool name."""
+        return MappingProxyType({p.name: p.actors for ps in self.layouts.values() for p in ps})
+
+    def layout(self, gpu: bool, first: int = 0) -> list[pool_layout.Pool]:
+        """The pools, in stream order, for images that need the stages from index ``first`` on."""
+        return list(self.layouts[(gpu, first)])
+
+    def decode_batch(self, gpu: bool) -> int:
+        """Images per batch of the decode tasks (:func:`adjcap.pools.batch_size`)."""
+        return self.decode_batches[gpu]
+
+    def on_cluster(self, types: Sequence[NodeType], first: int = 0) -> ClusterPlan:
+        """The plan on a cluster of node ``types`` (:func:`plan_cluster`)."""
+        return plan_cluster(self, types, first)
+
+    def on_node(self, cluster: Mapping[str, float], pool: str | None = None, working: int = 0) -> dict[str, dict[str, float]]:
+        """One actor's Ray resources per pool on one node (or a cluster summed as one) of ``cluster``
+        resources (:func:`pool_plan`): every pool of the layout, or, with ``pool``, that pool's actor holding
+        ``working`` bytes beyond its models (a pool outside the layout, the corpus encoder, planned alone)."""
+        if pool is None:
+            return pool_plan(self, cluster)
+        job = _job_pools(self, float(cluster.get("GPU", 0)) > 0, 0)
+        return pool_plan(self, cluster, job if pool in job else (pool,), {pool: working})
 
 
 def with_up(types: Sequence[NodeType], up: Mapping[str, int]) -> tuple[NodeType, ...]:

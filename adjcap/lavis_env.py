@@ -9,7 +9,7 @@ What goes in, and why:
 
 * **bridge packages at this environment's exact versions**: ray[data], torch, torchvision, numpy,
   pyarrow, pillow, pydantic. Ray workers of the two environments exchange pickled per-image states
-  (PIL images, numpy arrays, torch tensors) and Arrow blocks, and the LAVIS actor runs adjcap's own
+  (PIL images, numpy arrays, torch tensors) and Arrow blocks, and the one pool actor runs adjcap's own
   stage code (``adjcap.stages``: pydantic config, Arrow schema); a Ray worker must run the driver's Ray.
 * ``salesforce-lavis==1.0.2`` with ``--no-deps``: its declared requirements include streamlit,
   plotly, opencv 4.5.5.64 (no wheel for Python 3.11), pre-commit and more that ITM never touches.

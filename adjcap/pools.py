@@ -10,17 +10,18 @@ memory each one's models take.
 * ``auto`` (default): fused on a cluster without GPUs (a CPU-only machine gains nothing from four
   processes per image); with GPUs split under NVIDIA MPS (``ray.mps``), else fused (:func:`is_fused`).
 
-The ``lavis`` verifier backend always runs split: its verifier runs in LAVIS's own environment.
+A family that loads in an environment of its own (the ``lavis`` verifier backend: LAVIS's) runs split, in
+pools whose workers start in that environment (:func:`layout`).
 Each pool's actor count, CPU / GPU share and batch size is data too: ``ray.pool.<pool>.actors`` /
 ``.gpus`` / ``.cpus`` / ``.batch_size``, defaulting to ``ray.workers``, ``ray.gpu_share`` (fused: the
 sum of the split pools' shares), ``ray.cpu_share`` and ``ray.batch_size`` (unset: 64 images with GPUs,
-16 without). Pure: reads the config and the stage registry, never imports Ray.
+16 without). Pure: reads the config and the stage registry (and whether an isolated environment is
+built), never imports Ray. The job reads all of it from its run plan (:class:`adjcap.cluster_plan.PoolPlan`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
 from adjcap import gpu_errors, stage_registry
@@ -33,33 +34,50 @@ ENCODER = "encoder"  # the corpus-encoder pool of `adjcap encode-corpus` (not a 
 
 @dataclass(frozen=True)
 class Pool:
-    """A pool of identical actors: the stages they run (in order) and the families they load."""
+    """A pool of identical actors (``actors`` of them, ``batch_size`` images a batch), as data: the stages
+    they run (in order), the families they load, the actor's class name (what Ray shows:
+    ``MapWorker(MapBatches(CaptionerActor))``) and the names it reports progress under (``meters``).
+    ``part``: the pool runs only that family's part of its stages (:attr:`adjcap.stage_registry.Family.parts`,
+    the verifier half of stage 4: meter ``score-verifier``, actor ``ScorerVerifierActor``), in the family's
+    environment; ``given``: families whose part of these stages a pool before this one ran (handed None
+    here); ``env``: the Ray runtime environment its workers start in (None: the job's own)."""
 
     name: str
     stages: tuple[str, ...]
+    families: tuple[str, ...]
+    actor_name: str
+    meters: tuple[str, ...]
+    part: str | None = None
+    given: tuple[str, ...] = ()
+    env: Mapping[str, Any] | None = None
+    actors: int = 1
+    batch_size: int = 16
 
-    @property
-    def families(self) -> tuple[str, ...]:
-        return stage_registry.families_of(self.stages)
 
-    @property
-    def actor_name(self) -> str:
-        """The actor's class name (what Ray shows: ``MapWorker(MapBatches(CaptionerActor))``)."""
-        return f"{self.name.capitalize()}Actor"
+def pool(name: str, stages: Iterable[str], part: str | None = None, **more: Any) -> Pool:
+    """The :class:`Pool` record of pool ``name`` running ``stages`` (or ``part``'s part of them)."""
+    stages = tuple(stages)
+    return Pool(name, stages, (part,) if part else stage_registry.families_of(stages),
+                f"{name.capitalize()}{(part or '').capitalize()}Actor",
+                tuple(f"{s}-{part}" if part else s for s in stages), part, **more)
+
+
+def _split(stage_names: Iterable[str]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for s in stage_names:
+        out.setdefault(stage_registry.stage(s).pool, []).append(s)
+    return out
 
 
 def split_pools(stage_names: Iterable[str] | None = None) -> list[Pool]:
-    """One pool per distinct stage ``pool``, in stage order."""
+    """One pool per distinct stage ``pool``, in stage order (names and stages only)."""
     names = tuple(stage_names) if stage_names is not None else stage_registry.names()
-    out: dict[str, list[str]] = {}
-    for s in names:
-        out.setdefault(stage_registry.stage(s).pool, []).append(s)
-    return [Pool(p, tuple(st)) for p, st in out.items()]
+    return [pool(p, st) for p, st in _split(names).items()]
 
 
 def pool_names() -> tuple[str, ...]:
     """The split pools' names, in stream order."""
-    return tuple(p.name for p in split_pools())
+    return tuple(_split(stage_registry.names()))
 
 
 def mps_on(cfg: Config) -> bool:
@@ -72,48 +90,68 @@ def mps_on(cfg: Config) -> bool:
     return mps_status()[0]
 
 
+def isolated(cfg: Config, stage_names: Iterable[str] | None = None) -> dict[str, Mapping[str, Any]]:
+    """{family: its Ray runtime environment} of the families of ``stage_names`` (default: every stage)
+    that load in an environment of their own (:attr:`adjcap.stage_registry.Family.env`: the ``lavis``
+    verifier backend's); a missing environment raises its own one-line error."""
+    names = tuple(stage_names) if stage_names is not None else stage_registry.names()
+    envs = {f: stage_registry.family(f).env(cfg) for f in stage_registry.families_of(names)}
+    return {f: e for f, e in envs.items() if e is not None}
+
+
 def is_fused(cfg: Config, gpu: bool) -> bool:
     """Whether a job on a cluster with (``gpu``) or without GPUs runs one fused pool. ``auto``'s rule: without
     GPUs fused (a CPU gains nothing from four processes per image); with GPUs split only under MPS (the four
     pools' CUDA contexts then share each GPU's SMs at once), else fused, so that one CUDA context per GPU
-    share never time-slices with another pool's (``ray.pool.fused.gpus`` below 1 puts several on a GPU)."""
-    if cfg.verifier.enabled and cfg.verifier.backend == "lavis":
-        return False  # its verifier runs in LAVIS's environment, a pool of its own
+    share never time-slices with another pool's (``ray.pool.fused.gpus`` below 1 puts several on a GPU).
+    A family loading in an environment of its own (:func:`isolated`) needs pools of its own: split."""
+    if isolated(cfg):
+        return False
     return cfg.ray.pools == FUSED or (cfg.ray.pools == "auto" and not (gpu and mps_on(cfg)))
 
 
 def layout(cfg: Config, gpu: bool, first: int = 0) -> list[Pool]:
-    """The pools a job runs for images that need the stages from index ``first`` on."""
+    """The pools a job runs for images that need the stages from index ``first`` on, in order, each with
+    its actors, batch size and environment. A family that loads in an environment of its own runs its
+    stages' pool there, and its part of another pool's stages (:attr:`adjcap.stage_registry.Family.parts`)
+    in a pool of its own just before that pool (same name, actors and resources), which is handed None
+    for it."""
     names = stage_registry.names()[first:]
-    return [Pool(FUSED, names)] if is_fused(cfg, gpu) else split_pools(names)
+    envs = isolated(cfg)  # every stage's: a family's part runs with a later stage although its own is done
+    groups = {FUSED: list(names)} if is_fused(cfg, gpu) else _split(names)
+    out: list[Pool] = []
+    for name, stages in groups.items():
+        common = {"actors": actors(cfg, name), "batch_size": batch_size(cfg, name, gpu)}
+        fams = stage_registry.families_of(stages)
+        parts = [(f, tuple(s for s in stages if s in stage_registry.family(f).parts))
+                 for f in envs if f not in fams]
+        parts = [(f, st) for f, st in parts if st]
+        for f, st in parts:
+            out.append(pool(name, st, part=f, env=envs[f], **common))
+        env = next((envs[f] for f in fams if f in envs), None)
+        out.append(pool(name, stages, given=tuple(f for f, _ in parts), env=env, **common))
+    return out
 
 
-@dataclass(frozen=True)
-class PoolPlan:
-    """The pools a job may run, decided once from the config (a job's run plan holds it): the layout on a
-    cluster without GPUs and on one with them (which one runs is the connected cluster's to say), and
-    each pool's actor count. ``layout(gpu, first)`` equals :func:`layout`."""
-
-    without_gpus: tuple[Pool, ...]
-    with_gpus: tuple[Pool, ...]
-    actors: Mapping[str, int]
-
-    def layout(self, gpu: bool, first: int = 0) -> list[Pool]:
-        """The pools for images that need the stages from index ``first`` on."""
-        keep = set(stage_registry.names()[first:])
-        out = []
-        for p in self.with_gpus if gpu else self.without_gpus:
-            stages = tuple(s for s in p.stages if s in keep)
-            if stages:
-                out.append(Pool(p.name, stages))
-        return out
+def read(cfg: Config) -> tuple[dict[tuple[bool, int], tuple[Pool, ...]], dict[str, "Share"], dict[bool, int]]:
+    """Everything a job's pool plan holds, read from the (resolved) config in one pass: the layouts by (a
+    cluster with GPUs?, the first stage index some image needs), every pool's :class:`Share`, and the
+    decode tasks' batch size with and without GPUs (:class:`adjcap.cluster_plan.PoolPlan`)."""
+    layouts = {(gpu, first): tuple(layout(cfg, gpu, first))
+               for gpu in (False, True) for first in range(len(stage_registry.names()))}
+    return layouts, shares(cfg), {gpu: batch_size(cfg, None, gpu) for gpu in (False, True)}
 
 
-def plan(cfg: Config) -> PoolPlan:
-    """The pool plan of a (resolved) config; an unknown ``ray.pool.<name>`` is refused here."""
-    lay = {gpu: tuple(layout(cfg, gpu)) for gpu in (False, True)}
-    names = dict.fromkeys(p.name for ps in lay.values() for p in ps)
-    return PoolPlan(lay[False], lay[True], MappingProxyType({p: actors(cfg, p) for p in names}))
+def part_actors(cfg: Config, pools: Iterable[str]) -> int:
+    """Actors of the pools that run a family's part of ``pools``' stages (:func:`layout`), beyond theirs."""
+    stages = _split(stage_registry.names())
+    envs = isolated(cfg)
+    n = 0
+    for p in pools:
+        st = stage_registry.names() if p == FUSED else stages.get(p, ())
+        fams = stage_registry.families_of(st)
+        n += actors(cfg, p) * sum(1 for f in envs if f not in fams and set(st) & set(stage_registry.family(f).parts))
+    return n
 
 
 def _pool_cfg(cfg: Config, name: str):
@@ -183,30 +221,32 @@ def pool_budget(cfg: Any, gpu: bool | None = None) -> dict[str, dict[str, int]]:
     return out
 
 
-def gpu_memory_problem(cfg: Any, gpus: float, gpu_bytes: int, pools: Iterable[str]) -> str | None:
-    """Why the models of ``pools`` (each pool's actors, :func:`actors`) cannot fit on ``gpus`` GPUs of
-    ``gpu_bytes`` each, counted at the precision each model loads in (``cfg`` resolved), or None: one
-    actor's models larger than a whole GPU, or every actor's together larger than all of them."""
-    plan = pool_budget(cfg, gpu=True)
-    pools = tuple(pools)
-    for p in pools:
-        need = plan[p]["bytes"]
-        if need > gpu_bytes:
-            return (f"pool {p}: one actor's models take {budget.human_bytes(need)} of GPU memory at the precision "
-                    f"they load in, more than a whole GPU ({budget.human_bytes(gpu_bytes)}); use precision=bf16 "
-                    "or a larger GPU")
-    total = sum(actors(cfg, p) * plan[p]["bytes"] for p in pools)
-    if total > gpus * gpu_bytes:
-        per = " + ".join(f"{actors(cfg, p)} x {p} {budget.human_bytes(plan[p]['bytes'])}" for p in pools)
-        return (f"the pools' models take {per} = {budget.human_bytes(total)} of GPU memory, the "
-                f"{gpus:g} GPU(s) have {budget.human_bytes(gpus * gpu_bytes)}; use fewer actors or precision=bf16")
-    return None
+@dataclass(frozen=True)
+class Share:
+    """What one actor of a pool asks of a cluster, read from the config once: its pool's ``actors``, its GPU
+    share, its CPUs (None: the shared default, ``ray.cpu_share`` shrunk to fit), its models' bytes at run
+    precision on a GPU and on a CPU, and the actors of the pools that run an isolated family's part of its
+    stages beside it (:func:`part_actors`)."""
+
+    actors: int
+    gpus: float
+    cpus: float | None
+    gpu_bytes: int
+    cpu_bytes: int
+    part_actors: int = 0
 
 
-def check_gpu_memory(cfg: Any, pool: str) -> None:
-    """In a pool's actor, before its models load (``cfg`` resolved): on a GPU, its models (at the
-    precision they load in) must fit in the device's free memory, else
-    :class:`adjcap.gpu_errors.GpuFailure` in one line naming the pool and the memory."""
+def shares(cfg: Config) -> dict[str, Share]:
+    """Every pool's :class:`Share` (the split pools, the fused pool and the corpus encoder)."""
+    on_gpu, on_cpu = pool_budget(cfg, gpu=True), pool_budget(cfg, gpu=False)
+    return {p: Share(actors(cfg, p), gpu_share(cfg, p), cpu_request(cfg, p), on_gpu[p]["bytes"], on_cpu[p]["bytes"],
+                     part_actors(cfg, (p,))) for p in (*pool_names(), FUSED, ENCODER)}
+
+
+def check_gpu_memory(cfg: Any, pool: str, families: Iterable[str] | None = None) -> None:
+    """In a pool's actor, before its models load (``cfg`` resolved): on a GPU, its models (``families``,
+    default the pool's in :func:`pool_budget`; at the precision they load in) must fit in the device's free
+    memory, else :class:`adjcap.gpu_errors.GpuFailure` in one line naming the pool and the memory."""
     import torch
 
     from adjcap.models.precision import pick_device
@@ -214,10 +254,15 @@ def check_gpu_memory(cfg: Any, pool: str) -> None:
     if str(cfg.device) == "cpu" or not torch.cuda.is_available():
         return
     dev = pick_device(cfg.device)
-    plan = pool_budget(cfg, gpu=True)
-    if dev.type != "cuda" or pool not in plan:
+    if dev.type != "cuda":
         return
-    need = plan[pool]["bytes"]
+    if families is not None:
+        need = _sum_sizes(cfg, True, families)["bytes"]
+    else:
+        plan = pool_budget(cfg, gpu=True)
+        if pool not in plan:
+            return
+        need = plan[pool]["bytes"]
     free, _ = torch.cuda.mem_get_info(dev)
     if need > free:
         raise gpu_errors.GpuFailure(

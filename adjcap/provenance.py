@@ -252,7 +252,7 @@ def feature_identities(plan: RunPlan) -> dict[str, Any]:
     """The corpus fingerprint, the retrieval index (location and digest) and each stage's identity, as
     resume and the stage cache key them: the run plan's, read once at the edge (the index's manifest
     digest is read here: it exists once the index is built)."""
-    from adjcap.index.store import MANIFEST
+    from adjcap.index.shards import MANIFEST
     from adjcap.content_ids import file_content_id
 
     manifest = plan.index_path / MANIFEST  # written last; it holds every shard's sha256, so it stands for them all

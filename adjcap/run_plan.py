@@ -11,7 +11,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from adjcap import pools as pool_layout
+from adjcap.cluster_plan import PoolPlan
 from adjcap.config import Config
 from adjcap.data.benchmarks import read_benchmark, split_annotations
 from adjcap.data.corpus import Corpus
@@ -61,7 +61,7 @@ class RunPlan:
     index_path: Path
     stage_settings: Mapping[str, Mapping[str, Any]]
     stages: Mapping[str, str]  # stage -> identity
-    pools: pool_layout.PoolPlan
+    pools: PoolPlan  # the one source of the job's pools: layout, actors, batch sizes, environments, resources
     run: RunDir
 
     @classmethod
@@ -82,7 +82,7 @@ class RunPlan:
             corpus=corpus, index=searched_index(cfg, corpus.fingerprint), index_path=where,
             stage_settings=MappingProxyType({s: MappingProxyType(d) for s, d in settings.items()}),
             stages=MappingProxyType(identities_of(settings)),
-            pools=pool_layout.plan(cfg), run=run,
+            pools=PoolPlan.of(cfg), run=run,
         )
 
     @property

@@ -1,203 +1,47 @@
-"""The stage registry: one record per stage and per model family, as data (docs/architecture.md,
-"The stage registry"). Everything that walks the stages reads it: identity (:mod:`adjcap.identity`),
-the stage cache (:mod:`adjcap.stage_cache`), the pools and their memory plan (:mod:`adjcap.pools`),
-progress, the in-process pipeline (:mod:`adjcap.pipeline`) and the one pool actor (``actors/pool.py``).
+"""The stage registry: the built-in stages and model families, registered on import (the one place they
+are), over the mechanism of :mod:`adjcap.stage_records` (the records, the table, the lookups), whose
+lookups this module hands on, so everything that walks the stages imports this one module: identity
+(:mod:`adjcap.identity`), the stage cache (:mod:`adjcap.stage_cache`), the pools and their memory plan
+(:mod:`adjcap.pools`), progress, the in-process pipeline (:mod:`adjcap.pipeline`) and the one pool actor
+(``actors/pool.py``). docs/architecture.md, "The stage registry".
 
-* a :class:`Family` is a model a pool loads: how to load it from a resolved config (reusing what
-  the same process loaded before it) and how big it is, without loading it;
-* a :class:`Stage` is a step every image goes through, in order: the pool it runs in, the families
-  it needs, the settings it reads (its identity), its output columns (the stage cache) and its
-  batch function (``run(states, models, cfg)``, from :mod:`adjcap.stages`).
-
-Adding a stage or a family is one :func:`register` call (``tests/test_stage_registry.py`` registers a
-toy one); :func:`registered` adds entries for the duration of a ``with`` block.
+* the families: the retrieval encoder, the caption index, the verifier (the configured
+  :mod:`adjcap.verifier_families` record), the captioner (the configured :mod:`adjcap.captioners`
+  record) and the scorer (stage 4's encoders, reusing what its process holds);
+* the stages: retrieve, verify, caption, score, each with its output columns and batch function
+  (from :mod:`adjcap.stages`).
 
 Imports nothing heavy: PyTorch and the model libraries are imported by the loaders and batch
-functions when they run, so the decode tasks and the stage cache stay light.
+functions when they run.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import math
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
+import pkgutil
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 import pyarrow as pa
 
-from adjcap import captioners
+from adjcap import captioners, verifier_families
 from adjcap.features import CANDIDATE, RETRIEVED, VERIFIED
 from adjcap.image_state import ImageState
 from adjcap.models import budget
+from adjcap.stage_records import (  # the mechanism, handed on: the lookups everything calls here
+    Family, Loading, Reads, Stage, StageOutput, families_of, family, load_families, names, pixel_preps, register,
+    registered, stage, stages,
+)
 
 if TYPE_CHECKING:
     from adjcap.config import Config
 
+__all__ = ["Family", "Loading", "Reads", "Stage", "StageOutput", "families_of", "family", "load_families", "names",
+           "pixel_preps", "register", "registered", "stage", "stages", "SearchIndex", "CAPTION_FIELDS",
+           "SCORE_FIELDS"]
+
 log = logging.getLogger(__name__)
-
-# --------------------------------------------------------------------------------------------
-# the records
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Reads:
-    """Dotted config keys a stage reads (a section's name covers every key under it; ``{benchmark}``
-    is the run's benchmark; ``scorer.encoder`` is the resolved output-scorer encoder) and, of those,
-    the ones read only for speed or identified by content elsewhere (never part of an identity as set)."""
-
-    settings: tuple[str, ...]
-    speed: tuple[str, ...] = ()
-    by_content: tuple[str, ...] = ()  # read, but identified by what they lead to (an input below)
-    # the keys under ``settings`` this config does not read (another family's settings): not in its identity
-    unread: Callable[["Config"], tuple[str, ...]] | None = None
-
-
-@dataclass(frozen=True)
-class StageOutput:
-    """A stage's output columns (``image_id`` first): what the stage cache stores and what travels
-    between pools (``actors/transport.py``); how to take them from a state the stage filled and how to
-    put them back into a fresh state. ``blank``: struct fields of list columns that a later stage fills
-    in the same state, stored as NaN (:meth:`stored`) but carried between pools as they are."""
-
-    schema: pa.Schema
-    take: Callable[[ImageState], dict[str, Any]]
-    give: Callable[[ImageState, dict[str, Any]], None]
-    blank: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-
-    def stored(self, s: ImageState) -> dict[str, Any]:
-        """The columns the stage cache stores: :attr:`take`'s, with the ``blank`` fields set to NaN."""
-        out = self.take(s)
-        for col, keys in self.blank.items():
-            out[col] = _nan_scores(out[col], keys)
-        return out
-
-
-@dataclass(frozen=True)
-class Loading:
-    """What a family's loader sees: the models this process loaded before it (by family name), every
-    family the process holds, and what the job handed the pool instead of a model file (by family)."""
-
-    models: Mapping[str, Any]
-    holds: frozenset[str]
-    given: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Family:
-    """A model family a pool loads. ``load(cfg, loading)`` (``cfg`` resolved) returns the model;
-    ``size(cfg, gpu, holds)`` returns (parameters, bytes at run precision) of what ``load`` would
-    load in a process holding the families ``holds`` (reused models count once, where loaded);
-    ``pixels(cfg)``: the image preprocessing its models want, without loading them, which the job's
-    decode tasks prepare (:mod:`adjcap.pixel_prep`; None: the decoded image itself; none: no image)."""
-
-    name: str
-    load: Callable[["Config", Loading], Any]
-    size: Callable[["Config", bool, frozenset[str]], tuple[int, int]]
-    pixels: Callable[["Config"], tuple[Any, ...]] = lambda cfg: ()
-
-
-@dataclass(frozen=True)
-class Stage:
-    """A stage, in pipeline order. ``pool``: the pool that runs it when pools are split (:mod:`adjcap.pools`);
-    ``families``: the models its batch function reads from ``models``; ``searches_index``: its identity
-    counts the searched corpus and index too (:func:`adjcap.identity.stage_settings`)."""
-
-    name: str
-    pool: str
-    families: tuple[str, ...]
-    reads: Reads
-    output: StageOutput
-    run: Callable[[list[ImageState], Mapping[str, Any], "Config"], Any]
-    searches_index: bool = False
-
-
-_FAMILIES: dict[str, Family] = {}
-_STAGES: dict[str, Stage] = {}
-
-
-def register(*entries: Family | Stage) -> None:
-    """Add families and stages (a stage goes after the ones registered before it)."""
-    for e in entries:
-        table = _FAMILIES if isinstance(e, Family) else _STAGES
-        if e.name in table:
-            raise ValueError(f"{type(e).__name__.lower()} '{e.name}' is registered already")
-        if isinstance(e, Stage):
-            missing = [f for f in e.families if f not in _FAMILIES]
-            if missing:
-                raise ValueError(f"stage '{e.name}' needs families {missing} that are not registered")
-        table[e.name] = e
-
-
-@contextlib.contextmanager
-def registered(*entries: Family | Stage) -> Iterator[None]:
-    """``register`` for the duration of a ``with`` block (tests, experiments)."""
-    before = dict(_FAMILIES), dict(_STAGES)
-    register(*entries)
-    try:
-        yield
-    finally:
-        _FAMILIES.clear()
-        _FAMILIES.update(before[0])
-        _STAGES.clear()
-        _STAGES.update(before[1])
-
-
-def stages() -> tuple[Stage, ...]:
-    """Every stage, in pipeline order."""
-    return tuple(_STAGES.values())
-
-
-def names() -> tuple[str, ...]:
-    """The stages' names, in pipeline order (also the names their errors and the stage cache use)."""
-    return tuple(_STAGES)
-
-
-def stage(name: str) -> Stage:
-    try:
-        return _STAGES[name]
-    except KeyError:
-        raise KeyError(f"no stage '{name}' (stages: {', '.join(_STAGES)})") from None
-
-
-def family(name: str) -> Family:
-    try:
-        return _FAMILIES[name]
-    except KeyError:
-        raise KeyError(f"no model family '{name}' (families: {', '.join(_FAMILIES)})") from None
-
-
-def families_of(stage_names: Iterable[str]) -> tuple[str, ...]:
-    """The families the given stages need, in registration order (the order they load in)."""
-    wanted = {f for s in stage_names for f in stage(s).families}
-    return tuple(f for f in _FAMILIES if f in wanted)
-
-
-def load_families(cfg: "Config", names_: Iterable[str], given: Mapping[str, Any] | None = None,
-                  preloaded: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Load the families ``names_`` (``cfg`` resolved) in registration order, each once; a later family
-    may reuse an earlier one (the scorer reuses the retrieval encoder and the verifier of its process).
-    ``preloaded``: families the caller loaded already (returned with the others, seen by their loaders)."""
-    from adjcap.models.precision import set_tf32
-
-    set_tf32(cfg.tf32, cfg.device)  # TF32 for this process's fp32 matmuls on CUDA (the gpu preset's)
-    models: dict[str, Any] = dict(preloaded or {})
-    holds = frozenset(names_) | frozenset(models)
-    for name in (f for f in _FAMILIES if f in holds and f not in models):
-        models[name] = _FAMILIES[name].load(cfg, Loading(models, holds, dict(given or {})))
-    return models
-
-
-def pixel_preps(cfg: "Config", stage_names: Iterable[str]) -> tuple[tuple[Any, ...], bool]:
-    """(the distinct pixel preparations the families of ``stage_names`` want, whether every one is known):
-    the decode tasks prepare them once per image; when one is not known (a model that preprocesses
-    otherwise), the image's bytes travel too and that pool decodes them itself."""
-    wanted = [p for f in families_of(stage_names) for p in _FAMILIES[f].pixels(cfg)]
-    distinct = {p.key: p for p in wanted if p is not None}
-    return tuple(distinct.values()), all(p is not None for p in wanted)
-
 
 # --------------------------------------------------------------------------------------------
 # the families
@@ -253,6 +97,20 @@ def _load_verifier(cfg: "Config", ld: Loading):
     from adjcap.models.roles import load_verifier
 
     return load_verifier(cfg.verifier, cfg.device)
+
+
+def _verifier_env(cfg: "Config") -> Mapping[str, Any] | None:
+    """The environment of a backend that runs in one of its own (the verifier family's record: ``lavis``,
+    LAVIS's, which cannot share this one), else None."""
+    own = verifier_families.isolated(cfg.verifier)
+    return None if own is None else pkgutil.resolve_name(own.env)(cfg.paths.cache_dir)
+
+
+def _score_verifier(states: list[ImageState], m: Mapping[str, Any], cfg: "Config") -> None:
+    """The verifier half of stage 4, in the verifier's environment (the stage's cosines follow in its pool)."""
+    from adjcap import stages
+
+    stages.score_verifier(states, m["verifier"], cfg.verifier.long_captions)
 
 
 def _pixels_verifier(cfg: "Config") -> tuple[Any, ...]:
@@ -350,11 +208,6 @@ def _nothing(cfg: "Config", gpu: bool, holds: frozenset[str]) -> tuple[int, int]
 # --------------------------------------------------------------------------------------------
 
 
-def _nan_scores(items: list[dict], keys: Iterable[str]) -> list[dict]:
-    keys = tuple(keys)
-    return [{**x, **{k: math.nan for k in keys}} for x in items]
-
-
 # what stage 3 writes into a candidate; every other candidate field is a stage-4 score
 CAPTION_FIELDS = ("text", "lm_logprob_sum", "lm_logprob_mean", "n_tokens", "beam_rank")
 SCORE_FIELDS = tuple(f.name for f in CANDIDATE if f.name not in CAPTION_FIELDS)
@@ -410,16 +263,15 @@ _ENC_SPEED = ("image_batch_size", "text_batch_size")
 
 
 def _verifier_unread(cfg: "Config") -> tuple[str, ...]:
-    """The verifier keys its family does not read: BLIP ITM neither ``family`` nor ``pretrained`` (so the
-    runs from before verifier families keep their identities), BLIP-2 not ``pretrained``; no family
-    ``long_captions``, which stage 4 reads (the candidates, not the retrieved corpus captions)."""
-    return {"blip_itm": ("verifier.family", "verifier.pretrained"), "blip2_itm": ("verifier.pretrained",),
-            "clip": ()}[cfg.verifier.family] + ("verifier.long_captions",)
+    """The verifier keys its family does not read (its record's ``unread``: :mod:`adjcap.verifier_families`),
+    and ``long_captions``, which stage 4 reads (the candidates, not the retrieved corpus captions)."""
+    return verifier_families.unread(cfg.verifier) + ("verifier.long_captions",)
 
 register(
     Family("retrieval", _load_retrieval, _size_retrieval, _pixels_retrieval),
-    Family("index", _load_index, _nothing),
-    Family("verifier", _load_verifier, _size_verifier, _pixels_verifier),
+    Family("index", _load_index, _nothing, lambda cfg: ()),  # reads no image
+    Family("verifier", _load_verifier, _size_verifier, _pixels_verifier, env=_verifier_env,
+           parts={"score": _score_verifier}),
     Family("captioner", _load_captioner, _size_captioner, _pixels_captioner),
     Family("scorer", _load_scorer, _size_scorer, _pixels_scorer),
     Stage(

@@ -9,11 +9,12 @@ The trackers' libraries are imported only here and only when asked (extras ``adj
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from adjcap.nested import flatten
 from adjcap.registry import unknown
 from adjcap.rundir import RunDir
 
@@ -48,16 +49,6 @@ def parse_log_specs(specs: Sequence[str]) -> list[Tracker]:
 # --------------------------------------------------------------------------------------------
 
 
-def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
-    """Nested dicts -> {"a.b.c": leaf}; lists are kept as leaves."""
-    if isinstance(obj, Mapping):
-        out: dict[str, Any] = {}
-        for k, v in obj.items():
-            out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-        return out
-    return {prefix: obj}
-
-
 def run_params(run: RunDir) -> dict[str, str]:
     """The run's config (config.toml, as it re-runs), flattened, values as text."""
     import tomllib
@@ -65,7 +56,7 @@ def run_params(run: RunDir) -> dict[str, str]:
     if not run.config_path.exists():
         return {}
     data = tomllib.loads(run.config_path.read_text(encoding="utf-8"))
-    return {k: _text(v) for k, v in flatten(data).items()}
+    return {k: _text(v) for k, v in flatten(data, empty_is_leaf=False).items()}
 
 
 def run_metrics(run: RunDir) -> dict[str, float]:
@@ -100,7 +91,8 @@ def _put(out: dict[str, float], key: str, v: Any) -> None:
 
 def run_tags(run: RunDir) -> dict[str, str]:
     """The provenance, flattened to ``provenance.<key>`` text tags (long values cut)."""
-    return {f"provenance.{k}": _text(v)[:TAG_LIMIT] for k, v in flatten(run.provenance()).items()}
+    flat = flatten(run.provenance(), empty_is_leaf=False)
+    return {f"provenance.{k}": _text(v)[:TAG_LIMIT] for k, v in flat.items()}
 
 
 def run_artifacts(run: RunDir) -> list[Path]:

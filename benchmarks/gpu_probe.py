@@ -516,7 +516,7 @@ def attention(args, ctx) -> dict:
 
 @section
 def index(args, ctx) -> dict:
-    from adjcap.index.store import CaptionIndex
+    from adjcap.index.search import CaptionIndex
 
     n = args.shape.index_captions
     rng = np.random.default_rng(0)

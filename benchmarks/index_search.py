@@ -24,7 +24,8 @@ if str(ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from adjcap.index.store import CaptionIndex, IndexManifest, brute_force_topk  # noqa: E402
+from adjcap.index.search import CaptionIndex, brute_force_topk  # noqa: E402
+from adjcap.index.shards import IndexManifest  # noqa: E402
 
 
 def main() -> None:

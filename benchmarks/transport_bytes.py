@@ -33,6 +33,7 @@ import pyarrow as pa  # noqa: E402
 from adjcap import stage_registry  # noqa: E402
 from adjcap.actors import transport  # noqa: E402
 from adjcap.config import load_config  # noqa: E402
+from adjcap.cluster_plan import PoolPlan  # noqa: E402
 from adjcap.jobs.extract_features import decode_pixels, pools  # noqa: E402
 
 def ipc_bytes(table: pa.Table) -> int:
@@ -57,7 +58,7 @@ def demo(n: int, cache: str) -> list[dict]:
     cfg = split(cfg.resolved())
     m = vars(load_models(cfg))
     recs = read_records(cfg)["test"][:n]
-    runs = pools(cfg)
+    runs = pools(PoolPlan.of(cfg))
     preps, keep_bytes = decode_pixels(cfg, runs)
     records = transport.records({"image_id": [r.image_id for r in recs], "benchmark": [cfg.benchmark] * n,
                                  "split": [r.split for r in recs], "domain": [r.domain for r in recs],

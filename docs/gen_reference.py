@@ -3,7 +3,7 @@
     python docs/gen_reference.py           # rewrite docs/reference/*.md and the pages' generated blocks
     python docs/gen_reference.py --check   # exit 1, naming the stale pages, when they differ from the code
 
-* ``docs/reference/config.md``: every configuration key of the pydantic models in ``adjcap/config.py``
+* ``docs/reference/config.md``: every configuration key of the pydantic models in ``adjcap/config/schema.py``
   (the keys ``config_keys()`` lists for "did you mean"), with its type, default and description, the
   built-in benchmarks (``adjcap/benchmarks.toml``) and the presets (``adjcap config --list`` and what
   each one sets, from ``adjcap/presets/*.toml``);
@@ -142,17 +142,17 @@ def _env_note(field: Any) -> str:
 
 def _field(key: str) -> Any:
     """The pydantic field of a dotted key of :func:`adjcap.config.config_keys` (the schema walk of
-    adjcap.config's own ``_model_of`` / ``_dict_value_model``, as ``set_key`` does it)."""
-    from adjcap.config import Config, _dict_value_model, _model_of
+    adjcap.config's own ``section_model`` / ``dict_entry_model``, as ``set_key`` does it)."""
+    from adjcap.config import Config, dict_entry_model, section_model
 
     parts = key.split(".")
     model: Any = Config
     field, i = None, 0
     while i < len(parts):
         field = model.model_fields[parts[i]]
-        sub = _model_of(field.annotation)
+        sub = section_model(field.annotation)
         if sub == "dict":
-            model = _dict_value_model(parts[i])
+            model = dict_entry_model(parts[i])
             i += 2  # benchmarks.<name>.
         else:
             model = sub
@@ -187,18 +187,14 @@ def config_reference() -> str:
         return _config_reference()
 
 
-def _config_reference() -> str:
+def _sections(keys: list[str]) -> dict[str, list[str]]:
+    """Section (a model's key, ``""`` for the top level) -> the keys listed in its table, in key order."""
     import adjcap.config as config
-    from adjcap.config import Config, config_keys, default_benchmarks, list_presets
 
-    defaults = Config().model_dump(mode="python")
-    keys = config_keys()
-    builtin = default_benchmarks()
-    presets = list_presets()
     sections: dict[str, list[str]] = {"": []}
     for key in keys:
         field = _field(key)
-        sub = config._model_of(field.annotation)
+        sub = config.section_model(field.annotation)
         name = key.rpartition(".")[2]
         if sub == "dict" and name in config.DICT_SECTIONS:  # a table of sections: its entries' keys
             sections[f"{key}.{config.DICT_SECTIONS[name][1]}"] = []
@@ -208,71 +204,76 @@ def _config_reference() -> str:
             sections[key] = []
         else:
             sections[key.rpartition(".")[0]].append(key)
+    return sections
 
-    out = [_banner("the models in adjcap/config.py, adjcap/benchmarks.toml and adjcap/presets/*.toml"),
-           "# Configuration reference", ""]
-    out += [_rst_to_md(config.__doc__.strip()), ""]
-    out += ["Set any key with `--set key=value` on a command (the value is read as TOML: numbers, `true`, "
-            "quoted strings, lists; anything else is a bare string), in a saved `config.toml` (`--config`), "
-            "or in a preset. `None` means unset: leave the key out, or write `--set key=null`. "
-            "`adjcap config --preset P --set ...` prints the resolved configuration.", ""]
-    for section, members in sections.items():
-        title = "Top level" if section == "" else f"`{section}`"
-        out += [f"## {title}", ""]
-        if section:
-            entries = section.endswith(">")  # benchmarks.<name>, ray.pool.<pool>
-            field = _field(section.rpartition(".")[0] if entries else section)
-            model = config._model_of(field.annotation)
-            if model == "dict":
-                model = config._dict_value_model(section.split(".")[-2])
-            lines = []
-            if section == "benchmarks.<name>":
-                lines.append("A table of benchmarks by name; `benchmark` picks one. Add your own with "
-                             "`--set benchmarks.NAME.KEY=...`; the built-in ones are listed below.")
-            if field.description:
-                text = _rst_to_md(field.description.strip().rstrip("."))
-                lines.append(_escape_prose(text[:1].upper() + text[1:] + "."))
-            if model.__dict__.get("__doc__"):
-                lines.append(_rst_to_md(inspect.cleandoc(model.__doc__)))
-            default = _default(defaults, section, field)
-            if default is None:
-                lines.append("Default: `None` (unset).")
-            out += [" ".join(lines), ""] if lines else []
-        if not members:
-            continue
-        out += ["| key | type | default | description |", "|---|---|---|---|"]
-        for key in members:
-            field = _field(key)
-            typ = _type_name(field.annotation)
-            cons = _constraints(field)
-            default = _default(defaults, key, field)
-            shown = "required" if default is _MISSING else f"`{_value(default)}`" + _env_note(field)
-            desc = _rst_to_md(field.description or "")
-            out.append(f"| `{key}` | {_cell(typ + (f', {cons}' if cons else ''))} | {_cell(shown)} | {_cell(desc)} |")
-        out.append("")
 
-    out += ["## Built-in benchmarks", "",
-            "`benchmarks.<name>` as shipped (`adjcap/benchmarks.toml`); `{data}` is `paths.data_dir`, "
-            "`{cache}` is `paths.cache_dir`.", "",
-            "| name | format | annotations | images | corpus |", "|---|---|---|---|---|"]
-    for name, b in builtin.items():
+def _section_intro(section: str, defaults: dict[str, Any]) -> list[str]:
+    """A section's paragraph: its field's description, its model's docstring, an unset default."""
+    import adjcap.config as config
+
+    entries = section.endswith(">")  # benchmarks.<name>, ray.pool.<pool>
+    field = _field(section.rpartition(".")[0] if entries else section)
+    model = config.section_model(field.annotation)
+    if model == "dict":
+        model = config.dict_entry_model(section.split(".")[-2])
+    lines = []
+    if section == "benchmarks.<name>":
+        lines.append("A table of benchmarks by name; `benchmark` picks one. Add your own with "
+                     "`--set benchmarks.NAME.KEY=...`; the built-in ones are listed below.")
+    if field.description:
+        text = _rst_to_md(field.description.strip().rstrip("."))
+        lines.append(_escape_prose(text[:1].upper() + text[1:] + "."))
+    if model.__dict__.get("__doc__"):
+        lines.append(_rst_to_md(inspect.cleandoc(model.__doc__)))
+    if _default(defaults, section, field) is None:
+        lines.append("Default: `None` (unset).")
+    return [" ".join(lines), ""] if lines else []
+
+
+def _keys_table(members: list[str], defaults: dict[str, Any]) -> list[str]:
+    out = ["| key | type | default | description |", "|---|---|---|---|"]
+    for key in members:
+        field = _field(key)
+        typ = _type_name(field.annotation)
+        cons = _constraints(field)
+        default = _default(defaults, key, field)
+        shown = "required" if default is _MISSING else f"`{_value(default)}`" + _env_note(field)
+        desc = _rst_to_md(field.description or "")
+        out.append(f"| `{key}` | {_cell(typ + (f', {cons}' if cons else ''))} | {_cell(shown)} | {_cell(desc)} |")
+    return [*out, ""]
+
+
+def _benchmarks_reference() -> list[str]:
+    from adjcap.config import default_benchmarks
+
+    out = ["## Built-in benchmarks", "",
+           "`benchmarks.<name>` as shipped (`adjcap/benchmarks.toml`); `{data}` is `paths.data_dir`, "
+           "`{cache}` is `paths.cache_dir`.", "",
+           "| name | format | annotations | images | corpus |", "|---|---|---|---|---|"]
+    for name, b in default_benchmarks().items():
         annotations = b.annotations if not b.annotations_by_split else ", ".join(
             f"{split}: `{path}`" for split, path in b.annotations_by_split.items())
         annotations = f"`{annotations}`" if not b.annotations_by_split else annotations
         corpus = f"`{b.corpus}` ({b.corpus_format})" if b.corpus else "none"
         out.append(f"| `{name}` | `{b.format}` | {_cell(annotations)} | {_cell(f'`{b.images}`')} | {_cell(corpus)} |")
-    out.append("")
+    return [*out, ""]
 
-    out += ["## Presets", "",
-            "What `adjcap config --list` prints, and the keys each preset sets (`adjcap/presets/NAME.toml`; "
-            "a preset that names a `base` starts from that preset's settings). Every other key keeps the "
-            "default above. The paper's table each preset belongs to: the guide's "
-            "[Presets](../guide/presets.md) page.", "",
-            "| preset | description |", "|---|---|"]
+
+def _presets_reference() -> list[str]:
+    import adjcap.config as config
+    from adjcap.nested import flatten
+
+    presets = config.list_presets()
+    out = ["## Presets", "",
+           "What `adjcap config --list` prints, and the keys each preset sets (`adjcap/presets/NAME.toml`; "
+           "a preset that names a `base` starts from that preset's settings). Every other key keeps the "
+           "default above. The paper's table each preset belongs to: the guide's "
+           "[Presets](../guide/presets.md) page.", "",
+           "| preset | description |", "|---|---|"]
     for name, desc in presets.items():
         out.append(f"| [`{name}`](#{name}) | {_cell(desc)} |")
     out.append("")
-    presets_dir = Path(str(config._presets_dir()))
+    presets_dir = Path(str(config.presets_dir()))
     for name in presets:
         data = tomllib.loads((presets_dir / f"{name}.toml").read_text(encoding="utf-8"))
         base = data.pop("base", None)
@@ -281,20 +282,35 @@ def _config_reference() -> str:
         out += [f"### `{name}`", ""]
         if base:
             out += [f"Extends [`{base}`](#{base}).", ""]
-        flat = list(_flatten(data))
+        flat = flatten(data, empty_is_leaf=False, whole=_is_leaf_table)
         if flat:
-            out += ["```toml"] + [f"{k} = {_value(v)}" for k, v in flat] + ["```", ""]
+            out += ["```toml"] + [f"{k} = {_value(v)}" for k, v in flat.items()] + ["```", ""]
         else:
             out += ["Sets nothing of its own.", ""]
+    return out
+
+
+def _config_reference() -> str:
+    import adjcap.config as config
+    from adjcap.config import Config, config_keys
+
+    defaults = Config().model_dump(mode="python")
+    out = [_banner("the models in adjcap/config/schema.py, adjcap/benchmarks.toml and adjcap/presets/*.toml"),
+           "# Configuration reference", ""]
+    out += [_rst_to_md(config.__doc__.strip()), ""]
+    out += ["Set any key with `--set key=value` on a command (the value is read as TOML: numbers, `true`, "
+            "quoted strings, lists; anything else is a bare string), in a saved `config.toml` (`--config`), "
+            "or in a preset. `None` means unset: leave the key out, or write `--set key=null`. "
+            "`adjcap config --preset P --set ...` prints the resolved configuration.", ""]
+    for section, members in _sections(config_keys()).items():
+        out += [f"## {'Top level' if section == '' else f'`{section}`'}", ""]
+        if section:
+            out += _section_intro(section, defaults)
+        if members:
+            out += _keys_table(members, defaults)
+    out += _benchmarks_reference()
+    out += _presets_reference()
     return "\n".join(out).rstrip() + "\n"
-
-
-def _flatten(data: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
-    for k, v in data.items():
-        if isinstance(v, dict) and not _is_leaf_table(prefix + k):
-            yield from _flatten(v, f"{prefix}{k}.")
-        else:
-            yield f"{prefix}{k}", v
 
 
 def _is_leaf_table(key: str) -> bool:

@@ -14,6 +14,7 @@ import ray
 from ray.data import ActorPoolStrategy
 
 from adjcap.actors.encoder import CorpusEncoderActor
+from adjcap.cluster_plan import PoolPlan
 from adjcap.config import Config
 from adjcap.data.corpus import Corpus
 from adjcap.index import IndexPlan, benchmark_corpus, ensure_index
@@ -53,7 +54,7 @@ def encode_with_pool(cfg: Config):
                 compute=ActorPoolStrategy(size=min(cfg.ray.workers, len(plan.todo))),
                 # the model plus the corpus it holds and one shard's embeddings (Ray's issue detector
                 # otherwise warns that the actor uses more than it asked for)
-                **pool_resources(cfg, "encoder", corpus_encode_bytes(
+                **pool_resources(PoolPlan.of(cfg), "encoder", corpus_encode_bytes(
                     plan.corpus.texts, cfg.retrieval.shard_size, embed_width(cfg.retrieval.encoder))),
             )
             ds.materialize()

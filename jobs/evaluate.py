@@ -7,7 +7,8 @@ from pathlib import Path
 
 from adjcap import samples
 from adjcap.config import Config, EvalCfg
-from adjcap.metrics.evaluate import evaluate_predictions, evaluate_run, format_table
+from adjcap.metrics.evaluate import evaluate_predictions, format_table
+from adjcap.metrics.run_metrics import evaluate_run
 from adjcap.report import write_report
 from adjcap.report.compare import compare as compare_runs, to_text
 from adjcap.rundir import RunDir

@@ -1,5 +1,6 @@
 """Feature extraction, the Ray part of the main job: records -> image decode (CPU tasks) -> the stage
-pools (retriever -> verifier -> captioner -> scorer, or one fused pool: :mod:`adjcap.pools`) -> Parquet
+pools (retriever -> verifier -> captioner -> scorer, or one fused pool, as the run plan lays them out:
+``RunPlan.pools``, :class:`adjcap.cluster_plan.PoolPlan`) -> Parquet
 feature parts in the run directory, written by the last pool's actors (:mod:`adjcap.batch_sink`); the
 driver gets back only each image's id, split, error and computed stages (docs/architecture.md, "Data
 flow of one image"). Images that need no model (every stage stored, or refused by the reader) never
@@ -19,19 +20,17 @@ from dataclasses import dataclass
 import ray
 from ray.data import ActorPoolStrategy, TaskPoolStrategy
 
-from adjcap import pools as pool_layout
 from adjcap import stage_registry
 from adjcap.actors import transport
 from adjcap.actors.decode import decode_batch
 from adjcap.actors.index_task import put_index
-from adjcap.actors.lavis import LavisScorerActor, LavisVerifierActor
 from adjcap.actors.pool import actor_class
 from adjcap.batch_sink import Sink, count_done
+from adjcap.cluster_plan import PoolPlan
 from adjcap.config import Config
 from adjcap.data.records import Record
 from adjcap.features import rows_to_table
 from adjcap.data.corpora import exposure
-from adjcap.lavis_env import runtime_env as lavis_runtime_env
 from adjcap.rundir import RunDir
 from adjcap.run_plan import RunPlan
 from adjcap.stage_cache import apply_outputs
@@ -48,42 +47,31 @@ BLOCK_BATCHES = 4  # the most batches in one block (block_rows)
 
 @dataclass(frozen=True)
 class PoolRun:
-    """One pool of the stream: its actor class, its pool (resources and actor count by name), what its
-    constructor gets beyond ``cfg`` and ``board``, the stage names it reports progress under, and the
-    extra map_batches options (the LAVIS pools' runtime environment)."""
+    """One pool of the stream: its actor class, its pool (resources by name), its actors and batch size,
+    what its constructor gets beyond ``cfg`` and ``board``, the stage names it reports progress under,
+    and the extra map_batches options (its runtime environment, when not the job's)."""
 
     actor: type
     pool: str
+    actors: int
+    batch_size: int
     kwargs: dict
     meters: tuple[str, ...]
     options: dict
 
 
-def pools(cfg: Config, first: int = 0, gpu: bool = False) -> list[PoolRun]:
-    """The pools images stream through from stage index ``first`` on, in order (:mod:`adjcap.pools`:
-    split or fused). With the LAVIS verifier backend, stage 2 and the verifier half of stage 4 run in
-    LAVIS's own environment, in pools of their own."""
-    layout = pool_layout.layout(cfg, gpu, first)
-    lavis = cfg.verifier.enabled and cfg.verifier.backend == "lavis"
-    env = {"runtime_env": lavis_runtime_env(cfg.paths.cache_dir)} if lavis else {}
-    out: list[PoolRun] = []
+def pools(plan: PoolPlan, first: int = 0, gpu: bool = False) -> list[PoolRun]:
+    """The pools images stream through from stage index ``first`` on, in order, as the run plan lays
+    them out (:class:`adjcap.cluster_plan.PoolPlan`: split or fused, a family's isolated environment and
+    its part of a later stage included); each pool's output carries only what the pools after it read."""
+    layout = plan.layout(gpu, first)
+    out = []
     for i, p in enumerate(layout):
-        last = i == len(layout) - 1
-        if lavis and p.stages == ("verify",):
-            out.append(PoolRun(LavisVerifierActor, p.name, {}, ("verify",), env))
-            continue
-        given: dict = {}
-        if lavis and "score" in p.stages:
-            out.append(PoolRun(LavisScorerActor, p.name, {}, ("score-verifier",), env))
-            given["verifier"] = None  # scored by the LAVIS pool just before
-        out.append(PoolRun(actor_class(p.actor_name), p.name,
-                           {"stages": p.stages, "given": given, "last": last, "pool": p.name},
-                           p.stages, {}))
-    # each pool's output carries only what the pools after it read (pixels, bytes, the verifier's encoding)
-    for i, run in enumerate(out):
-        if "stages" in run.kwargs:
-            later = [m for r in out[i + 1:] for m in r.meters]
-            run.kwargs["keep"] = transport.kept_for(cfg, later)
+        later = [m for q in layout[i + 1:] for m in q.meters]
+        out.append(PoolRun(actor_class(p.actor_name), p.name, p.actors, p.batch_size,
+                           {"stages": p.stages, "given": dict.fromkeys(p.given), "last": i == len(layout) - 1,
+                            "pool": p.name, "part": p.part, "keep": transport.kept_for(plan.cfg, later)},
+                           p.meters, {"runtime_env": dict(p.env)} if p.env else {}))
     return out
 
 
@@ -126,7 +114,7 @@ def extract_features(plan: RunPlan, resume: bool = True, stage_stats: dict | Non
     if not todo:
         return summary
 
-    check_pools(cfg)  # an impossible --workers / memory request is refused before any model loads
+    check_pools(plan.pools)  # an impossible --workers / memory request is refused before any model loads
     cache = plan.stage_cache()
     found = cache.lookup(r.image_id for r in todo if not r.error) if cache else {}
     for outs in found.values():
@@ -179,22 +167,22 @@ def _extract(plan: RunPlan, todo: list[Record], found: dict, cache, emit, watch:
     if rest:
         first = min(len(found.get(r.image_id, ())) for r in rest)  # the first stage some image needs
         gpu = has_gpus()
-        print("pools: " + ", ".join(f"{p.pool} x{plan.pools.actors[p.pool]} ({' + '.join(p.meters)})"
-                                    for p in pools(cfg, first, gpu)))
+        print("pools: " + ", ".join(f"{p.pool} x{p.actors} ({' + '.join(p.meters)})"
+                                    for p in pools(plan.pools, first, gpu)))
         sink = Sink.for_run(run, cfg.benchmark, cache)
-        with tracked(cfg.ray, "features", stream_stages(cfg, first, gpu), len(rest)) as board:
-            ds = _stream(cfg, corpus, rest, found, first, gpu, board, sink)
+        with tracked(cfg.ray, "features", stream_stages(plan.pools, first, gpu), len(rest)) as board:
+            ds = _stream(plan.pools, corpus, rest, found, first, gpu, board, sink)
             # the workers wrote the parts and the stage cache; the driver only counts, with Arrow
             for table in ds.iter_batches(batch_format="pyarrow", batch_size=None):
                 count_done(table, summary, computed)
                 watch.add_table(table)
 
 
-def stream_stages(cfg: Config, first: int, gpu: bool = False) -> list[str]:
+def stream_stages(plan: PoolPlan, first: int, gpu: bool = False) -> list[str]:
     """The stages images stream through from stage index ``first`` on, in order, as the actors name
     them when they report progress (decode, then each pool's stages)."""
     out = ["decode"]
-    for p in pools(cfg, first, gpu):
+    for p in plan.layout(gpu, first):
         out.extend(m for m in p.meters if m not in out)
     return out
 
@@ -214,13 +202,14 @@ def block_rows(images: int, batch_size: int, slots: int) -> int:
     return k * batch_size
 
 
-def _stream(cfg: Config, corpus, todo: list[Record], found: dict, first: int, gpu: bool, board=None,
+def _stream(pool_plan: PoolPlan, corpus, todo: list[Record], found: dict, first: int, gpu: bool, board=None,
             sink: Sink | None = None):
-    """decode -> the pools from stage index ``first`` on, as a Ray dataset: of packed states, or, with
-    ``sink``, of what the last pool's actors wrote (:func:`adjcap.batch_sink.done_columns`)."""
-    layout = pools(cfg, first, gpu)
-    sizes = {p.pool: pool_layout.batch_size(cfg, p.pool, gpu) for p in layout}
-    bs = pool_layout.batch_size(cfg, None, gpu)  # the decode tasks'
+    """decode -> the pools from stage index ``first`` on (the run plan's ``pool_plan``), as a Ray dataset:
+    of packed states, or, with ``sink``, of what the last pool's actors wrote
+    (:func:`adjcap.batch_sink.done_columns`)."""
+    cfg = pool_plan.cfg
+    layout = pools(pool_plan, first, gpu)
+    bs = pool_plan.decode_batch(gpu)  # the decode tasks'
     n = len(todo)
     table = transport.records(
         {"image_id": [r.image_id for r in todo], "benchmark": [cfg.benchmark] * n,
@@ -228,8 +217,8 @@ def _stream(cfg: Config, corpus, todo: list[Record], found: dict, first: int, gp
          "error": [r.error or None for r in todo], "image_path": [r.image_path for r in todo],
          "exif": [cfg.benchmark_cfg().applies_exif()] * n},
         [found.get(r.image_id) for r in todo] if found else None)
-    rows = block_rows(n, math.lcm(bs, *sizes.values()),
-                      max(decode_tasks(cfg), sum(pool_layout.actors(cfg, p.pool) for p in layout)))
+    rows = block_rows(n, math.lcm(bs, *(p.batch_size for p in layout)),
+                      max(decode_tasks(cfg), sum(p.actors for p in layout)))
     ds = ray.data.from_arrow([table.slice(i, rows) for i in range(0, n, rows)])
     # bounded: unbounded, Ray Data starts one decode process per free decode_cpus of the cluster (23 on
     # two 8-CPU nodes, ~0.8 GiB each), far more than the pools can take images from
@@ -237,7 +226,7 @@ def _stream(cfg: Config, corpus, todo: list[Record], found: dict, first: int, gp
     ds = ds.map_batches(decode_batch, fn_kwargs={"board": board, "preps": preps, "keep_bytes": keep_bytes},
                         batch_size=bs, batch_format="pyarrow", num_cpus=cfg.ray.decode_cpus,
                         compute=TaskPoolStrategy(size=decode_tasks(cfg)))
-    plan = check_pools(cfg, first)
+    plan = check_pools(pool_plan, first)
     index_ref = nouns_ref = None
     for p in layout:
         kwargs = {"cfg": cfg, "board": board, **p.kwargs}
@@ -259,8 +248,8 @@ def _stream(cfg: Config, corpus, todo: list[Record], found: dict, first: int, gp
                 nouns_ref = ray.put(corpus_nouns(cfg, corpus))
             kwargs["given"] = {**kwargs["given"], "nouns": nouns_ref}
         ds = ds.map_batches(
-            p.actor, fn_constructor_kwargs=kwargs, batch_size=sizes[p.pool], batch_format="pyarrow",
-            compute=ActorPoolStrategy(size=pool_layout.actors(cfg, p.pool)), **plan[p.pool], **p.options,
+            p.actor, fn_constructor_kwargs=kwargs, batch_size=p.batch_size, batch_format="pyarrow",
+            compute=ActorPoolStrategy(size=p.actors), **plan[p.pool], **p.options,
         )
     return ds
 
@@ -272,8 +261,7 @@ def decode_pixels(cfg: Config, layout: Sequence[PoolRun]) -> tuple[tuple, bool]:
     (docs/architecture.md, "Pixels prepared once")."""
     if not cfg.ray.prepare_pixels:
         return (), True
-    names = stage_registry.names()  # (a LAVIS pool runs stage 2, or stage 4's verifier half, by its meters)
-    stages = [s for p in layout for s in p.kwargs.get("stages", p.meters) if s in names]
+    stages = [s for p in layout for s in p.kwargs["stages"]]
     preps, known = stage_registry.pixel_preps(cfg, stages)
     return preps, not known
 

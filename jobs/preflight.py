@@ -1,6 +1,6 @@
 """Before a job starts Ray or writes anything: are the config's weights, data and NLTK data here
 (:mod:`adjcap.needs`), Java too when the job evaluates, and does one actor of every pool fit in the memory a local Ray would have
-(the plan of :func:`adjcap.cluster_plan.pool_plan`)? A refusal is one line naming each missing thing,
+(the run plan's pools, :class:`adjcap.cluster_plan.PoolPlan`)? A refusal is one line naming each missing thing,
 the one ``adjcap prepare`` command that fetches it, and the memory shortfall; a candidates file
 (:mod:`adjcap.data.candidates`) and COCO instances files (:mod:`adjcap.metrics.chair`) are checked whole,
 their file and line named."""
@@ -13,7 +13,8 @@ from adjcap.accelerators import visible_gpus
 from adjcap.config import Config
 from adjcap.needs import Need, missing, needs_of, steps_for
 from adjcap.prepare.steps import STEPS
-from adjcap.cluster_plan import ResourceError, plan_cluster, pool_plan
+from adjcap.cluster_plan import PoolPlan, ResourceError
+from adjcap.lavis_env import LavisEnvError
 
 # what a job cannot start without; one that evaluates also needs Java (the PTB tokenizer and METEOR of
 # every evaluation, SPICE's jars where it scores SPICE), checked here rather than after the features
@@ -40,7 +41,7 @@ smallest visible GPU's memory (``gpu_memory``)."""
         memory = 0.7 * psutil.virtual_memory().available
     gpus = visible_gpus()
     out = {"CPU": float(os.cpu_count() or 1), "GPU": float(len(gpus)), "memory": memory}
-    if gpus:  # not a Ray resource: pool_plan checks the models' GPU memory against the smallest GPU
+    if gpus:  # not a Ray resource: the pool plan checks the models' GPU memory against the smallest GPU
         out["gpu_memory"] = float(min(g.total_bytes for g in gpus))
     return out
 
@@ -55,12 +56,12 @@ def memory_problem(cfg: Config) -> str | None:
         if ray.is_initialized():  # a connected cluster: its node types, node by node (adjcap.cluster_plan)
             from adjcap.jobs.ray_session import cluster_facts
 
-            plan_cluster(cfg, cluster_facts(cfg)[0])
+            PoolPlan.of(cfg).on_cluster(cluster_facts(cfg)[0])
         elif cfg.ray.address or os.environ.get("RAY_ADDRESS"):
             return None
         else:
-            pool_plan(cfg, local_cluster())
-    except ResourceError as e:
+            PoolPlan.of(cfg).on_node(local_cluster())
+    except (ResourceError, LavisEnvError) as e:
         return str(e)
     return None
 

@@ -3,7 +3,11 @@
 
 The embedded local Ray listens on 127.0.0.1 only (GCS, raylet, object manager, workers, agents and,
 unless ``ray.dashboard_host`` says otherwise, the dashboard), and its auth token file is made
-readable by its owner only (``~/.ray`` 0700, the token 0600)."""
+readable by its owner only (``~/.ray`` 0700, the token 0600).
+
+Beyond connecting, guarding and shutting down, it reads the connected cluster's facts (node types, the
+nodes up) as data for the run plan's pools (:class:`adjcap.cluster_plan.PoolPlan`, which plans) and asks
+an autoscaler for the nodes that plan needs; it plans nothing itself."""
 
 from __future__ import annotations
 
@@ -20,9 +24,7 @@ import ray
 from adjcap import numerics
 from adjcap.accelerators import rocm_visible_env
 from adjcap.config import Config
-from adjcap import cluster_plan
-from adjcap import pools as pool_layout
-from adjcap.cluster_plan import NodeType, ResourceError, plan_cluster, pool_plan
+from adjcap.cluster_plan import ClusterPlan, NodeType, PoolPlan, ResourceError, launcher_node_types, merge_up
 from adjcap.jobs.ray_guards import ClusterWatch, reap_with_driver
 
 # the directory the workers import this code from: the one holding the ``adjcap`` package (a checkout
@@ -211,30 +213,24 @@ def has_gpus() -> bool:
     return float(ray.cluster_resources().get("GPU", 0)) > 0
 
 
-def pool_resources(cfg: Config, pool: str, working: int = 0) -> dict[str, float]:
-    """Ray resources of one actor of ``pool`` on the connected cluster: a fraction of a GPU (by default
-    one GPU hosts one actor of every split pool; on CPU-only clusters a fraction of a CPU so all pools
-    fit on a 2-core machine), and ``memory`` from the size of the pool's models (:mod:`adjcap.pools`)
-    plus ``working`` bytes the actor holds beyond them. A pool outside the job's layout (the corpus
-    encoder) is planned alone. Raises ResourceError when the request can never be granted."""
-    cluster = ray.cluster_resources()
-    job = tuple(p.name for p in pool_layout.layout(cfg, float(cluster.get("GPU", 0)) > 0))
-    pools = job if pool in job else (pool,)
-    return pool_plan(cfg, cluster, pools, {pool: working})[pool]
+def pool_resources(pools: PoolPlan, pool: str, working: int = 0) -> dict[str, float]:
+    """Ray resources of one actor of ``pool`` on the connected cluster (:meth:`PoolPlan.on_node`: the
+    pool's share of the job's layout, or a pool outside it, the corpus encoder, alone, holding ``working``
+    bytes beyond its models). Raises ResourceError when the request can never be granted."""
+    return pools.on_node(ray.cluster_resources(), pool, working)[pool]
 
 
-def check_pools(cfg: Config, first: int = 0) -> dict[str, dict[str, float]]:
+def check_pools(pools: PoolPlan, first: int = 0) -> dict[str, dict[str, float]]:
     """Refuse up front (before any model loads) a request no node type of the connected cluster can hold;
     on an autoscaling cluster, ask for the nodes the plan needs and wait for them (:func:`scale_up`); then
     the resources of one actor of every pool the job runs from stage index ``first`` on."""
-    types, autoscaling = cluster_facts(cfg)
-    plan = plan_cluster(cfg, types, first)
+    plan = pools.on_cluster(cluster_facts(pools.cfg)[0], first)
     if plan.waiting:
-        plan = scale_up(cfg, plan, first)
+        plan = scale_up(pools, plan, first)
     return {p: dict(plan.actor[p]) for p in plan.pools}
 
 
-# --- the cluster's facts, as data for adjcap.cluster_plan ------------------------------------------------
+# --- the cluster's facts, as data for the run plan's pools (adjcap.cluster_plan) ------------------------------------------------
 
 BOOTSTRAP_CONFIG = "~/ray_bootstrap_config.yaml"  # where the cluster launcher puts its config on the head
 
@@ -278,7 +274,7 @@ def _launcher_node_types(cfg: Config) -> list[NodeType]:
             raise ResourceError(f"ray.autoscaler_config: no such file {path}; give the cluster launcher's config")
         return []
     try:
-        return cluster_plan.launcher_node_types(yaml.safe_load(path.read_text()) or {})
+        return launcher_node_types(yaml.safe_load(path.read_text()) or {})
     except (yaml.YAMLError, AttributeError, TypeError, ValueError) as e:
         raise ResourceError(f"{path}: not a cluster launcher config ({e}); fix it or set ray.autoscaler_config") from None
 
@@ -301,31 +297,6 @@ def _has_autoscaler() -> bool:
         return False
 
 
-def _shape_key(r: dict[str, float]) -> tuple[float, float]:
-    return float(r.get("CPU", 0)), float(r.get("GPU", 0))
-
-
-def merge_up(types: list[NodeType], up: list[tuple[str, dict[str, float]]], autoscaling: bool) -> tuple[NodeType, ...]:
-    """The node types with the nodes up counted in (by type name, else by CPU/GPU shape); a node of no known
-    type becomes a type of its own (its real resources; without an autoscaler, as many as are up)."""
-    count: dict[str, int] = {}
-    extra: dict[tuple, list[dict[str, float]]] = {}
-    by_name = {t.name: t for t in types}
-    for name, r in up:
-        t = by_name.get(name) or next((t for t in types if _shape_key(r) == (t.cpus, t.gpus)), None)
-        if t is not None:
-            count[t.name] = count.get(t.name, 0) + 1
-        else:
-            extra.setdefault(_shape_key(r), []).append(r)
-    out = [NodeType(t.name, t.cpus, t.gpus, t.memory, t.max_count if t.max_count is None else max(t.max_count, count.get(t.name, 0)),
-                    count.get(t.name, 0), t.gpu_memory) for t in types]
-    for (cpus, gpus), rs in extra.items():
-        name = f"{cpus:g}-CPU{f' {gpus:g}-GPU' if gpus else ''} node"
-        out.append(NodeType(name, cpus, gpus, min(float(r.get("memory", 0)) for r in rs),
-                            None if autoscaling and not types else len(rs), len(rs)))
-    return tuple(out)
-
-
 def cluster_facts(cfg: Config) -> tuple[tuple[NodeType, ...], bool]:
     """(the connected cluster's node types, up and addable; whether an autoscaler can add nodes): the node
     types from the GCS (Ray's ClusterConfig), else the cluster launcher's config; with neither, the shapes of
@@ -341,7 +312,7 @@ _asked_autoscaler = False
 POLL_S = 2.0
 
 
-def scale_up(cfg: Config, plan: cluster_plan.ClusterPlan, first: int = 0) -> cluster_plan.ClusterPlan:
+def scale_up(pools: PoolPlan, plan: ClusterPlan, first: int = 0) -> ClusterPlan:
     """Ask the autoscaler for one bundle per actor (``request_resources``) and wait, on one progress line
     ("waiting for 8 GPU workers: 2 up, 6 pending"), until the nodes up hold the plan; past
     ``ray.scale_wait_s`` a ResourceError names what never came. The request is withdrawn when the Ray
@@ -352,6 +323,7 @@ def scale_up(cfg: Config, plan: cluster_plan.ClusterPlan, first: int = 0) -> clu
     from ray.autoscaler.sdk import request_resources
 
     global _asked_autoscaler
+    cfg = pools.cfg
     request_resources(bundles=plan.bundles())
     _asked_autoscaler = True
     deadline = time.monotonic() + cfg.ray.scale_wait_s
@@ -368,7 +340,7 @@ def scale_up(cfg: Config, plan: cluster_plan.ClusterPlan, first: int = 0) -> clu
                 f"{line.removeprefix('waiting for ')}; never came: {missing} (`ray status` shows the autoscaler's "
                 "view: a node type's quota, capacity or launch failures)")
         time.sleep(POLL_S)
-        plan = plan_cluster(cfg, cluster_facts(cfg)[0], first)
+        plan = pools.on_cluster(cluster_facts(cfg)[0], first)
         if plan.progress() != line:
             line = plan.progress()
             if tty:

@@ -10,6 +10,7 @@ import torch
 from adjcap.accelerators import HIP, ROCR, Gpu, rocm_visible_env, visible_gpus
 from adjcap.config import load_config
 from adjcap.doctor import budget_lines, report
+from adjcap.cluster_plan import PoolPlan
 from adjcap.pools import pool_budget, pool_names
 from adjcap.models.precision import pick_device, pick_dtype
 
@@ -58,10 +59,10 @@ def test_pools_take_gpu_shares_on_an_amd_cluster(monkeypatch):
     monkeypatch.setattr(rs.ray, "cluster_resources", lambda: dict(resources))
     cfg = load_config("headline")
     for pool in pool_names():
-        r = rs.pool_resources(cfg, pool)
+        r = rs.pool_resources(PoolPlan.of(cfg), pool)
         assert r["num_gpus"] == cfg.ray.gpu_share and r["num_cpus"] == 1.0
     resources.pop("GPU")  # the same cluster without GPUs: CPU shares, no GPU request
-    assert "num_gpus" not in rs.pool_resources(cfg, "retriever")
+    assert "num_gpus" not in rs.pool_resources(PoolPlan.of(cfg), "retriever")
 
 
 def test_models_load_on_the_cuda_device_rocm_presents(rocm_torch):

@@ -11,7 +11,8 @@ import yaml
 
 from adjcap import pools
 from adjcap.accelerators import mps_status
-from adjcap.cluster_plan import (GiB, L4_GPU_BYTES, NodeType, ResourceError, actor_memory, launcher_node_types,
+from adjcap.cluster_plan import (GiB, L4_GPU_BYTES, NodeType, PoolPlan, ResourceError, actor_memory, launcher_node_types,
+                                 merge_up,
                                  plan_cluster, ray_memory, shape_type)
 from adjcap.config import load_config
 
@@ -217,11 +218,9 @@ def test_doctor_says_whether_mps_is_on(monkeypatch, tmp_path):
     assert "\nmps         on (control pipe /tmp/nvidia-mps/control)\n" in doctor.report(cfg)
 
 
-# --- the job's side, with Ray's answers given (jobs/ray_session.py) ------------------------------------
+# --- the cluster's facts merged (adjcap.cluster_plan) and the job's side, with Ray's answers given (jobs/ray_session.py) ------------------------------------
 
 def test_nodes_up_are_counted_into_their_types():
-    from adjcap.jobs.ray_session import merge_up
-
     conf = yaml.safe_load((DEPLOY / "ray-cluster-aws-l4.yaml").read_text())
     types = launcher_node_types(conf)
     up = [("ray.head.default", {"CPU": 8.0}), ("", {"CPU": 8.0, "GPU": 1.0}), ("ray.worker.l4", {"CPU": 8.0, "GPU": 1.0})]
@@ -246,7 +245,7 @@ def test_the_job_waits_on_one_line_and_ends_naming_what_never_came(monkeypatch, 
     monkeypatch.setattr(ray_session, "cluster_facts",
                         lambda cfg: ((head, shape_type("l4", "g6.2xlarge", 8, up=next(arriving))), True))
     cfg = _headline("ray.workers=2", "ray.mps=false")
-    plan = ray_session.check_pools(cfg)
+    plan = ray_session.check_pools(PoolPlan.of(cfg))
     assert set(plan) == {"fused"} and plan["fused"]["num_gpus"] == 1.0
     assert asked == [[{"CPU": 1.0, "GPU": 1.0}] * 2]
     out = capsys.readouterr().out
@@ -257,7 +256,7 @@ def test_the_job_waits_on_one_line_and_ends_naming_what_never_came(monkeypatch, 
     monkeypatch.setattr(ray_session, "cluster_facts",
                         lambda cfg: ((head, shape_type("l4", "g6.2xlarge", 8, up=next(never))), True))
     with pytest.raises(ResourceError) as e:
-        ray_session.check_pools(_headline("ray.workers=2", "ray.mps=false", "ray.scale_wait_s=0"))
+        ray_session.check_pools(PoolPlan.of(_headline("ray.workers=2", "ray.mps=false", "ray.scale_wait_s=0")))
     assert str(e.value).startswith("waited 0 s (ray.scale_wait_s) for the nodes the plan asked for: 2 GPU workers: "
                                    "0 up, 2 pending; never came: 2 x l4")
     assert "\n" not in str(e.value)

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from adjcap.config import load_config
-from adjcap.metrics.evaluate import evaluate_run
+from adjcap.metrics.run_metrics import evaluate_run
 from adjcap.report.collect import load_run
 from adjcap.report.compare import NotComparable, compare, compare_runs, to_text
 from adjcap.rundir import RunDir

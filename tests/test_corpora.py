@@ -146,7 +146,7 @@ def test_retrieval_corpus_swaps_what_a_run_searches(demo_cfg, tmp_path):
     its size and the references it holds verbatim."""
     from adjcap.identity import stage_identities
     from adjcap.index.lifecycle import encode_shards_in_process, ensure_index, search_corpus
-    from adjcap.index.store import IndexManifest
+    from adjcap.index.shards import IndexManifest
     from adjcap.run_plan import read_records
     from adjcap.models import roles
 

@@ -138,7 +138,7 @@ def test_generated_references_are_current():
 
 def test_config_reference_describes_every_key():
     """Every key the configuration accepts (the list "did you mean" searches) has its row, with a
-    description: a new key gets ``Field(..., description=...)`` in adjcap/config.py."""
+    description: a new key gets ``Field(..., description=...)`` in adjcap/config/schema.py."""
     from adjcap.config import config_keys
 
     text = (ROOT / "docs" / "reference" / "config.md").read_text(encoding="utf-8")
@@ -147,7 +147,7 @@ def test_config_reference_describes_every_key():
     missing = [k for k in config_keys() if k not in rows and k not in sections and k != "benchmarks"]
     assert not missing, f"keys without a row in docs/reference/config.md: {missing}"
     undescribed = [k for k, desc in rows.items() if not desc.strip()]
-    assert not undescribed, f"keys without a description (Field(description=...) in adjcap/config.py): {undescribed}"
+    assert not undescribed, f"keys without a description (Field(description=...) in adjcap/config/schema.py): {undescribed}"
 
 
 def test_metrics_table_is_the_exported_metrics():

@@ -8,8 +8,8 @@ line of the offending import.
 
 The application layer lives in the repository's jobs/, actors/ and cli.py, reached as adjcap.jobs,
 adjcap.actors and adjcap.cli through the links in adjcap/ (one layout). The library's one import of it
-is adjcap/__init__ exposing the Python API lazily (adjcap.jobs.api, inside a function); the entry
-point adjcap/__main__ runs adjcap.cli."""
+are its two entry points: the Python API adjcap.api (caption and run call the jobs, inside those
+functions), exposed lazily by adjcap/__init__, and adjcap/__main__, which runs adjcap.cli."""
 
 import ast
 import functools
@@ -23,8 +23,9 @@ FORBIDDEN = {  # layer -> what it never imports
     "adjcap.actors": {"adjcap.jobs", CLI},
     "adjcap.jobs": {CLI},
 }
-# the library's modules that may import the application layer, and what (inside a function only)
-ENTRIES = {"adjcap": {"adjcap.jobs.api"}, "adjcap.__main__": {CLI}}
+# the library's modules that may import the application layer, and what (inside a function only): the
+# package's entry points, the Python API (the jobs it runs) and the command line's
+ENTRIES = {"adjcap.api": {"adjcap.jobs.caption", "adjcap.jobs.demo", "adjcap.jobs.run"}, "adjcap.__main__": {CLI}}
 
 
 def _layer(module: str) -> str:
@@ -108,16 +109,45 @@ def test_import_rules():
     assert not bad, "\n".join(bad)
 
 
+# The job reads its pools from the run plan alone (RunPlan.pools, adjcap.cluster_plan.PoolPlan: layout, actors,
+# batch sizes, runtime environments, and each actor's resources on the cluster's facts): the jobs import
+# nothing of the pool planning (adjcap.pools) and, of adjcap.cluster_plan, only the plan's and the cluster's
+# data (docs/architecture.md, "Pools")
+POOL_PLANNING = "adjcap.pools"
+CLUSTER_PLAN = "adjcap.cluster_plan"
+CLUSTER_DATA = {"ClusterPlan", "NodeType", "PoolPlan", "ResourceError", "launcher_node_types", "merge_up"}
+
+
+def test_the_jobs_read_their_pools_from_the_run_plan_alone():
+    bad = []
+    for m, path in _sources().items():
+        if _layer(m) != "adjcap.jobs":
+            continue
+        for mod, names in _import_nodes(path):
+            targets = [f"{mod}.{n}" for n in names] if names else [mod]
+            for t in targets:
+                if t == POOL_PLANNING or t.startswith(POOL_PLANNING + "."):
+                    bad.append(f"{path.relative_to(ROOT)} imports {t}: read the run plan's pools (RunPlan.pools)")
+                elif t == CLUSTER_PLAN or (t.startswith(CLUSTER_PLAN + ".") and t.rsplit(".", 1)[1] not in CLUSTER_DATA):
+                    bad.append(f"{path.relative_to(ROOT)} imports {t}: plan through the run plan's PoolPlan "
+                               f"(the jobs take only {', '.join(sorted(CLUSTER_DATA))})")
+    assert not bad, "\n".join(bad)
+
+
 def test_entry_points_import_only_their_layer_and_nothing_imports_them():
-    """adjcap/__init__ -> adjcap.jobs.api, adjcap/__main__ -> adjcap.cli, each inside a function or
-    as the entry point's whole body; no module imports adjcap.__main__ or adjcap.cli, and only
-    adjcap/__init__ imports the facade adjcap.jobs.api."""
+    """adjcap/__init__ -> adjcap.api (inside a function), adjcap.api -> the jobs it runs (inside
+    caption and run), adjcap/__main__ -> adjcap.cli; no module imports adjcap.__main__ or adjcap.cli,
+    and only adjcap/__init__ imports the Python API adjcap.api."""
     bad = []
     init = _sources()["adjcap"]
     tree = ast.parse(init.read_text())
     top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
-    if any(isinstance(n, ast.ImportFrom) and (n.module or "").startswith("adjcap.") for n in top):
+    if any(isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "adjcap" for n in top):
         bad.append("adjcap/__init__.py imports the project at module level")
+    api = ast.parse(_sources()["adjcap.api"].read_text())
+    for n in api.body:  # the Python API imports the application layer only inside the functions that run a job
+        if isinstance(n, ast.ImportFrom) and _hits(n.module or "", [a.name for a in n.names], FORBIDDEN["library"]):
+            bad.append(f"adjcap/api.py:{n.lineno} imports the application layer at module level")
     for m, path in _sources().items():
         for mod, names in _import_nodes(path):
             full = {mod, *(f"{mod}.{n}" for n in names)}
@@ -125,8 +155,8 @@ def test_entry_points_import_only_their_layer_and_nothing_imports_them():
                 bad.append(f"{path.relative_to(ROOT)} imports adjcap.__main__")
             if CLI in full and m != "adjcap.__main__":
                 bad.append(f"{path.relative_to(ROOT)} imports adjcap.cli")
-            if "adjcap.jobs.api" in full and m != "adjcap":
-                bad.append(f"{path.relative_to(ROOT)} imports adjcap.jobs.api")
+            if "adjcap.api" in full and m != "adjcap":
+                bad.append(f"{path.relative_to(ROOT)} imports adjcap.api")
     assert not bad, "\n".join(bad)
 
 
@@ -173,29 +203,31 @@ def test_actors_import_no_model_math_from_elsewhere():
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # helpers that know nothing of a run: files written atomically and their digests (content ids), "did you mean",
     # numerics, the accelerators, the LAVIS environment, beam search, the entity filter, the feature
-    # row's schema, the pickers' names and needs (what the config checks without torch), the one deep
-    # merge and flattener of nested settings, the one file lock and the one Parquet part writer, the
+    # row's schema, the pickers' names and needs and the verifier families' records (what the config checks
+    # without torch), the one deep merge and flattener of nested settings, the one file lock and the one Parquet part writer, the
     # dispatch audit (host reads and KV bytes per decode step, for tests and benchmarks), the CPU half of
     # an image transform (pixel_prep: the decode tasks resize and crop for the pools' models)
     ("foundations", ("adjcap.io", "adjcap.content_ids", "adjcap.registry", "adjcap.numerics", "adjcap.accelerators", "adjcap.lavis_env",
-                     "adjcap.decoding", "adjcap.entities", "adjcap.features", "adjcap.picker_needs", "adjcap.nested",
-                     "adjcap.file_lock", "adjcap.parts", "adjcap.dispatch_audit", "adjcap.gpu_errors",
+                     "adjcap.decoding", "adjcap.entities", "adjcap.features", "adjcap.picker_needs", "adjcap.verifier_families",
+                     "adjcap.nested", "adjcap.file_lock", "adjcap.parts", "adjcap.dispatch_audit", "adjcap.gpu_errors",
                      "adjcap.pixel_prep")),
     # reading benchmarks and corpora: files in, records out (knows no configuration)
     ("data", ("adjcap.data",)),
-    # the configuration: presets, validation (checks names against the data layouts and picker needs)
+    # the configuration (a package, one job a module): the schema, the keys and "did you mean", the presets,
+    # loading with overrides, validation (checks names against the data layouts and picker needs)
     ("settings", ("adjcap.config",)),
     # a run directory's layout: the one writer and reader of a run (reads its config back)
     ("run directory", ("adjcap.rundir",)),
     # the frozen models and the caption corpus index they search
     ("models", ("adjcap.models",)),
     ("index", ("adjcap.index",)),
-    # one image through the stages: its state, the stage functions, the stage registry (stages and model
-    # families as data) and the pools it lays out, identities, the stage cache, the in-process pipeline
+    # one image through the stages: its state, the stage functions, the stage registry's mechanism (its records
+    # and lookups: stage_records) and its built-in entries (stages and model families as data: stage_registry)
+    # and the pools it lays out, identities, the stage cache, the in-process pipeline
     # and what made a run (provenance), where a pool's last actor writes its batch (batch_sink), a
     # job's run plan (records, corpus, identities, pools, run directory: built once at the edge), and the
     # captioner families stage 3 picks from (captioners)
-    ("stages", ("adjcap.image_state", "adjcap.stages", "adjcap.stage_registry", "adjcap.pools", "adjcap.cluster_plan", "adjcap.identity",
+    ("stages", ("adjcap.image_state", "adjcap.stages", "adjcap.stage_records", "adjcap.stage_registry", "adjcap.pools", "adjcap.cluster_plan", "adjcap.identity",
                 "adjcap.stage_cache", "adjcap.pipeline", "adjcap.provenance", "adjcap.batch_sink", "adjcap.run_plan",
                 "adjcap.captioners")),
     # the learned rerankers over the feature table
@@ -221,8 +253,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("jobs", ("adjcap.jobs",)),
     ("cli", ("adjcap.cli",)),
 ]
-# the package's entry points sit above everything: adjcap/__init__ (the Python API, lazily) and __main__
-ENTRY_MODULES = ("adjcap", "adjcap.__main__")
+# the package's entry points sit above everything: adjcap/__init__ (the Python API, lazily), the Python
+# API adjcap.api and __main__ (the command line)
+ENTRY_MODULES = ("adjcap", "adjcap.api", "adjcap.__main__")
 
 
 def _rank(module: str) -> tuple[int, str] | None:
@@ -333,7 +366,7 @@ RESOLVING_EDGES = {
     "adjcap.jobs.caption": {"main"},  # the caption job's folder config, its run plan built from it
     "adjcap.jobs.demo": {"prepare"},  # the demo world, built before any job plans its run
     "adjcap.jobs.encode_corpus": {"main"},  # adjcap encode-corpus
-    "adjcap.jobs.api": {"caption"},  # adjcap.caption: where a list of images is staged
+    "adjcap.api": {"caption"},  # adjcap.caption: where a list of images is staged
     "adjcap.pipeline": {"load_models", "run_pipeline"},  # the in-process driver (tests, notebooks)
     "adjcap.reproduce.plan": {"plan_table"},  # each row of a reproduce table
 }

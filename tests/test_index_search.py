@@ -159,18 +159,18 @@ def test_a_gpu_build_without_half_to_float_matmul_holds_the_index_in_fp32_and_sa
     of every chunk in every search; a build that has it keeps fp16."""
     import logging
 
-    from adjcap.index import store
+    from adjcap.index import search
 
     # the probe itself runs the op it checks (on the CPU here: this build has it or not, never an exception)
-    assert store.half_matmul_f32(torch.device("cpu")) in (True, False)
+    assert search.half_matmul_f32(torch.device("cpu")) in (True, False)
     cuda = torch.device("cuda", 0)
-    monkeypatch.setattr(store, "_SAID", set())
-    monkeypatch.setattr(store, "half_matmul_f32", lambda dev: True)
-    assert store.device_dtype(cuda, "fp16") == torch.float16
-    monkeypatch.setattr(store, "half_matmul_f32", lambda dev: False)
-    with caplog.at_level(logging.WARNING, logger=store.__name__):
-        assert store.device_dtype(cuda, "fp16", 566_747, 1280) == torch.float32
-        assert store.device_dtype(cuda, "fp16", 566_747, 1280) == torch.float32
-    lines = [r.getMessage() for r in caplog.records if r.name == store.__name__]
+    monkeypatch.setattr(search, "_SAID", set())
+    monkeypatch.setattr(search, "half_matmul_f32", lambda dev: True)
+    assert search.device_dtype(cuda, "fp16") == torch.float16
+    monkeypatch.setattr(search, "half_matmul_f32", lambda dev: False)
+    with caplog.at_level(logging.WARNING, logger=search.__name__):
+        assert search.device_dtype(cuda, "fp16", 566_747, 1280) == torch.float32
+        assert search.device_dtype(cuda, "fp16", 566_747, 1280) == torch.float32
+    lines = [r.getMessage() for r in caplog.records if r.name == search.__name__]
     assert len(lines) == 1 and "no fp16 x fp16 -> fp32 matmul on cuda:0" in lines[0] and "2.70 GiB instead of 1.35" in lines[0]
-    assert store.device_dtype(torch.device("cpu"), "fp16") == torch.float32  # the CPU path: fp32 chunks, as before
+    assert search.device_dtype(torch.device("cpu"), "fp16") == torch.float32  # the CPU path: fp32 chunks, as before

@@ -129,14 +129,15 @@ def test_checkpoint_keys_are_all_accounted_for(tiny, tmp_path):
 
 
 def test_ray_actors_of_both_backends_agree(tiny, tmp_path):
-    """The real pools: LavisVerifierActor / LavisScorerActor in the LAVIS env (py_executable runtime_env)
-    and the verifier pool's actor (the generic pool actor running stage verify) on the converted checkpoint in this env, on the same states."""
+    """The real pools, laid out by the pool plan: the one pool actor running stage verify and the verifier's
+    part of stage 4 in the LAVIS env (the verifier family's runtime environment), and running stage verify
+    on the converted checkpoint in this env, on the same states."""
     import pyarrow as pa
     import ray
 
-    from adjcap.actors.lavis import LavisScorerActor, LavisVerifierActor
     from adjcap.actors.transport import pack, unpack
     from adjcap.actors.pool import actor_class
+    from adjcap.cluster_plan import PoolPlan
     from adjcap.config import load_config
     from adjcap.image_state import ImageState
 
@@ -145,7 +146,7 @@ def test_ray_actors_of_both_backends_agree(tiny, tmp_path):
     assert importlib.util.find_spec("lavis") is None  # so the LAVIS pools can only have run in the LAVIS env
     pth, tok, _ = tiny
     cfg = load_config("demo", [f"paths.cache_dir={_cache()}", f"verifier.model={pth}", f"verifier.tokenizer={tok}",
-                               "verifier.keep=3", "device=cpu"])
+                               "verifier.keep=3", "device=cpu", "ray.pools=split"])
     states = []
     for i, p in enumerate(IMAGES):
         s = ImageState(image_id=p.stem, benchmark="fixture", split="test", image=Image.open(p).convert("RGB"),
@@ -157,23 +158,26 @@ def test_ray_actors_of_both_backends_agree(tiny, tmp_path):
         states.append(s)
     batch = pack(states)
 
-    def run(actor, backend, **kwargs):
-        c = cfg.model_copy(update={"verifier": cfg.verifier.model_copy(update={"backend": backend})})
+    def run(backend):
+        c = cfg.model_copy(update={"verifier": cfg.verifier.model_copy(update={"backend": backend})}).resolved()
+        # the plan's verifier pool, and (lavis) the verifier's part of stage 4 that runs before the scorer's pool
+        layout = [p for p in PoolPlan.of(c).layout(gpu=False) if p.name == "verifier" or p.part]
+        assert [p.meters for p in layout] == ([("verify",), ("score-verifier",)] if backend == "lavis" else [("verify",)])
+        assert all((p.env is not None) == (backend == "lavis") for p in layout)
         ds = ray.data.from_arrow(batch)
-        env = {"runtime_env": lavis_env.runtime_env(_cache())} if backend == "lavis" else {}
-        ds = ds.map_batches(actor, fn_constructor_kwargs={"cfg": c.resolved(), **kwargs}, batch_size=8,
-                            batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=1), num_cpus=0.5, **env)
-        if backend == "lavis":
-            ds = ds.map_batches(LavisScorerActor, fn_constructor_kwargs={"cfg": c.resolved()},
-                                batch_size=8, batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=1),
-                                num_cpus=0.5, **env)
+        for p in layout:
+            ds = ds.map_batches(actor_class(p.actor_name), batch_size=8, batch_format="pyarrow",
+                                fn_constructor_kwargs={"cfg": c, "stages": p.stages, "part": p.part, "last": False,
+                                                       "pool": p.name},
+                                compute=ray.data.ActorPoolStrategy(size=1), num_cpus=0.5,
+                                **({"runtime_env": dict(p.env)} if p.env else {}))
         out = unpack(pa.concat_tables(ray.get(ds.to_arrow_refs())))
         return {s.image_id: s for s in out}
 
     ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
     try:
-        lav = run(LavisVerifierActor, "lavis")
-        hf = run(actor_class("VerifierActor"), "transformers", stages=("verify",), last=False)
+        lav = run("lavis")
+        hf = run("transformers")
     finally:
         ray.shutdown()
     ours = load_verifier(str(pth), device="cpu", precision="fp32", tokenizer=str(tok))

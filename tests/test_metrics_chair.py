@@ -285,7 +285,8 @@ def test_eval_chair_both_scores_the_proxy_and_the_instance_chair(instances_file,
     """eval.chair = both on a run directory whose references carry COCO ids: metrics["chair"] is the
     proxy and metrics["chair_instances"] the hand-checked instance CHAIR above; a benchmark without
     COCO ids says in one note that instance CHAIR is not available."""
-    from adjcap.metrics.evaluate import Evaluator, instance_ground_truth
+    from adjcap.metrics.evaluate import Evaluator
+    from adjcap.metrics.run_metrics import instance_ground_truth
     from adjcap.rundir import RunDir
 
     run = RunDir(tmp_path / "run")

@@ -11,7 +11,8 @@ import pytest
 from adjcap.config import load_config
 from adjcap.features import rows_to_table
 from adjcap.metrics.coco import coco_metrics
-from adjcap.metrics.evaluate import evaluate_predictions, evaluate_run, format_table, load_predictions
+from adjcap.metrics.evaluate import evaluate_predictions, format_table, load_predictions
+from adjcap.metrics.run_metrics import evaluate_run
 from adjcap.java.runtime import MetricError
 
 FIX = Path(__file__).parent / "fixtures" / "metrics"

@@ -5,6 +5,7 @@ import logging
 import os
 import time
 
+from adjcap.cluster_plan import PoolPlan
 from adjcap.config import load_config
 from adjcap.rundir import RunDir
 from adjcap.jobs.progress_display import Tally, Lines, duration
@@ -83,6 +84,6 @@ def test_written_lists_exactly_what_changed(tmp_path):
 
 
 def test_stream_stages_follow_the_pools():
-    cfg = load_config("demo")
+    cfg = PoolPlan.of(load_config("demo").resolved())
     assert stream_stages(cfg, 0) == ["decode", "retrieve", "verify", "caption", "score"]
     assert stream_stages(cfg, 2) == ["decode", "caption", "score"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from adjcap.config import load_config
-from adjcap.metrics.evaluate import evaluate_run
+from adjcap.metrics.run_metrics import evaluate_run
 from adjcap.report.report import write_report
 
 FIX = Path(__file__).parent / "fixtures" / "metrics"

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from adjcap import provenance
-from adjcap.metrics.evaluate import evaluate_run
+from adjcap.metrics.run_metrics import evaluate_run
 from adjcap.report.gallery import CHUNK_ROWS, PAGE_ROWS, write_paged_gallery
 from adjcap.report.report import write_report
 from adjcap.rundir import RunDir

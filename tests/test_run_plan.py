@@ -10,6 +10,7 @@ import pytest
 
 import adjcap.index.lifecycle as lifecycle
 from adjcap import pools
+from adjcap.cluster_plan import PoolPlan
 from adjcap.config import load_config
 from adjcap.identity import run_identity, stage_identities
 from adjcap.run_plan import RunPlan, read_records
@@ -58,8 +59,10 @@ def test_the_plan_reads_the_corpus_once_and_keys_the_run_as_before(demo_cfg, tmp
                                   ["ray.pool.captioner.actors=3", "ray.workers=2"]])
 def test_the_pool_plan_lays_out_what_the_job_runs(sets):
     cfg = load_config("demo", sets).resolved()
-    plan = pools.plan(cfg)
+    plan = PoolPlan.of(cfg)
     for gpu in (False, True):
         for first in range(len(names())):
             assert plan.layout(gpu, first) == pools.layout(cfg, gpu, first), (gpu, first)
+            assert [p.batch_size for p in plan.layout(gpu, first)] == [pools.batch_size(cfg, p.name, gpu)
+                                                                      for p in pools.layout(cfg, gpu, first)]
     assert plan.actors == {p.name: pools.actors(cfg, p.name) for g in (False, True) for p in pools.layout(cfg, g)}

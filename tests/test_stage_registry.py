@@ -7,6 +7,7 @@ import pyarrow as pa
 import pytest
 
 from adjcap import pools, stage_registry
+from adjcap.cluster_plan import PoolPlan
 from adjcap.config import load_config
 from adjcap.features import rows_to_table
 from adjcap.index import benchmark_corpus
@@ -43,7 +44,7 @@ def _count(states, models, cfg):
             s.computed.add("count")
 
 
-WORDS = Family("words", _load_counter, lambda cfg, gpu, holds: (1000, 4000))
+WORDS = Family("words", _load_counter, lambda cfg, gpu, holds: (1000, 4000), lambda cfg: ())  # reads no image
 COUNT = Stage(
     "count", "counter", ("words",),
     Reads(("seed",)),  # a setting no other stage reads: it changes this stage's identity only
@@ -110,7 +111,7 @@ def test_a_toy_stage_runs_through_pipeline_identity_and_cache(world):
         budget = pools.pool_budget(cfg, gpu=False)
         assert budget["counter"] == {"params": 1000, "bytes": 4000}
         assert budget["fused"]["params"] > 1000
-        assert stream_stages(cfg, 0) == ["decode", "retrieve", "verify", "caption", "score", "count"]
+        assert stream_stages(PoolPlan.of(cfg), 0) == ["decode", "retrieve", "verify", "caption", "score", "count"]
     assert stage_registry.names() == ("retrieve", "verify", "caption", "score")
     assert stage_identities(cfg, fp) == four
 
@@ -121,3 +122,33 @@ def test_registering_twice_or_without_the_family_is_refused():
     with pytest.raises(ValueError, match="stage 'retrieve' is registered already"):
         stage_registry.register(stage_registry.stage("retrieve"))
     assert stage_registry.names() == ("retrieve", "verify", "caption", "score")
+
+
+def test_a_family_that_says_no_pixels_is_refused():
+    """``Family.pixels`` is required: a family that does not say what its models read of the image would
+    get no image (every image failing in its pool); it is refused when built or registered."""
+    with pytest.raises(TypeError, match="pixels"):
+        Family("words", _load_counter, lambda cfg, gpu, holds: (0, 0))
+    with pytest.raises(ValueError, match="family 'words' says no pixels"):
+        stage_registry.register(Family("words", _load_counter, lambda cfg, gpu, holds: (0, 0), None))
+    with pytest.raises(KeyError, match="no model family 'words'"):
+        stage_registry.family("words")
+
+
+def test_the_mechanism_knows_no_stage():
+    """The records and lookups (adjcap.stage_records) import no built-in entry: the four stages and five
+    families are registered by adjcap.stage_registry alone, on import, and are the mechanism's table."""
+    import ast
+    from pathlib import Path
+
+    from adjcap import stage_records
+
+    tree = ast.parse(Path(stage_records.__file__).read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | \
+        {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    # the image state it carries, the config it types, the TF32 switch its loading sets: no stage, family or model
+    assert {m for m in imported if m and m.startswith("adjcap")} == \
+        {"adjcap.image_state", "adjcap.config", "adjcap.models.precision"}
+    assert stage_records.stages() == stage_registry.stages() and stage_records.names() == stage_registry.names()
+    assert [stage_records.family(f).name for f in ("retrieval", "index", "verifier", "captioner", "scorer")] == \
+        ["retrieval", "index", "verifier", "captioner", "scorer"]

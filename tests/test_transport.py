@@ -13,6 +13,7 @@ import pyarrow as pa
 
 from adjcap.actors import transport
 from adjcap.actors.transport import pack, unpack
+from adjcap.cluster_plan import PoolPlan
 from adjcap import image_state, stages
 from adjcap import stage_registry as registry
 from adjcap.data.images import decode_image
@@ -100,7 +101,7 @@ def test_pixels_prepared_by_the_decode_task_give_the_same_features_without_the_b
     from adjcap.models.roles import verifier_pixel_prep
 
     cfg, m, recs = world
-    preps, keep_bytes = decode_pixels(cfg, pools(cfg))
+    preps, keep_bytes = decode_pixels(cfg, pools(PoolPlan.of(cfg)))
     assert preps and not keep_bytes
     # what the plan knows without loading is what each loaded model has (geometry and normalisation)
     assert pixel_prep_for(cfg.retrieval.encoder) == m.retrieval.pixel_prep
@@ -133,7 +134,7 @@ def test_the_bytes_travel_where_a_pool_preprocesses_otherwise(world):
         preps, known = registry.pixel_preps(c, registry.names())
         assert preps and not known, change  # the others' pixels, and the bytes for this one
     assert decode_pixels(cfg.model_copy(update={"ray": cfg.ray.model_copy(update={"prepare_pixels": False})}),
-                         pools(cfg)) == ((), True)
+                         pools(PoolPlan.of(cfg))) == ((), True)
 
 
 def _ipc(table):
@@ -249,7 +250,7 @@ def test_split_pools_carry_only_what_later_pools_read_and_the_features_are_uncha
     cfg, m, recs = world
     recs = recs[:3]
     split = cfg.model_copy(update={"ray": cfg.ray.model_copy(update={"pools": "split"})})
-    runs = pools(split)
+    runs = pools(PoolPlan.of(split))
     assert [r.meters for r in runs] == [("retrieve",), ("verify",), ("caption",), ("score",)]
     preps, keep_bytes = decode_pixels(split, runs)
     records = transport.records({"image_id": [r.image_id for r in recs], "benchmark": [cfg.benchmark] * len(recs),

@@ -25,7 +25,7 @@ from adjcap.demo.world import random_images
 from adjcap.identity import stage_identities
 from adjcap.image_state import ImageState
 from adjcap.models import budget
-from adjcap.models.roles import load_verifier
+from adjcap.models.roles import load_verifier, verifier_pixel_prep
 from adjcap.models.sources import weights_of
 
 FIXTURES = Path(__file__).parent / "fixtures" / "data"
@@ -113,6 +113,8 @@ def test_the_verify_and_score_stages_run_every_family(tiny, images):
     for cfg in (VerifierCfg(family="blip2_itm", model=str(tiny["blip2"])),
                 VerifierCfg(family="clip", model=TINY_SIGMOID, pretrained=str(tiny["siglip"]))):
         ver = load_verifier(cfg, "cpu")
+        # the family's pixels, known before loading, are the loaded judge's (the decode tasks prepare them)
+        assert ver.pixel_prep is not None and verifier_pixel_prep(cfg) == ver.pixel_prep
         states = [ImageState(image_id=str(i), benchmark="demo", split="test", image=im) for i, im in enumerate(images[:2])]
         for s in states:
             s.retrieved = [{"corpus_id": j, "text": t, "cosine": 0.0, "verifier": float("nan")}
@@ -207,3 +209,31 @@ def test_a_tiny_judge_is_trained_from_the_tiny_world_and_built_once(demo_cfg, tm
     assert (siglip.stat().st_mtime_ns, (blip2 / "model.safetensors").stat().st_mtime_ns) == stamp
     longer = JudgeSettings(**{**small.__dict__, "blip2_steps": 4})
     assert judge_ready(tmp_path, "clip", longer) and not judge_ready(tmp_path, "blip2_itm", longer)
+
+
+def test_each_family_is_one_record_that_everything_reads():
+    """adjcap.verifier_families is the one list: the config's names are its names, its model-side parts
+    resolve to functions of the models layer, and the refusals, identities' unread keys, sizes, pixels and
+    loader all come from the record of the section's family."""
+    import inspect
+    import pkgutil
+    import typing
+
+    from adjcap import verifier_families as vf
+
+    assert typing.get_args(VerifierCfg.model_fields["family"].annotation) == vf.NAMES == ("blip_itm", "blip2_itm", "clip")
+    for f in vf.FAMILIES.values():
+        for part in ("load", "params", "pixels"):
+            fn = pkgutil.resolve_name(getattr(f, part))
+            assert inspect.isfunction(fn) and fn.__module__.startswith("adjcap.models."), (f.name, part)
+        for backend, own in f.isolated.items():  # a backend in its own environment: its loader and environment
+            assert backend in f.backends and inspect.isfunction(pkgutil.resolve_name(own.load)), (f.name, backend)
+            assert pkgutil.resolve_name(own.env).__module__ == "adjcap.lavis_env", (f.name, backend)
+    assert vf.isolated(VerifierCfg(backend="lavis")) is vf.FAMILIES["blip_itm"].isolated["lavis"]
+    assert vf.isolated(VerifierCfg()) is None and vf.isolated(VerifierCfg(backend="lavis", enabled=False)) is None
+    # a model of another family's hub prefix is refused for every family, BLIP ITM's too
+    with pytest.raises(ConfigError, match="verifier.family=blip_itm but verifier.model is the BLIP-2 ITM checkpoint"):
+        load_config("headline", ["verifier.model=Salesforce/blip2-itm-vit-g"])
+    assert vf.refusal(VerifierCfg(enabled=False, family="clip")) is None  # no stage 2: nothing to refuse
+    assert vf.unread(VerifierCfg()) == ("verifier.family", "verifier.pretrained")
+    assert verifier_pixel_prep(VerifierCfg(backend="lavis")) is None  # decoded in the lavis environment

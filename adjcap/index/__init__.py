@@ -1,4 +1,5 @@
-"""The caption-embedding index: sharded storage with exact top-k search (:mod:`adjcap.index.store`),
+"""The caption-embedding index: sharded storage on disk (:mod:`adjcap.index.shards`), exact top-k search
+(:mod:`adjcap.index.search`),
 shared once per node by the Ray job's retriever actors (:mod:`adjcap.index.shared`)
 and its one lifecycle owner, corpus to finished index (:mod:`adjcap.index.lifecycle`)."""
 
@@ -14,14 +15,13 @@ from adjcap.index.lifecycle import (
     index_ready,
     shard_ranges,
 )
-from adjcap.index.store import (
+from adjcap.index.search import CaptionIndex, brute_force_topk
+from adjcap.index.shards import (
     FORMAT_VERSION,
     MANIFEST,
-    CaptionIndex,
     CaptionIndexError,
     IndexManifest,
     ShardInfo,
-    brute_force_topk,
     build_index,
     check_shard,
     finalize_index,

@@ -22,7 +22,7 @@ from adjcap.config import BenchmarkCfg, ConfigError, EncoderCfg, RetrievalCfg
 from adjcap.data.corpora import read_manifest
 from adjcap.data.corpus import Corpus, load_corpus
 from adjcap.content_ids import file_content_id
-from adjcap.index.store import (
+from adjcap.index.shards import (
     CaptionIndexError,
     IndexManifest,
     finalize_index,
@@ -189,5 +189,5 @@ def encode_shards_in_process(encoder) -> EncodeMissing:
 
 def index_arrays(out: Path) -> tuple[np.ndarray, np.ndarray, str]:
     """(vectors as stored, ids, precision) of a finished index, checked against its manifest
-    (:func:`adjcap.index.store.read_arrays`; the Ray job shares them as :mod:`adjcap.index.shared`)."""
+    (:func:`adjcap.index.shards.read_arrays`; the Ray job shares them as :mod:`adjcap.index.shared`)."""
     return read_arrays(out)

@@ -19,7 +19,8 @@ from typing import Sequence
 
 import numpy as np
 
-from adjcap.index.store import CaptionIndex, read_arrays
+from adjcap.index.search import CaptionIndex
+from adjcap.index.shards import read_arrays
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ _EXPORTS = {
     "top1_agreement": "adjcap.metrics.ranks",
     "Evaluator": "adjcap.metrics.evaluate",
     "evaluate_predictions": "adjcap.metrics.evaluate",
-    "evaluate_run": "adjcap.metrics.evaluate",
+    "evaluate_run": "adjcap.metrics.run_metrics",
     "format_table": "adjcap.metrics.evaluate",
 }
 

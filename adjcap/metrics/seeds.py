@@ -8,7 +8,7 @@
   both scored (sd with ddof 1; None when the differences do not vary). Each seed's d, and their mean and
   sd across seeds. The baselines do not depend on the head seed, so each is scored once.
 
-Pure functions over what :func:`adjcap.metrics.evaluate.evaluate_run` scores; it writes the result as
+Pure functions over what :func:`adjcap.metrics.run_metrics.evaluate_run` scores; it writes the result as
 ``seeds`` in ``metrics/<protocol>.json``.
 """
 

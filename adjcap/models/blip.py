@@ -11,7 +11,9 @@ directory) returns a :class:`Verifier`:
   use_itm_head=True)`` forward (image re-encoded for every pair): the reference the fast path is
   tested against.
 
-The score is the ITM softmax match probability (class 1), in (0, 1).
+The score is the ITM softmax match probability (class 1), in (0, 1). What BLIP's judge shares with
+BLIP-2's (:mod:`adjcap.models.blip2`) is :class:`ItmJudge` (text, images in batches, the per-pair
+reference) and :func:`from_hub_or_dir` (loading); each keeps its own memo and ITM forward.
 
 Text handling follows LAVIS ``blip_image_text_matching`` (whose weights these are): captions are
 cleaned by LAVIS's ``pre_caption`` (lower case, ``.!"()*#:;~`` removed, at most 50 words) when
@@ -97,29 +99,20 @@ class ImageMemo:
         )
 
 
-class Verifier:
-    """A BLIP ITM model with its tokenizer and image processor on one device in one dtype."""
+class ItmJudge:
+    """What the ITM judges of the BLIP family (BLIP's :class:`Verifier`, BLIP-2's
+    :class:`adjcap.models.blip2.Blip2Verifier`) share: a model with its tokenizer and image transform on
+    one device in one dtype; LAVIS's caption cleaning, tokenising truncated at ``max_text_tokens`` (the
+    first token replaced by ``first_token_id`` where a family sets one), images in batches through the
+    vision encoder (:meth:`_encode_batch`, :meth:`_memo`) and the per-pair reference forward
+    (:meth:`_pair_logits`, ITM class 1's softmax)."""
 
     backend = "transformers"
+    first_token_id: int | None = None  # BLIP's [ENC] (or [CLS]); None: the tokenizer's own first token
 
-    def __init__(
-        self,
-        model: Any,
-        tokenizer: Any,
-        image_processor: Any,
-        *,
-        model_id: str,
-        device: torch.device,
-        dtype: torch.dtype,
-        max_text_tokens: int = 35,
-        first_token: str = "enc",
-        caption_preprocess: str = "lavis",
-        image_batch_size: int = 16,
-        pair_batch_size: int = 256,
-        text_token_budget: int | None = None,
-    ) -> None:
-        if first_token not in ("enc", "cls"):
-            raise ValueError(f"first_token must be 'enc' or 'cls'; got {first_token!r}")
+    def __init__(self, model: Any, tokenizer: Any, image_processor: Any, *, model_id: str, device: torch.device,
+                 dtype: torch.dtype, max_text_tokens: int = 35, caption_preprocess: str = "lavis",
+                 image_batch_size: int = 16, pair_batch_size: int = 256) -> None:
         if caption_preprocess not in ("lavis", "none"):
             raise ValueError(f"caption_preprocess must be 'lavis' or 'none'; got {caption_preprocess!r}")
         self.model = model
@@ -129,19 +122,9 @@ class Verifier:
         self.device = device
         self.dtype = dtype
         self.max_text_tokens = int(max_text_tokens)
-        self.first_token = first_token
         self.caption_preprocess = caption_preprocess
         self.image_batch_size = int(image_batch_size)
         self.pair_batch_size = int(pair_batch_size)
-        # padded tokens per ITM chunk (None: pair_batch_size rows only); [real, padded] tokens scored so far
-        self.text_token_budget = text_token_budget or None
-        self.text_token_counts = [0, 0]
-        text_cfg = model.config.text_config
-        self.pad_id = int(text_cfg.pad_token_id if text_cfg.pad_token_id is not None else 0)
-        self.first_token_id = self._resolve_first_token()
-        self.text_layers = model.text_encoder.encoder.layer
-        self.heads = int(text_cfg.num_attention_heads)
-        self.head_dim = int(text_cfg.hidden_size) // self.heads
 
     # ---- identity ----------------------------------------------------------------------------
     @property
@@ -152,24 +135,6 @@ class Verifier:
     def slug(self) -> str:
         return re.sub(r"[^A-Za-z0-9._-]+", "_", self.model_id).strip("_")
 
-    def _resolve_first_token(self) -> int:
-        tok = self.tokenizer
-        if self.first_token == "cls":
-            return int(tok.cls_token_id)
-        vocab = tok.get_vocab()
-        if "[ENC]" in vocab:
-            return int(vocab["[ENC]"])
-        text_cfg = self.model.config.text_config
-        vocab_size = int(text_cfg.vocab_size)
-        bos = text_cfg.bos_token_id
-        if bos is not None and int(bos) == vocab_size - 2 and len(tok) <= vocab_size - 1:
-            return vocab_size - 1  # LAVIS: [DEC] = len(bert vocab), [ENC] = next
-        raise ValueError(
-            f"{self.model_id}: the tokenizer has no [ENC] token and the text embedding does not have the "
-            "LAVIS layout ([DEC], [ENC] after the BERT vocabulary); use first_token='cls' "
-            "(config verifier.itm_first_token)"
-        )
-
     # ---- text --------------------------------------------------------------------------------
     def clean(self, text: str) -> str:
         return lavis_pre_caption(text) if self.caption_preprocess == "lavis" else text
@@ -178,18 +143,12 @@ class Verifier:
         """Captions -> token ids ([ENC]/[CLS] ... [SEP]), truncated at ``max_text_tokens``, unpadded."""
         if not texts:
             return []
-        enc = self.tokenizer(
-            [self.clean(t) for t in texts],
-            truncation=True,
-            max_length=self.max_text_tokens,
-            padding=False,
-            add_special_tokens=True,
-        )["input_ids"]
-        out = []
-        for ids in enc:
-            ids = list(ids)
-            ids[0] = self.first_token_id
-            out.append(ids)
+        enc = self.tokenizer([self.clean(t) for t in texts], truncation=True, max_length=self.max_text_tokens,
+                             padding=False, add_special_tokens=True)["input_ids"]
+        out = [list(ids) for ids in enc]
+        if self.first_token_id is not None:
+            for ids in out:
+                ids[0] = self.first_token_id
         return out
 
     def pad(self, seqs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -209,19 +168,109 @@ class Verifier:
         return self.image_processor(images=images, return_tensors="pt")["pixel_values"].float()
 
     @torch.inference_mode()
-    def encode_images(self, images: Sequence[Image.Image] | torch.Tensor) -> ImageMemo:
-        """Run the vision encoder once per image and precompute every text layer's cross-attention
-        keys/values of the image tokens."""
+    def encode_images(self, images: Sequence[Image.Image] | torch.Tensor):
+        """The vision encoder once per image (PIL images, preprocessed pixels or :class:`Pixels`): the
+        memo every caption of the image is scored against."""
         images = images if isinstance(images, (torch.Tensor, Pixels)) else list(images)
         if count(images) == 0:
             raise ValueError("encode_images needs at least one image")
-        memos = []
-        for batch in input_batches(images, self.image_batch_size, prep=self.pixel_prep, device=self.device,
-                                   name=self.model_id, preprocess=self.preprocess):
-            batch = batch.to(self.device, dtype=self.dtype)
-            embeds = self.model.vision_model(pixel_values=batch).last_hidden_state
-            memos.append(self.memo_from_image_embeds(embeds))
-        return memos[0] if len(memos) == 1 else ImageMemo.concat(memos)
+        return self._memo([self._encode_batch(batch) for batch in input_batches(
+            images, self.image_batch_size, prep=self.pixel_prep, device=self.device, name=self.model_id,
+            preprocess=self.preprocess)])
+
+    def _encode_batch(self, batch: torch.Tensor) -> Any:
+        raise NotImplementedError
+
+    def _memo(self, parts: list[Any]) -> Any:
+        raise NotImplementedError
+
+    def score_images(self, images: Sequence[Image.Image], texts_per_image: Sequence[Sequence[str]]) -> list[np.ndarray]:
+        """encode_images + score in one call."""
+        return self.score(self.encode_images(images), texts_per_image)
+
+    @torch.inference_mode()
+    def score_pairs(self, images: Sequence[Image.Image] | torch.Tensor, texts: Sequence[str],
+                    batch_size: int = 16) -> np.ndarray:
+        """Reference: the model's own ITM forward for each (image, text) pair (the image is re-encoded per
+        pair), class 1's softmax. ``images[i]`` goes with ``texts[i]``."""
+        n = int(images.shape[0]) if isinstance(images, torch.Tensor) else len(images)
+        if n != len(texts):
+            raise ValueError(f"score_pairs: {n} images for {len(texts)} texts")
+        seqs = self.tokenize(list(texts))
+        out = np.zeros(n, dtype=np.float32)
+        for start in range(0, n, batch_size):
+            sl = slice(start, start + batch_size)
+            pix = images[sl] if isinstance(images, torch.Tensor) else self.preprocess(list(images[sl]))
+            ids, mask = self.pad(seqs[sl])
+            logits = self._pair_logits(pix.to(self.device, dtype=self.dtype), ids, mask)
+            out[sl] = logits.float().softmax(dim=-1)[:, 1].cpu().numpy()
+        return out
+
+    def _pair_logits(self, pixels: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class Verifier(ItmJudge):
+    """A BLIP ITM model with its tokenizer and image processor on one device in one dtype."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        image_processor: Any,
+        *,
+        model_id: str,
+        device: torch.device,
+        dtype: torch.dtype,
+        max_text_tokens: int = 35,
+        first_token: str = "enc",
+        caption_preprocess: str = "lavis",
+        image_batch_size: int = 16,
+        pair_batch_size: int = 256,
+        text_token_budget: int | None = None,
+    ) -> None:
+        if first_token not in ("enc", "cls"):
+            raise ValueError(f"first_token must be 'enc' or 'cls'; got {first_token!r}")
+        super().__init__(model, tokenizer, image_processor, model_id=model_id, device=device, dtype=dtype,
+                         max_text_tokens=max_text_tokens, caption_preprocess=caption_preprocess,
+                         image_batch_size=image_batch_size, pair_batch_size=pair_batch_size)
+        self.first_token = first_token
+        # padded tokens per ITM chunk (None: pair_batch_size rows only); [real, padded] tokens scored so far
+        self.text_token_budget = text_token_budget or None
+        self.text_token_counts = [0, 0]
+        text_cfg = model.config.text_config
+        self.pad_id = int(text_cfg.pad_token_id if text_cfg.pad_token_id is not None else 0)
+        self.first_token_id = self._resolve_first_token()
+        self.text_layers = model.text_encoder.encoder.layer
+        self.heads = int(text_cfg.num_attention_heads)
+        self.head_dim = int(text_cfg.hidden_size) // self.heads
+
+    def _resolve_first_token(self) -> int:
+        tok = self.tokenizer
+        if self.first_token == "cls":
+            return int(tok.cls_token_id)
+        vocab = tok.get_vocab()
+        if "[ENC]" in vocab:
+            return int(vocab["[ENC]"])
+        text_cfg = self.model.config.text_config
+        vocab_size = int(text_cfg.vocab_size)
+        bos = text_cfg.bos_token_id
+        if bos is not None and int(bos) == vocab_size - 2 and len(tok) <= vocab_size - 1:
+            return vocab_size - 1  # LAVIS: [DEC] = len(bert vocab), [ENC] = next
+        raise ValueError(
+            f"{self.model_id}: the tokenizer has no [ENC] token and the text embedding does not have the "
+            "LAVIS layout ([DEC], [ENC] after the BERT vocabulary); use first_token='cls' "
+            "(config verifier.itm_first_token)"
+        )
+
+    # ---- images ------------------------------------------------------------------------------
+    def _encode_batch(self, batch: torch.Tensor) -> ImageMemo:
+        """The ViT's output and every text layer's cross-attention keys/values of the image tokens."""
+        embeds = self.model.vision_model(pixel_values=batch.to(self.device, dtype=self.dtype)).last_hidden_state
+        return self.memo_from_image_embeds(embeds)
+
+    def _memo(self, parts: list[ImageMemo]) -> ImageMemo:
+        return parts[0] if len(parts) == 1 else ImageMemo.concat(parts)
 
     @torch.inference_mode()
     def memo_from_image_embeds(self, embeds: torch.Tensor) -> ImageMemo:
@@ -267,10 +316,6 @@ class Verifier:
             self._score_chunk(chunk, counts, starts, seqs, memo, probs)
         host = probs.cpu().numpy() if len(seqs) else np.zeros(0, dtype=np.float32)
         return [host[starts[i] : starts[i + 1]].copy() for i in range(len(memo))]
-
-    def score_images(self, images: Sequence[Image.Image], texts_per_image: Sequence[Sequence[str]]) -> list[np.ndarray]:
-        """encode_images + score in one call."""
-        return self.score(self.encode_images(images), texts_per_image)
 
     def _score_chunk(self, chunk: list[int], counts: list[int], starts: np.ndarray, seqs: list[list[int]],
                      memo: ImageMemo, probs: torch.Tensor) -> None:
@@ -326,29 +371,10 @@ class Verifier:
         logits = self.model.itm_head(h[:, 0, :]).float()
         return logits.softmax(dim=-1)[:, 1]  # on the device: the caller reads once per score() call
 
-    @torch.inference_mode()
-    def score_pairs(
-        self, images: Sequence[Image.Image] | torch.Tensor, texts: Sequence[str], batch_size: int = 16
-    ) -> np.ndarray:
-        """Reference: the plain ``model(input_ids, pixel_values, use_itm_head=True)`` forward for each
-        (image, text) pair (the image is re-encoded per pair). ``images[i]`` goes with ``texts[i]``."""
-        n = int(images.shape[0]) if isinstance(images, torch.Tensor) else len(images)
-        if n != len(texts):
-            raise ValueError(f"score_pairs: {n} images for {len(texts)} texts")
-        seqs = self.tokenize(list(texts))
-        out = np.zeros(n, dtype=np.float32)
-        for start in range(0, n, batch_size):
-            sl = slice(start, start + batch_size)
-            pix = images[sl] if isinstance(images, torch.Tensor) else self.preprocess(list(images[sl]))
-            ids, mask = self.pad(seqs[sl])
-            res = self.model(
-                input_ids=ids.to(self.device),
-                pixel_values=pix.to(self.device, dtype=self.dtype),
-                attention_mask=mask.to(self.device),
-                use_itm_head=True,
-            )
-            out[sl] = res.itm_score.float().softmax(dim=-1)[:, 1].cpu().numpy()
-        return out
+    def _pair_logits(self, pixels: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The plain ``model(input_ids, pixel_values, use_itm_head=True)`` forward's ITM logits."""
+        return self.model(input_ids=ids.to(self.device), pixel_values=pixels, attention_mask=mask.to(self.device),
+                          use_itm_head=True).itm_score
 
 
 # --------------------------------------------------------------------------------------------
@@ -387,7 +413,7 @@ def load_verifier(
 ) -> Verifier:
     """Load a BLIP ITM verifier from a Hugging Face id, a local save_pretrained directory or a LAVIS
     ``.pth`` checkpoint (converted at load time; ``tokenizer`` is its BERT tokenizer)."""
-    from transformers import AutoTokenizer, BlipForImageTextRetrieval
+    from transformers import BlipForImageTextRetrieval
 
     from adjcap.models.blip_lavis import load_lavis_checkpoint
 
@@ -398,23 +424,42 @@ def load_verifier(
             str(model), tokenizer=tokenizer, cache_dir=cache_dir, local_files_only=hf_offline())
         return _verifier(net, tok, image_processor, model_id, dev, dtype, max_text_tokens, first_token,
                          caption_preprocess, image_batch_size, pair_batch_size, text_token_budget, attention)
-    src = hub_or_dir(model, what="BLIP ITM verifier", config_key="verifier.model", cache_dir=cache_dir)
+    net, tok, image_processor, model_id = from_hub_or_dir(BlipForImageTextRetrieval, model, "BLIP ITM verifier",
+                                                         dtype, cache_dir)
+    return _verifier(net, tok, image_processor, model_id, dev, dtype, max_text_tokens, first_token,
+                     caption_preprocess, image_batch_size, pair_batch_size, text_token_budget, attention)
+
+
+def from_hub_or_dir(model_cls: Any, model: str | os.PathLike, what: str, dtype: torch.dtype,
+                    cache_dir: str | None = None) -> tuple[Any, Any, Any, str]:
+    """(model, tokenizer, LAVIS eval transform, model id) of a BLIP-family ITM checkpoint (``model_cls``:
+    BLIP's or BLIP-2's transformers class) from a hub id or a local ``save_pretrained`` directory; one
+    line naming what to do when it cannot be had."""
+    from transformers import AutoTokenizer
+
+    src = hub_or_dir(model, what=what, config_key="verifier.model", cache_dir=cache_dir)
     try:
         with quiet_progress():
-            net = BlipForImageTextRetrieval.from_pretrained(
-                src.source, dtype=dtype, cache_dir=cache_dir, local_files_only=src.local_only
-            )
+            net = model_cls.from_pretrained(src.source, dtype=dtype, cache_dir=cache_dir,
+                                            local_files_only=src.local_only)
         tok = AutoTokenizer.from_pretrained(src.source, cache_dir=cache_dir, local_files_only=src.local_only)
         image_processor = eval_transform(src, cache_dir)
     except OSError as e:
         if src.is_dir:
-            raise FileNotFoundError(f"{src.source}: incomplete verifier directory ({e})") from e
+            raise FileNotFoundError(f"{src.source}: incomplete {what} directory ({e})") from e
         raise ModelUnavailableError(
-            f"BLIP ITM verifier '{src.source}' could not be loaded ({str(e).splitlines()[0]}): download it with "
-            f"`huggingface-cli download {src.source} --local-dir DIR` and set verifier.model=DIR"
-        ) from e
-    return _verifier(net, tok, image_processor, src.model_id, dev, dtype, max_text_tokens, first_token,
-                     caption_preprocess, image_batch_size, pair_batch_size, text_token_budget, attention)
+            f"{what} '{src.source}' could not be loaded ({str(e).splitlines()[0]}): download it with "
+            f"`adjcap prepare models` or `huggingface-cli download {src.source} --local-dir DIR` and set "
+            "verifier.model=DIR") from e
+    return net, tok, image_processor, src.model_id
+
+
+def frozen(net: Any, device: torch.device, dtype: torch.dtype | None = None) -> Any:
+    """``net`` on ``device`` (in ``dtype``, unless None: the dtypes it loaded in), in eval mode, no gradients."""
+    net = net.to(device=device, dtype=dtype).eval()
+    for p in net.parameters():
+        p.requires_grad_(False)
+    return net
 
 
 def eval_transform(src, cache_dir: str | None = None):
@@ -441,17 +486,22 @@ def pixel_prep_for(model: str | os.PathLike, what: str = "BLIP ITM verifier", ca
         return None
 
 
+def verifier_pixel_prep(cfg: VerifierCfg):
+    """The pixel preparation of a BLIP or BLIP-2 verifier section (its family's ``pixels``)."""
+    from adjcap.verifier_families import of
+
+    return pixel_prep_for(cfg.model, of(cfg).title)
+
+
 def _verifier(net, tok, image_processor, model_id, dev, dtype, max_text_tokens, first_token, caption_preprocess,
               image_batch_size, pair_batch_size, text_token_budget=None, attention="eager") -> Verifier:
     if attention not in ("eager", "sdpa"):
         raise ValueError(f"verifier attention must be 'eager' or 'sdpa'; got {attention!r} (verifier.attention)")
-    net = net.to(device=dev, dtype=dtype).eval()
+    net = frozen(net, dev, dtype)
     if attention == "sdpa":
         from adjcap.models.blip_sdpa import use_sdpa
 
         use_sdpa(net.vision_model)
-    for p in net.parameters():
-        p.requires_grad_(False)
     return Verifier(
         net,
         tok,

@@ -24,21 +24,16 @@ processor's size, mean and std (:class:`adjcap.models.blip_lavis.LavisEvalTransf
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
 
 from adjcap.config import VerifierCfg
-from adjcap.models.blip import eval_transform, lavis_pre_caption, pad_token_ids, quiet_progress
-from adjcap.models.pixels import Pixels, count, input_batches
-from adjcap.models.precision import dtype_name, pick_device, pick_dtype
-from adjcap.models.sources import ModelUnavailableError, hub_or_dir
-from adjcap.pixel_prep import PixelPrep
+from adjcap.models.blip import ItmJudge, from_hub_or_dir, frozen
+from adjcap.models.precision import pick_device, pick_dtype
 
 BLIP2_VERIFIER = "Salesforce/blip2-itm-vit-g"
 
@@ -53,76 +48,25 @@ class Blip2Memo:
         return int(self.image_embeds.shape[0])
 
 
-class Blip2Verifier:
-    """A BLIP-2 ITM model with its tokenizer and image transform on one device."""
+class Blip2Verifier(ItmJudge):
+    """A BLIP-2 ITM model with its tokenizer and image transform on one device (the shared half:
+    :class:`adjcap.models.blip.ItmJudge`; BLIP-2's Q-Former has no [ENC]: the tokenizer's [CLS] stays)."""
 
-    backend = "transformers"
     family = "blip2_itm"
 
-    def __init__(self, model: Any, tokenizer: Any, image_processor: Any, *, model_id: str, device: torch.device,
-                 dtype: torch.dtype, max_text_tokens: int = 35, caption_preprocess: str = "lavis",
-                 image_batch_size: int = 16, pair_batch_size: int = 256) -> None:
-        if caption_preprocess not in ("lavis", "none"):
-            raise ValueError(f"caption_preprocess must be 'lavis' or 'none'; got {caption_preprocess!r}")
-        self.model = model
-        self.tokenizer = tokenizer
-        self.image_processor = image_processor
-        self.model_id = model_id
-        self.device = device
-        self.dtype = dtype
-        self.max_text_tokens = int(max_text_tokens)
-        self.caption_preprocess = caption_preprocess
-        self.image_batch_size = int(image_batch_size)
-        self.pair_batch_size = int(pair_batch_size)
+    def __init__(self, model: Any, tokenizer: Any, image_processor: Any, **kw: Any) -> None:
+        super().__init__(model, tokenizer, image_processor, **kw)
         pad = model.config.qformer_config.pad_token_id
         self.pad_id = int(pad if pad is not None else (tokenizer.pad_token_id or 0))
 
-    @property
-    def precision(self) -> str:
-        return dtype_name(self.dtype)
-
-    @property
-    def slug(self) -> str:
-        return re.sub(r"[^A-Za-z0-9._-]+", "_", self.model_id).strip("_")
-
-    # ---- text --------------------------------------------------------------------------------
-    def clean(self, text: str) -> str:
-        return lavis_pre_caption(text) if self.caption_preprocess == "lavis" else text
-
-    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
-        """Captions -> token ids ([CLS] ... [SEP]) truncated at ``max_text_tokens``, unpadded."""
-        if not texts:
-            return []
-        enc = self.tokenizer([self.clean(t) for t in texts], truncation=True, max_length=self.max_text_tokens,
-                             padding=False, add_special_tokens=True)["input_ids"]
-        return [list(ids) for ids in enc]
-
-    def pad(self, seqs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        return pad_token_ids(seqs, self.pad_id)
-
     # ---- images ------------------------------------------------------------------------------
-    @property
-    def pixel_prep(self) -> PixelPrep | None:
-        """The image transform split in its CPU and device halves (None: a processor it cannot split)."""
-        return getattr(self.image_processor, "pixel_prep", None)
+    def _encode_batch(self, batch: torch.Tensor) -> torch.Tensor:
+        """The vision encoder's last hidden state (in the vision tower's own dtype)."""
+        vision_dtype = next(self.model.vision_model.parameters()).dtype
+        return self.model.vision_model(pixel_values=batch.to(self.device, dtype=vision_dtype))[0]
 
-    def preprocess(self, images: Sequence[Image.Image] | Image.Image) -> torch.Tensor:
-        if isinstance(images, Image.Image):
-            images = [images]
-        return self.image_processor(images=list(images), return_tensors="pt")["pixel_values"].float()
-
-    @torch.inference_mode()
-    def encode_images(self, images: Sequence[Image.Image] | torch.Tensor) -> Blip2Memo:
-        """The vision encoder's last hidden state per image (PIL images or preprocessed pixels)."""
-        images = images if isinstance(images, (torch.Tensor, Pixels)) else list(images)
-        if count(images) == 0:
-            raise ValueError("encode_images needs at least one image")
-        outs = []
-        for batch in input_batches(images, self.image_batch_size, prep=self.pixel_prep, device=self.device,
-                                   name=self.model_id, preprocess=self.preprocess):
-            vision_dtype = next(self.model.vision_model.parameters()).dtype
-            outs.append(self.model.vision_model(pixel_values=batch.to(self.device, dtype=vision_dtype))[0])
-        return Blip2Memo(torch.cat(outs))
+    def _memo(self, parts: list[torch.Tensor]) -> Blip2Memo:
+        return Blip2Memo(torch.cat(parts))
 
     def memo_from_image_embeds(self, embeds: torch.Tensor) -> Blip2Memo:
         """A memo from vision-encoder outputs computed earlier (stage 2's, carried in the state)."""
@@ -147,9 +91,6 @@ class Blip2Verifier:
         starts = np.concatenate([[0], np.cumsum(counts)]).astype(int)
         return [probs[starts[i] : starts[i + 1]].copy() for i in range(len(memo))]
 
-    def score_images(self, images: Sequence[Image.Image], texts_per_image: Sequence[Sequence[str]]) -> list[np.ndarray]:
-        return self.score(self.encode_images(images), texts_per_image)
-
     def itm_logits(self, image_embeds: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The ITM logits [n, 2] of rows (image_embeds[i], ids[i]): the model's ITM branch after its
         vision encoder (query tokens + text through the Q-Former, ITM head averaged over the queries)."""
@@ -168,29 +109,15 @@ class Blip2Verifier:
     def itm(self, image_embeds: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
         return self.itm_logits(image_embeds, ids, mask).float().softmax(dim=-1)[:, 1].cpu().numpy()
 
-    @torch.inference_mode()
-    def score_pairs(self, images: Sequence[Image.Image] | torch.Tensor, texts: Sequence[str],
-                    batch_size: int = 16) -> np.ndarray:
-        """Reference: the model's own ITM forward per (image, text) pair (image re-encoded per pair)."""
-        n = int(images.shape[0]) if isinstance(images, torch.Tensor) else len(images)
-        if n != len(texts):
-            raise ValueError(f"score_pairs: {n} images for {len(texts)} texts")
-        seqs = self.tokenize(list(texts))
+    def _pair_logits(self, pixels: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The model's own ITM forward (``use_image_text_matching_head=True``) per pair."""
         cfg = self.model.config
-        out = np.zeros(n, dtype=np.float32)
-        for start in range(0, n, batch_size):
-            sl = slice(start, start + batch_size)
-            pix = images[sl] if isinstance(images, torch.Tensor) else self.preprocess(list(images[sl]))
-            ids, mask = self.pad(seqs[sl])
-            if cfg.image_token_index is not None:  # the processor's layout: the query positions in the text
-                q = cfg.num_query_tokens
-                ids = torch.cat([torch.full((ids.shape[0], q), cfg.image_token_index, dtype=torch.long), ids], 1)
-                mask = torch.cat([torch.ones((mask.shape[0], q), dtype=torch.long), mask], 1)
-            res = self.model(pixel_values=pix.to(self.device, dtype=self.dtype), input_ids=ids.to(self.device),
-                             attention_mask=mask.to(self.device), use_image_text_matching_head=True)
-            out[sl] = res.logits_per_image.float().softmax(dim=-1)[:, 1].cpu().numpy()
-        return out
-
+        if cfg.image_token_index is not None:  # the processor's layout: the query positions in the text
+            q = cfg.num_query_tokens
+            ids = torch.cat([torch.full((ids.shape[0], q), cfg.image_token_index, dtype=torch.long), ids], 1)
+            mask = torch.cat([torch.ones((mask.shape[0], q), dtype=torch.long), mask], 1)
+        return self.model(pixel_values=pixels, input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                          use_image_text_matching_head=True).logits_per_image
 
 def load_blip2_verifier(model: str | os.PathLike = BLIP2_VERIFIER, *, device: str | torch.device = "auto",
                         precision: str = "auto", max_text_tokens: int = 35, caption_preprocess: str = "lavis",
@@ -198,28 +125,14 @@ def load_blip2_verifier(model: str | os.PathLike = BLIP2_VERIFIER, *, device: st
                         cache_dir: str | None = None) -> Blip2Verifier:
     """Load a BLIP-2 ITM verifier from a Hugging Face id or a local save_pretrained directory. The
     Q-Former and query tokens stay in fp32 at any precision (the model class keeps them so)."""
-    from transformers import AutoTokenizer, Blip2ForImageTextRetrieval
+    from transformers import Blip2ForImageTextRetrieval
 
     dev = pick_device(device)
     dtype = pick_dtype(precision, dev)
-    src = hub_or_dir(model, what="BLIP-2 ITM verifier", config_key="verifier.model", cache_dir=cache_dir)
-    try:
-        with quiet_progress():
-            net = Blip2ForImageTextRetrieval.from_pretrained(src.source, dtype=dtype, cache_dir=cache_dir,
-                                                             local_files_only=src.local_only)
-        tok = AutoTokenizer.from_pretrained(src.source, cache_dir=cache_dir, local_files_only=src.local_only)
-        image_processor = eval_transform(src, cache_dir)
-    except OSError as e:
-        if src.is_dir:
-            raise FileNotFoundError(f"{src.source}: incomplete BLIP-2 verifier directory ({e})") from e
-        raise ModelUnavailableError(
-            f"BLIP-2 ITM verifier '{src.source}' could not be loaded ({str(e).splitlines()[0]}): download it with "
-            f"`adjcap prepare models` or `huggingface-cli download {src.source} --local-dir DIR` and set "
-            "verifier.model=DIR") from e
-    net = net.to(device=dev).eval()
-    for p in net.parameters():
-        p.requires_grad_(False)
-    return Blip2Verifier(net, tok, image_processor, model_id=src.model_id, device=dev, dtype=dtype,
+    net, tok, image_processor, model_id = from_hub_or_dir(Blip2ForImageTextRetrieval, model, "BLIP-2 ITM verifier",
+                                                         dtype, cache_dir)
+    net = frozen(net, dev)  # the dtypes it loaded in: the Q-Former stays fp32
+    return Blip2Verifier(net, tok, image_processor, model_id=model_id, device=dev, dtype=dtype,
                          max_text_tokens=max_text_tokens, caption_preprocess=caption_preprocess,
                          image_batch_size=image_batch_size, pair_batch_size=pair_batch_size)
 

@@ -17,10 +17,13 @@ Pure: reads file sizes and safetensors headers, never imports a model library.
 from __future__ import annotations
 
 import json
+import pkgutil
 import struct
 import sys
 from pathlib import Path
 from typing import Any, Iterable
+
+from adjcap import verifier_families
 
 # open_clip architectures: parameters per tower (counted from the open_clip configs)
 CLIP_TOWERS: dict[str, dict[str, int]] = {
@@ -136,15 +139,22 @@ def encoder_params(encoder: Any, towers: Iterable[str] = ("image", "text")) -> i
 
 
 def verifier_params(verifier: Any) -> int:
-    """The verifier section's model, by its family (``verifier.family``; a section without one is BLIP ITM)."""
+    """The verifier section's model, by its family's record (``params``: :mod:`adjcap.verifier_families`)."""
     if not verifier.enabled:
         return 0
-    family = getattr(verifier, "family", "blip_itm")
-    if family == "clip":  # an open_clip model: verifier.model is the architecture, verifier.pretrained the weights
-        return encoder_params(verifier)
+    return pkgutil.resolve_name(verifier_families.of(verifier).params)(verifier)
+
+
+def blip_itm_params(verifier: Any) -> int:
+    """A BLIP ITM checkpoint: its local weights, else the table (0: unknown)."""
     local = local_params(verifier.model)
-    table = BLIP2_PARAMS if family == "blip2_itm" else BLIP_PARAMS
-    return local if local is not None else table.get(verifier.model, 0)
+    return local if local is not None else BLIP_PARAMS.get(verifier.model, 0)
+
+
+def blip2_itm_params(verifier: Any) -> int:
+    """A BLIP-2 ITM checkpoint: its local weights, else the table (0: unknown)."""
+    local = local_params(verifier.model)
+    return local if local is not None else BLIP2_PARAMS.get(verifier.model, 0)
 
 
 def captioner_params(captioner: Any) -> int:

@@ -129,6 +129,13 @@ def verifier_encoder(cfg: VerifierCfg) -> EncoderCfg:
                       image_batch_size=cfg.batch_size)
 
 
+def verifier_pixel_prep(cfg: VerifierCfg):
+    """The open_clip verifier's pixel preparation, without loading it (the family's ``pixels``)."""
+    from adjcap.models.clip import pixel_prep_for
+
+    return pixel_prep_for(verifier_encoder(cfg))
+
+
 def load_clip_verifier_from_config(cfg: VerifierCfg, *, device: str = "auto") -> ClipVerifier:
     """Load from a resolved ``VerifierCfg`` (``family = "clip"``)."""
     from adjcap.models.clip import load_encoder_from_config

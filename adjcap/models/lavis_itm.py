@@ -200,3 +200,8 @@ def load_lavis_verifier(path: str | os.PathLike, *, tokenizer: str = BERT_BASE, 
         device = "cuda" if torch.cuda.is_available() else "cpu"
     return LavisVerifier(model, model_id=f"{p.name}/{file_fingerprint(p)}", device=torch.device(device),
                          image_batch_size=image_batch_size)
+
+
+def load_from_config(v: Any, *, device: str = "auto") -> LavisVerifier:
+    """The verifier section's LAVIS judge (``verifier.backend = "lavis"``: adjcap.verifier_families)."""
+    return load_lavis_verifier(v.model, tokenizer=v.tokenizer, device=device, image_batch_size=v.batch_size)

@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import json
 import logging
+import pkgutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from adjcap import verifier_families
 from adjcap.config import CaptionerCfg, ConfigError, EncoderCfg, VerifierCfg
 from adjcap.entities import ensemble_embeddings
 
@@ -68,48 +70,23 @@ class ScorerEncoder:
         return self.image.encode_images(*args, **kwargs)
 
 
-def _blip_itm(verifier: VerifierCfg, device: str):
-    from adjcap.models.blip import load_verifier_from_config
-
-    return load_verifier_from_config(verifier, device=device)
-
-
-def _blip2_itm(verifier: VerifierCfg, device: str):
-    from adjcap.models.blip2 import load_blip2_from_config
-
-    return load_blip2_from_config(verifier, device=device)
-
-
-def _clip(verifier: VerifierCfg, device: str):
-    from adjcap.models.clip_verifier import load_clip_verifier_from_config
-
-    return load_clip_verifier_from_config(verifier, device=device)
-
-
-# verifier.family -> its loader; each returns a judge with the verifier interface of
-# adjcap.models.blip.Verifier (encode_images, memo_from_image_embeds, score: one score per pair)
-VERIFIER_LOADERS = {"blip_itm": _blip_itm, "blip2_itm": _blip2_itm, "clip": _clip}
-
-
 def verifier_pixel_prep(v: VerifierCfg):
-    """The image preprocessing the judge of ``v`` wants, without loading it (:mod:`adjcap.pixel_prep`;
-    None: not known before loading, or the ``lavis`` backend, which decodes in its own environment)."""
+    """The image preprocessing the judge of ``v`` wants, without loading it (its family's ``pixels``:
+    :mod:`adjcap.pixel_prep`; None: not known before loading, or the ``lavis`` backend, which decodes in
+    its own environment)."""
     if v.backend != "transformers":
         return None
-    if v.family == "clip":
-        from adjcap.models.clip import pixel_prep_for
-        from adjcap.models.clip_verifier import verifier_encoder
-
-        return pixel_prep_for(verifier_encoder(v))
-    from adjcap.models.blip import pixel_prep_for as blip_pixel_prep
-
-    return blip_pixel_prep(v.model, "BLIP-2 ITM verifier" if v.family == "blip2_itm" else "BLIP ITM verifier")
+    return pkgutil.resolve_name(verifier_families.of(v).pixels)(v)
 
 
 def load_verifier(verifier: VerifierCfg, device: str):
-    """The judge of ``verifier.family`` (BLIP ITM, BLIP-2 ITM or an open_clip model), or None when the
-    verifier is disabled (presets without stage 2)."""
-    return VERIFIER_LOADERS[verifier.family](verifier, device) if verifier.enabled else None
+    """The judge of ``verifier.family`` (its record's ``load``: :mod:`adjcap.verifier_families`), with
+    the verifier interface of :class:`adjcap.models.blip.Verifier` (encode_images, memo_from_image_embeds,
+    score: one score per pair), or None when the verifier is disabled (presets without stage 2)."""
+    if not verifier.enabled:
+        return None
+    own = verifier_families.isolated(verifier)  # a backend in its own environment (lavis): its loader
+    return pkgutil.resolve_name(own.load if own else verifier_families.of(verifier).load)(verifier, device=device)
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """``adjcap report --run DIR [--run DIR2 ...]``: report.md, report.html (tables + qualitative
 gallery), LaTeX tables (booktabs) in tables/, PNG plots in plots/.
 
-Reads what :func:`adjcap.metrics.evaluate.evaluate_run` wrote (``metrics/<protocol>.json``), the
+Reads what :func:`adjcap.metrics.run_metrics.evaluate_run` wrote (``metrics/<protocol>.json``), the
 run's config, ``heads/heads.json`` (reranker diagnostics) and, for the gallery, predictions,
 references and images.
 """
@@ -11,12 +11,13 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from adjcap.io import atomic_write_text
+from adjcap.nested import flatten
 from adjcap.report.collect import LM_PICKER, RunData, load_run
 from adjcap.report.headline import headline_table
 from adjcap.report.intervals import interval_text, picker_intervals
@@ -222,29 +223,22 @@ def rank_table(run: RunData, label: str) -> Table | None:
 _HEADS_SKIP = ("meta.rerank", "meta.losses")
 
 
-def _flatten(prefix: str, obj: Any, out: list[list[Any]], depth: int = 0) -> None:
-    if prefix in _HEADS_SKIP:
-        return
-    if isinstance(obj, dict) and depth < 4:
-        for k, v in obj.items():
-            _flatten(f"{prefix}.{k}" if prefix else str(k), v, out, depth + 1)
-    elif isinstance(obj, list):
-        nums = [x for x in obj if isinstance(x, (int, float)) and not isinstance(x, bool)]
-        if nums and len(nums) == len(obj):
-            out.append([prefix, f"{len(obj)} values, first {nums[0]:.4g}, last {nums[-1]:.4g}"])
-        else:
-            out.append([prefix, f"{len(obj)} items"])
-    elif isinstance(obj, float):
-        out.append([prefix, f"{obj:.4g}"])
-    else:
-        out.append([prefix, str(obj)])
+def _summary(v: Any) -> str:
+    """A heads.json value as a diagnostics cell: numbers rounded, lists summarised."""
+    if isinstance(v, list):
+        nums = [x for x in v if isinstance(x, (int, float)) and not isinstance(x, bool)]
+        if nums and len(nums) == len(v):
+            return f"{len(v)} values, first {nums[0]:.4g}, last {nums[-1]:.4g}"
+        return f"{len(v)} items"
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
 def heads_table(run: RunData, label: str) -> Table | None:
     if not run.heads:
         return None
-    rows: list[list[Any]] = []
-    _flatten("", run.heads, rows)
+    flat = flatten(run.heads, empty_is_leaf=False, max_depth=4)
+    rows = [[k, _summary(v)] for k, v in flat.items()
+            if not any(k == s or k.startswith(s + ".") for s in _HEADS_SKIP)]
     return Table(title=f"{label}: reranker diagnostics (heads/heads.json)", columns=["field", "value"], rows=rows[:80])
 
 
@@ -333,6 +327,201 @@ def _baseline(runs: list[RunData], labels: list[str], path: str | Path | None) -
     return Baseline(run, lab, proto, picker)
 
 
+@dataclass
+class _Page:
+    """The report as it is written: its Markdown and HTML parts, the LaTeX tables and plots written so
+    far and the galleries (HTML) that end the page."""
+
+    dest: RunDir
+    single: bool  # one run reported (file names without the run's label)
+    md: list[str] = field(default_factory=list)
+    body: list[str] = field(default_factory=list)
+    tables: list[Path] = field(default_factory=list)
+    plots: list[Path] = field(default_factory=list)
+    galleries: list[str] = field(default_factory=list)
+
+    def add(self, tab: Table | None, tex_name: str | None = None) -> None:
+        """A table in both documents and, named, as tables/<name>.tex."""
+        if tab is None:
+            return
+        self.md.append(tab.to_markdown())
+        self.body.append(tab.to_html())
+        if tex_name:
+            p = self.dest.tables_dir / f"{_slug(tex_name)}.tex"
+            atomic_write_text(p, tab.to_latex())
+            self.tables.append(p)
+
+    def heading(self, level: int, text: str) -> None:
+        self.md.append(f"{'#' * level} {text}\n")
+        self.body.append(f"<h{level}>{html.escape(text)}</h{level}>")
+
+    def paragraph(self, text: str) -> None:
+        self.md.append(f"{text}\n")
+        self.body.append(f"<p>{html.escape(text)}</p>")
+
+
+@dataclass(frozen=True)
+class _GalleryOptions:
+    limit: int
+    image_root: Path | None
+    embed: bool
+
+
+def _check_run_dirs(run_dirs: Sequence[str | Path]) -> None:
+    if not run_dirs:
+        raise ValueError("write_report: give at least one run directory")
+    for p in run_dirs:
+        if not RunDir(p).is_run():
+            raise ValueError(f"{p}: not an adjcap run directory (no config.toml or metrics/ in it); give a directory "
+                             "written by `adjcap run-job`, `adjcap demo`, `adjcap caption` or `adjcap reproduce`")
+
+
+def _front_matter(page: _Page, runs: list[RunData], labels: list[str]) -> None:
+    """The title, what made each run (provenance.json, in short), each run's headline table and the list of runs."""
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    page.md.append("# adjcap report\n")
+    page.md.append(f"Generated {stamp}. All caption metrics x100 (pycocoevalcap); CLIPScore w=2.5 (not x100); "
+                   "CHAIR proxy in %. 'n/a' = not computed (never 0).\n")
+    page.body.append("<h1>adjcap report</h1>")
+    page.body.append(f"<p>Generated {html.escape(stamp)}. Caption metrics x100; CLIPScore w=2.5; CHAIR proxy in %; "
+                     "n/a = not computed.</p>")
+    for run, lab in zip(runs, labels):
+        prov = RunDir(run.path).provenance()
+        if prov:
+            page.md.append((f"**{lab}** " if len(runs) > 1 else "") + provenance.short_markdown(prov))
+            page.body.append((f"<p><b>{html.escape(lab)}</b></p>" if len(runs) > 1 else "")
+                             + provenance.short_html(prov))
+    for run, lab in zip(runs, labels):  # the first table: the paper's headline comparison, per run
+        page.add(headline_table(run, lab), f"{lab}-headline")
+    page.add(run_list_table(runs, labels))
+    if not any(r.metrics for r in runs):
+        page.md.append("No metrics found: run `adjcap evaluate --run DIR` first.\n")
+        page.body.append("<p>No metrics found: run <code>adjcap evaluate --run DIR</code> first.</p>")
+
+
+def run_list_table(runs: list[RunData], labels: list[str]) -> Table:
+    tab = Table(title="Runs", columns=["run", "config", "benchmark", "protocols", "failed images", "description"])
+    for run, lab in zip(runs, labels):
+        failed = max((int((m.get("failed_images") or {}).get("count", 0)) for m in run.metrics.values()), default=0)
+        tab.rows.append([lab, run.config_name or "", run.benchmark or "", ", ".join(run.protocols) or "none",
+                         f"{failed} (not scored)" if failed else "0", run.description])
+    return tab
+
+
+CiderRow = tuple[str, float | None, tuple[float, float] | None]  # (label, CIDEr, its interval)
+
+
+def _metrics_section(page: _Page, run: RunData, lab: str, base: Baseline | None) -> list[CiderRow]:
+    """The run's heading and main tables (metrics, seed study, peers); its CIDEr per picker for the plot."""
+    page.heading(2, lab)
+    if run.description:
+        page.paragraph(run.description)
+    if run.captioner:
+        page.paragraph(run.captioner)
+    ivs = run_intervals(run)
+    page.add(metrics_table(run, lab, ivs), f"{lab}-metrics")
+    for proto in run.protocols:  # rerank.seeds: the seed study beside the main table
+        page.add(seeds_table(run, lab, proto), f"{lab}-{proto}-seeds")
+    page.add(peers_table(run, lab, base), "published-" + (run.benchmark or "") if page.single
+             else f"{lab}-published-{run.benchmark}")
+    rows: list[CiderRow] = []
+    for proto in run.protocols:
+        for picker in run.pickers(proto):
+            c = run.picker_metrics(proto, picker).get("metrics", {}).get("CIDEr")
+            iv = ivs.get((proto, picker), {}).get("CIDEr")
+            rows.append((f"{proto}/{picker}" if page.single else f"{lab}: {proto}/{picker}", c,
+                         (iv[0].low, iv[0].high) if iv else None))
+    return rows
+
+
+def _chair_section(page: _Page, run: RunData, lab: str, proto: str, adj: str, base: Baseline | None) -> None:
+    """The CHAIR tables (proxy, and instances beside it) and the hallucinated objects per class plot."""
+    if base is not None and run is base.run:
+        ch = None  # the baseline is not compared against itself
+    else:
+        ch = chair_table(run, lab, proto, adj, base)
+    page.add(ch, f"{lab}-chair")
+    if ch is None:
+        return
+    page.add(chair_table(run, lab, proto, adj, base, key="chair_instances"), f"{lab}-chair-instances")
+    base_chair = base.metrics()["chair"] if base is not None else run.picker_metrics(proto, LM_PICKER)["chair"]
+    series = {
+        (base.label if base is not None else "LM-only"): base_chair.get("per_class", {}),
+        adj: run.picker_metrics(proto, adj)["chair"].get("per_class", {}),
+    }
+    name = "hallucination_per_class.png" if page.single else f"hallucination_per_class-{_slug(lab)}.png"
+    page.plots.append(hallucination_per_class(series, page.dest.plots_dir / name,
+                                              title=f"{lab}: hallucinated objects per class"))
+    page.md.append(f"![hallucinated objects per class](plots/{name})\n")
+
+
+def _diagnostics_link(page: _Page, run: RunData, lab: str) -> None:
+    """The reranker diagnostics dump on a page of its own, linked from the report."""
+    heads = heads_table(run, lab)
+    if heads is None:
+        return
+    dpath = page.dest.diagnostics_html(None if page.single else _slug(lab))
+    atomic_write_text(dpath, table_page(heads, f"{lab}: reranker diagnostics",
+                                        f"Every field of {run.path / 'heads' / 'heads.json'} (numbers rounded; "
+                                        "lists summarised)."))
+    page.md.append(f"Reranker diagnostics (heads/heads.json): [{dpath.name}]({dpath.name})\n")
+    page.body.append(f"<p>Reranker diagnostics (heads/heads.json): "
+                     f"<a href='{html.escape(dpath.name)}'>{html.escape(dpath.name)}</a></p>")
+
+
+def _gallery_section(page: _Page, run: RunData, lab: str, proto: str, adj: str, opts: _GalleryOptions) -> None:
+    """The qualitative gallery (LM-only vs the pick) on the report and every image on a paged gallery."""
+    if LM_PICKER not in run.pickers(proto) or adj == LM_PICKER:
+        return
+    samples = read_samples(RunDir(run.path))
+    root = Path(opts.image_root) if opts.image_root else run.image_root
+    items = gallery_items(run, proto, adj, limit=opts.limit, image_root=root, embed=opts.embed, samples=samples)
+    tag = None if page.single else _slug(lab)
+    paged = write_paged_gallery(samples, page.dest.gallery_html(tag), page.dest.gallery_dir(tag), proto, adj,
+                                title=f"{lab}: every image, LM-only vs {adj} ({proto})",
+                                split=run.apply_split, image_root=root)
+    link = paged["html"].name
+    page.galleries.append(gallery_html(items, title=f"{lab}: LM-only vs {adj} ({proto}), {len(items)} images",
+                                       table_id=f"gallery-{_slug(lab)}", adj_name=adj)
+                          + f"<p>Every image ({paged['images']}), paged, with each candidate's judge scores: "
+                          f"<a href='{html.escape(link)}'>{html.escape(link)}</a></p>")
+    page.md.append(f"Qualitative gallery ({len(items)} images, sortable by CIDEr gain): report.html; "
+                   f"every image ({paged['images']}), paged: [{link}]({link})\n")
+
+
+def _closing_sections(page: _Page, runs: list[RunData], measured: list, cider_rows: list[CiderRow]) -> None:
+    """The published numbers beside the measured headlines and the CIDEr by configuration plot."""
+    pub = comparison_table(measured)
+    if pub is not None:
+        page.heading(2, "Published numbers")
+        page.add(pub, "published-vs-measured")
+    published_lines = {}
+    if any(r.benchmark == "coco" for r in runs):
+        published_lines = {"IFCap": 108.0, "Ours (paper)": 117.6}
+    if cider_rows:
+        page.plots.append(cider_by_configuration(cider_rows, page.dest.plots_dir / "cider_by_configuration.png",
+                                                 published=published_lines))
+        page.md.append("## Plots\n")
+        page.md.append("![CIDEr by configuration](plots/cider_by_configuration.png)\n")
+
+
+def _html_document(page: _Page) -> str:
+    plots_html = "".join(
+        f"<figure><img src='{html.escape(str(p.relative_to(page.dest.path)))}' style='max-width:900px'></figure>"
+        for p in page.plots
+    )
+    return (
+        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>adjcap report</title>"
+        f"<style>{GALLERY_CSS}</style></head><body>"
+        + "\n".join(page.body)
+        + ("<h2>Plots</h2>" + plots_html if plots_html else "")
+        + ("<h2>Qualitative gallery</h2><p>LM-only caption (red) vs adjudicated caption (blue), references and "
+           "per-image CIDEr. Click a column header to sort (gain = adjudicated - LM-only CIDEr).</p>"
+           + "\n".join(page.galleries) if page.galleries else "")
+        + f"<script>{GALLERY_JS}</script></body></html>"
+    )
+
+
 def write_report(
     run_dirs: Sequence[str | Path],
     out_dir: str | Path | None = None,
@@ -349,170 +538,35 @@ def write_report(
     another run directory); default: each run's own LM-only pick. Returns the written paths:
     {"markdown", "html", "tables": [...], "plots": [...]}.
     """
-    if not run_dirs:
-        raise ValueError("write_report: give at least one run directory")
-    for p in run_dirs:
-        if not RunDir(p).is_run():
-            raise ValueError(f"{p}: not an adjcap run directory (no config.toml or metrics/ in it); give a directory "
-                             "written by `adjcap run-job`, `adjcap demo`, `adjcap caption` or `adjcap reproduce`")
+    _check_run_dirs(run_dirs)
     runs = [load_run(p) for p in run_dirs]
     labels = _labels(runs)
     base = _baseline(runs, labels, baseline)
-    dest = RunDir(Path(out_dir) if out_dir is not None else runs[0].path)
-    dest.path.mkdir(parents=True, exist_ok=True)
-    tables_dir, plots_dir = dest.tables_dir, dest.plots_dir
-    written_tables: list[Path] = []
-    written_plots: list[Path] = []
-    md: list[str] = []
-    body: list[str] = []  # HTML
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-
-    def add(tab: Table | None, tex_name: str | None = None) -> None:
-        if tab is None:
-            return
-        md.append(tab.to_markdown())
-        body.append(tab.to_html())
-        if tex_name:
-            p = tables_dir / f"{_slug(tex_name)}.tex"
-            atomic_write_text(p, tab.to_latex())
-            written_tables.append(p)
-
-    md.append("# adjcap report\n")
-    md.append(f"Generated {stamp}. All caption metrics x100 (pycocoevalcap); CLIPScore w=2.5 (not x100); "
-              "CHAIR proxy in %. 'n/a' = not computed (never 0).\n")
-    body.append("<h1>adjcap report</h1>")
-    body.append(f"<p>Generated {html.escape(stamp)}. Caption metrics x100; CLIPScore w=2.5; CHAIR proxy in %; "
-                "n/a = not computed.</p>")
-    for run, lab in zip(runs, labels):  # what made each run (provenance.json), in short
-        prov = RunDir(run.path).provenance()
-        if prov:
-            md.append((f"**{lab}** " if len(runs) > 1 else "") + provenance.short_markdown(prov))
-            body.append((f"<p><b>{html.escape(lab)}</b></p>" if len(runs) > 1 else "") + provenance.short_html(prov))
-    for run, lab in zip(runs, labels):  # the first table: the paper's headline comparison, per run
-        add(headline_table(run, lab), f"{lab}-headline")
-    run_list = Table(title="Runs", columns=["run", "config", "benchmark", "protocols", "failed images",
-                                            "description"])
-    for run, lab in zip(runs, labels):
-        failed = max((int((m.get("failed_images") or {}).get("count", 0)) for m in run.metrics.values()), default=0)
-        run_list.rows.append([lab, run.config_name or "", run.benchmark or "", ", ".join(run.protocols) or "none",
-                              f"{failed} (not scored)" if failed else "0", run.description])
-    add(run_list)
-    if not any(r.metrics for r in runs):
-        md.append("No metrics found: run `adjcap evaluate --run DIR` first.\n")
-        body.append("<p>No metrics found: run <code>adjcap evaluate --run DIR</code> first.</p>")
-
+    page = _Page(RunDir(Path(out_dir) if out_dir is not None else runs[0].path), single=len(runs) == 1)
+    page.dest.path.mkdir(parents=True, exist_ok=True)
+    gallery = _GalleryOptions(gallery_limit, Path(image_root) if image_root else None, embed_images)
+    _front_matter(page, runs, labels)
     if len(runs) > 1:
-        md.append("## Runs side by side\n")
-        body.append("<h2>Runs side by side</h2>")
-        add(runs_table(runs, labels, base), "runs")
-
-    cider_rows: list[tuple[str, float | None, tuple[float, float] | None]] = []
-    measured_for_pub: list[tuple[str, str, str, dict[str, Any], str | None]] = []
-    galleries: list[str] = []
+        page.heading(2, "Runs side by side")
+        page.add(runs_table(runs, labels, base), "runs")
+    cider_rows: list[CiderRow] = []
+    measured: list[tuple[str, str, str, dict[str, Any], str | None]] = []  # each run's headline, for the published
     for run, lab in zip(runs, labels):
         if not run.metrics:
             continue
-        md.append(f"## {lab}\n")
-        body.append(f"<h2>{html.escape(lab)}</h2>")
-        if run.description:
-            md.append(f"{run.description}\n")
-            body.append(f"<p>{html.escape(run.description)}</p>")
-        if run.captioner:
-            md.append(f"{run.captioner}\n")
-            body.append(f"<p>{html.escape(run.captioner)}</p>")
-        ivs = run_intervals(run)
-        add(metrics_table(run, lab, ivs), f"{lab}-metrics")
-        for proto in run.protocols:  # rerank.seeds: the seed study beside the main table
-            add(seeds_table(run, lab, proto), f"{lab}-{proto}-seeds")
-        add(peers_table(run, lab, base), "published-" + (run.benchmark or "") if len(runs) == 1
-            else f"{lab}-published-{run.benchmark}")
-        for proto in run.protocols:
-            for picker in run.pickers(proto):
-                c = run.picker_metrics(proto, picker).get("metrics", {}).get("CIDEr")
-                iv = ivs.get((proto, picker), {}).get("CIDEr")
-                cider_rows.append((f"{lab}: {proto}/{picker}" if len(runs) > 1 else f"{proto}/{picker}", c,
-                                   (iv[0].low, iv[0].high) if iv else None))
+        cider_rows += _metrics_section(page, run, lab, base)
         hl = run.headline()
         if hl is None:
             continue
         proto, adj = hl
-        measured_for_pub.append((lab, run.config_name or "", f"{proto} / {adj}",
-                                 run.picker_metrics(proto, adj).get("metrics", {}), run.benchmark))
-        add(domains_table(run, lab, proto, adj), f"{lab}-nocaps")
-        if base is not None and run is base.run:
-            ch = None  # the baseline is not compared against itself
-        else:
-            ch = chair_table(run, lab, proto, adj, base)
-        add(ch, f"{lab}-chair")
-        if ch is not None:  # eval.chair = both: the instance CHAIR beside the proxy
-            add(chair_table(run, lab, proto, adj, base, key="chair_instances"), f"{lab}-chair-instances")
-        if ch is not None:
-            base_chair = base.metrics()["chair"] if base is not None else run.picker_metrics(proto, LM_PICKER)["chair"]
-            series = {
-                (base.label if base is not None else "LM-only"): base_chair.get("per_class", {}),
-                adj: run.picker_metrics(proto, adj)["chair"].get("per_class", {}),
-            }
-            name = "hallucination_per_class.png" if len(runs) == 1 else f"hallucination_per_class-{_slug(lab)}.png"
-            p = hallucination_per_class(series, plots_dir / name, title=f"{lab}: hallucinated objects per class")
-            written_plots.append(p)
-            md.append(f"![hallucinated objects per class](plots/{name})\n")
-        add(rank_table(run, lab))
-        heads = heads_table(run, lab)
-        if heads is not None:  # the diagnostics dump has its own page; the report links it
-            dpath = dest.diagnostics_html(None if len(runs) == 1 else _slug(lab))
-            atomic_write_text(dpath, table_page(heads, f"{lab}: reranker diagnostics",
-                                                f"Every field of {run.path / 'heads' / 'heads.json'} (numbers rounded; "
-                                                "lists summarised)."))
-            md.append(f"Reranker diagnostics (heads/heads.json): [{dpath.name}]({dpath.name})\n")
-            body.append(f"<p>Reranker diagnostics (heads/heads.json): "
-                        f"<a href='{html.escape(dpath.name)}'>{html.escape(dpath.name)}</a></p>")
-        if LM_PICKER in run.pickers(proto) and adj != LM_PICKER:
-            samples = read_samples(RunDir(run.path))
-            root = Path(image_root) if image_root else run.image_root
-            items = gallery_items(run, proto, adj, limit=gallery_limit, image_root=root, embed=embed_images,
-                                  samples=samples)
-            tag = None if len(runs) == 1 else _slug(lab)
-            paged = write_paged_gallery(samples, dest.gallery_html(tag), dest.gallery_dir(tag), proto, adj,
-                                        title=f"{lab}: every image, LM-only vs {adj} ({proto})",
-                                        split=run.apply_split, image_root=root)
-            link = paged["html"].name
-            galleries.append(gallery_html(items, title=f"{lab}: LM-only vs {adj} ({proto}), {len(items)} images",
-                                          table_id=f"gallery-{_slug(lab)}", adj_name=adj)
-                             + f"<p>Every image ({paged['images']}), paged, with each candidate's judge scores: "
-                             f"<a href='{html.escape(link)}'>{html.escape(link)}</a></p>")
-            md.append(f"Qualitative gallery ({len(items)} images, sortable by CIDEr gain): report.html; "
-                      f"every image ({paged['images']}), paged: [{link}]({link})\n")
-
-    # published numbers
-    pub = comparison_table(measured_for_pub)
-    if pub is not None:
-        md.append("## Published numbers\n")
-        body.append("<h2>Published numbers</h2>")
-        add(pub, "published-vs-measured")
-
-    published_lines = {}
-    if any(r.benchmark == "coco" for r in runs):
-        published_lines = {"IFCap": 108.0, "Ours (paper)": 117.6}
-    if cider_rows:
-        p = cider_by_configuration(cider_rows, plots_dir / "cider_by_configuration.png", published=published_lines)
-        written_plots.append(p)
-        md.append("## Plots\n")
-        md.append("![CIDEr by configuration](plots/cider_by_configuration.png)\n")
-
-    md_path = atomic_write_text(dest.report_md, "\n".join(md))
-    plots_html = "".join(
-        f"<figure><img src='{html.escape(str(p.relative_to(dest.path)))}' style='max-width:900px'></figure>"
-        for p in written_plots
-    )
-    page = (
-        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>adjcap report</title>"
-        f"<style>{GALLERY_CSS}</style></head><body>"
-        + "\n".join(body)
-        + ("<h2>Plots</h2>" + plots_html if plots_html else "")
-        + ("<h2>Qualitative gallery</h2><p>LM-only caption (red) vs adjudicated caption (blue), references and "
-           "per-image CIDEr. Click a column header to sort (gain = adjudicated - LM-only CIDEr).</p>"
-           + "\n".join(galleries) if galleries else "")
-        + f"<script>{GALLERY_JS}</script></body></html>"
-    )
-    html_path = atomic_write_text(dest.report_html, page)
-    return {"markdown": md_path, "html": html_path, "tables": written_tables, "plots": written_plots}
+        measured.append((lab, run.config_name or "", f"{proto} / {adj}",
+                         run.picker_metrics(proto, adj).get("metrics", {}), run.benchmark))
+        page.add(domains_table(run, lab, proto, adj), f"{lab}-nocaps")
+        _chair_section(page, run, lab, proto, adj, base)
+        page.add(rank_table(run, lab))
+        _diagnostics_link(page, run, lab)
+        _gallery_section(page, run, lab, proto, adj, gallery)
+    _closing_sections(page, runs, measured, cider_rows)
+    md_path = atomic_write_text(page.dest.report_md, "\n".join(page.md))
+    html_path = atomic_write_text(page.dest.report_html, _html_document(page))
+    return {"markdown": md_path, "html": html_path, "tables": page.tables, "plots": page.plots}

@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -197,25 +198,10 @@ def _padded(flat: np.ndarray, lengths: np.ndarray, width: int, fill: float) -> n
     return out
 
 
-def load_features(
-    table_or_paths: pa.Table | str | Path | Iterable[str | Path],
-    lm_feature: str = "mean",
-    memory_tokens: int = 5,
-    max_candidates: int | None = None,
-) -> BeamFeatures:
-    """Read reranker inputs from a feature table (Arrow table, Parquet file, features directory or a
-    list of those). ``lm_feature`` picks ``lm_logprob_mean`` or ``lm_logprob_sum``. Beams are padded
-    to the longest beam (or ``max_candidates``); the verified memory to ``memory_tokens``. Rows come in
-    image-id order, whatever the order of the table's rows or files."""
-    if lm_feature not in LM_FEATURES:
-        raise ValueError(f"scorer.lm_feature must be one of {LM_FEATURES}, got {lm_feature!r}")
-    table = read_feature_table(table_or_paths)
-    ids_all = [str(x) for x in table.column("image_id").to_pylist()]
-    errors = table.column("error").to_pylist()
-    cands = table.column("candidates").combine_chunks()
-    verified = table.column("verified").combine_chunks()
-    n_cand = pc.fill_null(pc.list_value_length(cands), 0).to_numpy(zero_copy_only=False).astype(np.int64)
-
+def _usable_rows(ids_all: list[str], errors: list[Any], n_cand: np.ndarray) -> tuple[list[int], dict[str, str]]:
+    """(the rows with candidates and no error, in image-id order; image id -> why the others failed).
+    A repeated image id is an error. Image-id order, not the table's: a Ray job writes its parts in
+    whatever order they finish, and the heads' fit (its minibatches) must not depend on that."""
     failed_reasons: dict[str, str] = {}
     keep_rows: list[int] = []
     seen: dict[str, int] = {}
@@ -232,18 +218,27 @@ def load_features(
             failed_reasons[iid] = "no candidates in the feature row"
         else:
             keep_rows.append(r)
-
-    # image-id order, not the table's: a Ray job writes its parts in whatever order they finish, and
-    # the heads' fit (its minibatches) must not depend on that
     keep_rows.sort(key=lambda r: ids_all[r])
-    keep = np.asarray(keep_rows, dtype=np.int64)
-    cands = cands.take(pa.array(keep, type=pa.int64()))
-    verified = verified.take(pa.array(keep, type=pa.int64()))
-    image_ids = [ids_all[r] for r in keep_rows]
-    I = len(image_ids)
+    return keep_rows, failed_reasons
 
-    lengths = pc.fill_null(pc.list_value_length(cands), 0).to_numpy(zero_copy_only=False).astype(np.int64)
-    N = int(lengths.max()) if I else 0
+
+def _list_lengths(values: pa.ListArray) -> np.ndarray:
+    return pc.fill_null(pc.list_value_length(values), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+@dataclass
+class _BeamArrays:
+    raw: np.ndarray  # [I, N, 3] LM, cosine, verifier (NaN off the mask)
+    beam_raw: np.ndarray  # [I, N, 5] the above, beam rank and length
+    mask: np.ndarray  # [I, N]
+    rank: np.ndarray  # [I, N] beam rank, int32 max where absent
+    texts: list[list[str]]
+
+
+def _beam_arrays(cands: pa.ListArray, lm_feature: str, max_candidates: int | None) -> _BeamArrays:
+    """The candidates' scores padded to the longest beam (or ``max_candidates``), with their texts."""
+    lengths = _list_lengths(cands)
+    N = int(lengths.max()) if len(cands) else 0
     if max_candidates is not None:
         N = min(N, int(max_candidates))
     flat = cands.flatten()
@@ -259,42 +254,64 @@ def load_features(
     texts_flat = flat.field("text").to_pylist()
     pad = {k: _padded(v, lengths, N, nan) for k, v in cols.items()}
     mask = np.arange(N)[None, :] < np.minimum(lengths, N)[:, None]
-
     raw = np.stack([pad["lm"], pad["cos"], pad["ver"]], axis=-1)
     raw[~mask] = nan
     beam_raw = np.stack([pad["lm"], pad["cos"], pad["ver"], pad["rank"], pad["len"]], axis=-1)
-    mask_t = torch.from_numpy(mask)
-
     rank = np.where(mask & np.isfinite(pad["rank"]), pad["rank"], np.iinfo(np.int32).max)
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)[:I]
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)[:len(cands)]
     texts = [
         [t if t is not None else "" for t in texts_flat[s : s + min(n, N)]] for s, n in zip(starts, lengths)
     ]
+    return _BeamArrays(raw, beam_raw, mask, rank, texts)
 
-    # memory tokens: verifier score, retrieval rank, length in words; zero-padded to 5 dims
+
+def _memory_arrays(verified: pa.ListArray, memory_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """(memory tokens [I, M, 5]: verifier score, retrieval rank, length in words, zero-padded to 5 dims;
+    their mask [I, M])."""
     M = int(memory_tokens)
-    vlen = pc.fill_null(pc.list_value_length(verified), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    vlen = _list_lengths(verified)
     vflat = verified.flatten()
+    nan = float("nan")
     v_ver = _field(vflat, "verifier", np.float64, nan)
     v_rank = _field(vflat, "retrieval_rank", np.float64, nan)
     v_words = np.asarray([len(t.split()) if t else 0 for t in vflat.field("text").to_pylist()], np.float64)
-    mem_raw = np.zeros((I, M, 5), dtype=np.float64)
+    mem_raw = np.zeros((len(verified), M, 5), dtype=np.float64)
     mem_raw[:, :, 0] = _padded(v_ver, vlen, M, nan)
     mem_raw[:, :, 1] = _padded(v_rank, vlen, M, nan)
     mem_raw[:, :, 2] = _padded(v_words, vlen, M, nan)
-    memory_mask = np.arange(M)[None, :] < np.minimum(vlen, M)[:, None]
-    mmask_t = torch.from_numpy(memory_mask)
+    return mem_raw, np.arange(M)[None, :] < np.minimum(vlen, M)[:, None]
 
+
+def load_features(
+    table_or_paths: pa.Table | str | Path | Iterable[str | Path],
+    lm_feature: str = "mean",
+    memory_tokens: int = 5,
+    max_candidates: int | None = None,
+) -> BeamFeatures:
+    """Read reranker inputs from a feature table (Arrow table, Parquet file, features directory or a
+    list of those). ``lm_feature`` picks ``lm_logprob_mean`` or ``lm_logprob_sum``. Beams are padded
+    to the longest beam (or ``max_candidates``); the verified memory to ``memory_tokens``. Rows come in
+    image-id order, whatever the order of the table's rows or files."""
+    if lm_feature not in LM_FEATURES:
+        raise ValueError(f"scorer.lm_feature must be one of {LM_FEATURES}, got {lm_feature!r}")
+    table = read_feature_table(table_or_paths)
+    ids_all = [str(x) for x in table.column("image_id").to_pylist()]
+    cands = table.column("candidates").combine_chunks()
+    keep_rows, failed_reasons = _usable_rows(ids_all, table.column("error").to_pylist(), _list_lengths(cands))
+    keep = pa.array(np.asarray(keep_rows, dtype=np.int64), type=pa.int64())
+    beams = _beam_arrays(cands.take(keep), lm_feature, max_candidates)
+    mem_raw, memory_mask = _memory_arrays(table.column("verified").combine_chunks().take(keep), memory_tokens)
+    mask_t, mmask_t = torch.from_numpy(beams.mask), torch.from_numpy(memory_mask)
     return BeamFeatures(
-        image_ids=image_ids,
-        scores=zscore(torch.from_numpy(raw), mask_t),
-        beam=zscore(torch.from_numpy(beam_raw), mask_t),
+        image_ids=[ids_all[r] for r in keep_rows],
+        scores=zscore(torch.from_numpy(beams.raw), mask_t),
+        beam=zscore(torch.from_numpy(beams.beam_raw), mask_t),
         memory=zscore(torch.from_numpy(mem_raw), mmask_t),
         mask=mask_t,
         memory_mask=mmask_t,
-        raw_scores=torch.from_numpy(raw.astype(np.float32)),
-        beam_rank=torch.from_numpy(rank.astype(np.int64)),
-        texts=texts,
+        raw_scores=torch.from_numpy(beams.raw.astype(np.float32)),
+        beam_rank=torch.from_numpy(beams.rank.astype(np.int64)),
+        texts=beams.texts,
         lm_feature=lm_feature,
         failed_ids=list(failed_reasons),
         failed_reasons=failed_reasons,

@@ -168,6 +168,98 @@ def _table_for(tables: dict[str, Any], split: str, role: str) -> Any:
     return tables[split]
 
 
+def _learned(protocol: str, picker: str) -> bool:
+    """Whether the picker needs fitted heads; a learned picker under training-free is an error."""
+    check(protocol, PROTOCOLS, "rerank.protocol")
+    learned = get_picker(picker).learned
+    if protocol == "training-free" and learned:
+        raise ValueError(
+            f"rerank.picker = {picker!r} needs fitted heads but rerank.protocol = 'training-free' fits nothing; "
+            f"use a training-free picker ({', '.join(picker_names(learned=False))}) or protocol inductive/transductive"
+        )
+    return learned
+
+
+def _fit_split(r: Any) -> str | None:
+    """The split heads (and alpha, beta) are fitted on: fit_split (inductive), apply_split (transductive)."""
+    if r.protocol == "inductive":
+        return r.fit_split
+    if r.protocol == "transductive":
+        return r.apply_split
+    return r.fit_split if r.select else None  # training-free: alpha is still chosen on a held-out beam dump
+
+
+def _fit_features(tables: dict[str, Any], feats: dict[str, BeamFeatures], fit_split: str | None, r: Any,
+                  needs_fit: bool) -> BeamFeatures | None:
+    """The fit split's features when something is fitted or selected on them (None otherwise)."""
+    if fit_split is None or not (needs_fit or r.select):
+        return None
+    _table_for(tables, fit_split, "fit_split" if r.protocol != "transductive" else "apply_split")
+    fit_feats = feats[fit_split]
+    if fit_feats.n_images == 0:
+        raise ValueError(f"split {fit_split!r}: no usable feature rows to fit on (all {len(fit_feats.failed_ids)} failed)")
+    return fit_feats
+
+
+def _select_weights(cfg: Config, fit_feats: BeamFeatures | None, fit_split: str | None, needs_fit: bool,
+                    device: str) -> tuple[float, float, dict[str, Any]]:
+    """(alpha, beta, the selection's record): the configured values, or with rerank.select those with
+    the lowest Borda loss on a held-out part of the fit table (beta only for the ensemble being fitted)."""
+    r = cfg.rerank
+    alpha, beta = float(r.alpha), float(r.beta)
+    if not r.select or fit_feats is None:
+        return alpha, beta, {}
+    rest, hold = holdout_split(fit_feats.image_ids, r.holdout_fraction, cfg.seed)
+    hold_feats = fit_feats.subset(hold)
+    alpha, a_losses = select_alpha(hold_feats)
+    selection: dict[str, Any] = {
+        "criterion": "Borda pseudo-label listwise loss on a held-out part of the fit table",
+        "fit_split": fit_split,
+        "holdout_images": int(len(hold)),
+        "rest_images": int(len(rest)),
+        "alpha": {"grid": ALPHA_GRID.tolist(), "loss": a_losses, "chosen": alpha},
+    }
+    if needs_fit and r.picker == "ensemble" and len(rest) > 0:
+        probe = fit_heads(fit_feats.subset(rest), r, seed=cfg.seed, device=device)
+        beta, b_losses = select_beta(hold_feats, probe)
+        selection["beta"] = {"grid": BETA_GRID.tolist(), "loss": b_losses, "chosen": beta}
+    return alpha, beta, selection
+
+
+def _fitted_heads(cfg: Config, fit_feats: BeamFeatures | None, fit_split: str | None, heads: Heads | None,
+                  learned: bool, weights: dict[str, Any], device: str) -> tuple[Heads | None, dict[int, Heads]]:
+    """(the heads the picker uses, the heads per rerank.seeds seed): given heads are used as they are;
+    ``weights`` (alpha, beta, lm_feature) are recorded in each head's meta."""
+    r = cfg.rerank
+    used_heads: Heads | None = heads
+    if learned and used_heads is None:
+        assert fit_feats is not None
+        used_heads = fit_heads(fit_feats, r, seed=cfg.seed, device=device)
+        used_heads.meta.update({"fit_split": fit_split, "protocol": r.protocol, "rerank": r.meta()})
+    if used_heads is not None:
+        used_heads.meta.update(weights)
+    seed_heads: dict[int, Heads] = {}
+    if learned and heads is None and r.seeds is not None:
+        assert fit_feats is not None and used_heads is not None
+        for s in r.seed_list(cfg.seed):  # the run's own seed is the heads above (the same fit)
+            seed_heads[s] = used_heads if s == cfg.seed else fit_heads(fit_feats, r, seed=s, device=device)
+            seed_heads[s].meta.update(weights)
+    return used_heads, seed_heads
+
+
+def _split_diagnostics(f: BeamFeatures, idx: Any, heads: Heads | None) -> dict[str, float]:
+    """How often a split's picks differ from LM-only (and, with both heads, TriFuse's from MemAttend's)."""
+    d: dict[str, float] = {"n_images": float(f.n_images), "n_failed": float(len(f.failed_ids))}
+    if f.n_images:
+        d["differs_from_lm"] = differs_from_lm(idx, f)
+        if heads is not None and heads.trifuse is not None and heads.memattend is not None:
+            pt, pm = pick(f, "trifuse", heads), pick(f, "memattend", heads)
+            d["agreement_trifuse_memattend"] = agreement(pt, pm)
+            d["trifuse_differs_from_lm"] = differs_from_lm(pt, f)
+            d["memattend_differs_from_lm"] = differs_from_lm(pm, f)
+    return d
+
+
 def run_protocol(
     cfg: Config,
     tables: dict[str, pa.Table | str | Path],
@@ -180,93 +272,31 @@ def run_protocol(
     fitting; hyperparameter selection of beta is then skipped. ``device``: where heads are fitted
     ("cpu", "cuda" or "auto"; see :func:`adjcap.rerank.fit_device`)."""
     r = cfg.rerank
-    protocol, picker = r.protocol, r.picker
-    check(protocol, PROTOCOLS, "rerank.protocol")
-    learned = get_picker(picker).learned
-    if protocol == "training-free" and learned:
-        raise ValueError(
-            f"rerank.picker = {picker!r} needs fitted heads but rerank.protocol = 'training-free' fits nothing; "
-            f"use a training-free picker ({', '.join(picker_names(learned=False))}) or protocol inductive/transductive"
-        )
-    lm_feature = cfg.scorer.lm_feature
-    mem = r.memattend.memory_tokens
+    learned = _learned(r.protocol, r.picker)
+    needs_fit = learned and heads is None
     _table_for(tables, r.apply_split, "apply_split")
-    feats = {s: load_features(t, lm_feature=lm_feature, memory_tokens=mem) for s, t in tables.items()}
-
-    fit_split: str | None = None
-    if protocol == "inductive":
-        fit_split = r.fit_split
-    elif protocol == "transductive":
-        fit_split = r.apply_split
-    elif r.select:
-        fit_split = r.fit_split  # training-free: alpha is still chosen on a held-out beam dump
-    fit_feats: BeamFeatures | None = None
-    if fit_split is not None and ((learned and heads is None) or r.select):
-        _table_for(tables, fit_split, "fit_split" if protocol != "transductive" else "apply_split")
-        fit_feats = feats[fit_split]
-        if fit_feats.n_images == 0:
-            raise ValueError(f"split {fit_split!r}: no usable feature rows to fit on (all {len(fit_feats.failed_ids)} failed)")
-
-    alpha, beta = float(r.alpha), float(r.beta)
-    selection: dict[str, Any] = {}
-    if r.select and fit_feats is not None:
-        rest, hold = holdout_split(fit_feats.image_ids, r.holdout_fraction, cfg.seed)
-        hold_feats = fit_feats.subset(hold)
-        alpha, a_losses = select_alpha(hold_feats)
-        selection = {
-            "criterion": "Borda pseudo-label listwise loss on a held-out part of the fit table",
-            "fit_split": fit_split,
-            "holdout_images": int(len(hold)),
-            "rest_images": int(len(rest)),
-            "alpha": {"grid": ALPHA_GRID.tolist(), "loss": a_losses, "chosen": alpha},
-        }
-        if learned and heads is None and picker == "ensemble" and len(rest) > 0:
-            probe = fit_heads(fit_feats.subset(rest), r, seed=cfg.seed, device=device)
-            beta, b_losses = select_beta(hold_feats, probe)
-            selection["beta"] = {"grid": BETA_GRID.tolist(), "loss": b_losses, "chosen": beta}
-
-    used_heads: Heads | None = heads
-    if learned and used_heads is None:
-        assert fit_feats is not None
-        used_heads = fit_heads(fit_feats, r, seed=cfg.seed, device=device)
-        used_heads.meta.update(
-            {"fit_split": fit_split, "protocol": protocol, "rerank": r.meta()}
-        )
-    if used_heads is not None:
-        used_heads.meta.update({"alpha": alpha, "beta": beta, "lm_feature": lm_feature})
-    seed_heads: dict[int, Heads] = {}
-    if learned and heads is None and r.seeds is not None:
-        assert fit_feats is not None and used_heads is not None
-        for s in r.seed_list(cfg.seed):  # the run's own seed is the heads above (the same fit)
-            seed_heads[s] = used_heads if s == cfg.seed else fit_heads(fit_feats, r, seed=s, device=device)
-            seed_heads[s].meta.update({"alpha": alpha, "beta": beta, "lm_feature": lm_feature})
-
+    feats = {s: load_features(t, lm_feature=cfg.scorer.lm_feature, memory_tokens=r.memattend.memory_tokens)
+             for s, t in tables.items()}
+    fit_split = _fit_split(r)
+    fit_feats = _fit_features(tables, feats, fit_split, r, needs_fit)
+    alpha, beta, selection = _select_weights(cfg, fit_feats, fit_split, needs_fit, device)
+    weights = {"alpha": alpha, "beta": beta, "lm_feature": cfg.scorer.lm_feature}
+    used_heads, seed_heads = _fitted_heads(cfg, fit_feats, fit_split, heads, learned, weights, device)
     picks: dict[str, dict[str, Pick]] = {}
-    failed: dict[str, list[str]] = {}
     diagnostics: dict[str, dict[str, float]] = {}
     for split, f in feats.items():
-        idx = pick(f, picker, used_heads if learned else None, alpha=alpha, beta=beta)
+        idx = pick(f, r.picker, used_heads if learned else None, alpha=alpha, beta=beta)
         picks[split] = {iid: Pick(int(i), f.texts[k][int(i)]) for k, (iid, i) in enumerate(zip(f.image_ids, idx))}
-        failed[split] = list(f.failed_ids)
-        d: dict[str, float] = {"n_images": float(f.n_images), "n_failed": float(len(f.failed_ids))}
-        if f.n_images:
-            d["differs_from_lm"] = differs_from_lm(idx, f)
-            if used_heads is not None and used_heads.trifuse is not None and used_heads.memattend is not None:
-                pt, pm = pick(f, "trifuse", used_heads), pick(f, "memattend", used_heads)
-                d["agreement_trifuse_memattend"] = agreement(pt, pm)
-                d["trifuse_differs_from_lm"] = differs_from_lm(pt, f)
-                d["memattend_differs_from_lm"] = differs_from_lm(pm, f)
-        diagnostics[split] = d
-
+        diagnostics[split] = _split_diagnostics(f, idx, used_heads)
     return ProtocolResult(
-        protocol=protocol,
-        picker=picker,
-        fit_split=fit_split if (learned and heads is None) or r.select else None,
+        protocol=r.protocol,
+        picker=r.picker,
+        fit_split=fit_split if needs_fit or r.select else None,
         apply_split=r.apply_split,
         alpha=alpha,
         beta=beta,
         picks=picks,
-        failed=failed,
+        failed={split: list(f.failed_ids) for split, f in feats.items()},
         heads=used_heads,
         losses=dict(used_heads.losses) if used_heads is not None else {},
         selection=selection,

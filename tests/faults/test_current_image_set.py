@@ -2,7 +2,7 @@
 sees exactly the current image set: rows of images no longer in the run are ignored."""
 
 from adjcap.features import empty_row, rows_to_table
-from adjcap.metrics.evaluate import failed_image_ids, load_run_references
+from adjcap.metrics.run_metrics import failed_image_ids, load_run_references
 from adjcap.rundir import RunDir
 
 

@@ -13,11 +13,13 @@
     m = adjcap.evaluate("preds.json", "dataset_coco.json", split="test")     # -> Metrics
     run = adjcap.load_run("runs/demo")                            # a finished run directory -> Run
 
-The application layer's facade, beside cli.py (docs/architecture.md, "Layers"): it calls the jobs,
-and imports them only inside the functions that run one (``caption``, ``run``), so ``import adjcap``
-and ``adjcap.caption`` load neither Ray nor torch. Nothing in the library imports this module except
-``adjcap/__init__``, which exposes these names lazily (PEP 562). Errors are the jobs' own one-line exceptions (ConfigError,
-DataError, ...); nothing is printed that the command line would not print.
+The package's Python entry point, as adjcap/__main__ is its command-line one (docs/architecture.md,
+"Layers"): the results it returns read run directories through the library, and only the two
+functions that run a job (``caption``, ``run``) import the application layer, inside themselves, so
+``import adjcap`` and ``adjcap.caption`` load neither Ray nor torch. Nothing in the library imports
+this module except ``adjcap/__init__``, which exposes these names lazily (PEP 562). Errors are the
+jobs' own one-line exceptions (ConfigError, DataError, ...); nothing is printed that the command line
+would not print.
 """
 
 from __future__ import annotations

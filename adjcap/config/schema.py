@@ -1,28 +1,19 @@
-"""The one typed run configuration, its presets, overrides and TOML round trip.
-
-A run is fully described by one :class:`Config`. It is built from a preset (a TOML file in
-``adjcap/presets``; a preset may name a ``base`` preset it extends) plus ``key=value`` overrides,
-validated (unknown keys and bad values are errors that name the key), and written to the run
-directory as ``config.toml`` so that ``adjcap run-job --config runs/x/config.toml`` re-runs it as is.
-
-Strings that are paths may use the placeholders ``{cache}`` (``paths.cache_dir``) and ``{data}``
-(``paths.data_dir``); :meth:`Config.resolved` expands them once, at the edge.
-"""
+"""The configuration's schema: the typed sections of a run's :class:`Config` (pydantic models, each
+key with its type, default and description), the built-in benchmark table, and the walk of the
+schema the overrides and the key lists share (:func:`section_model`, :data:`DICT_SECTIONS`)."""
 
 from __future__ import annotations
 
 import os
-import re
 import tomllib
 from importlib import resources
-from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from adjcap.nested import deep_update
-from adjcap.picker_needs import PICKER_NEEDS, picker_names
-from adjcap.registry import close_matches, did_you_mean, similar, suggestion, unknown
+from adjcap.picker_needs import PICKER_NEEDS
+from adjcap.registry import unknown
+from adjcap.verifier_families import NAMES as VERIFIER_FAMILIES
 
 Precision = Literal["auto", "fp32", "fp16", "bf16"]
 
@@ -103,7 +94,7 @@ class RetrievalCfg(_Strict):
 
 class VerifierCfg(_Strict):
     enabled: bool = Field(True, description="run stage 2; false keeps the first k retrieved, in retrieval order")
-    family: Literal["blip_itm", "blip2_itm", "clip"] = Field(
+    family: Literal[VERIFIER_FAMILIES] = Field(  # adjcap.verifier_families: one record each
         "blip_itm", description="the judge of stages 2 and 4: blip_itm (BLIP ITM head, match probability in (0, 1)), "
         "blip2_itm (BLIP-2 Q-Former ITM head, match probability in (0, 1)) or clip (any open_clip dual encoder: "
         "sigmoid(scale * cosine + bias) in (0, 1) for a model with a logit bias (SigLIP), else (cosine + 1) / 2 "
@@ -580,134 +571,12 @@ def default_benchmarks() -> dict[str, BenchmarkCfg]:
 
 
 # --------------------------------------------------------------------------------------------
-# Presets, overrides, loading
+# The schema's shape: which fields are sections and tables of sections
 # --------------------------------------------------------------------------------------------
 
 
-def _presets_dir() -> Path:
-    return Path(str(resources.files("adjcap") / "presets"))
-
-
-def list_presets() -> dict[str, str]:
-    """Preset name -> one-line description."""
-    out: dict[str, str] = {}
-    for p in sorted(_presets_dir().glob("*.toml")):
-        data = tomllib.loads(p.read_text())
-        out[p.stem] = str(data.get("description", ""))
-    return out
-
-
-def _load_preset_dict(name: str, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
-    path = _presets_dir() / f"{name}.toml"
-    if not path.exists():
-        if Path(name).suffix == ".toml" and Path(name).exists():
-            path = Path(name)
-        else:
-            raise ConfigError(
-                f"{unknown('preset', name, list_presets(), see='adjcap config --list')}; "
-                "or pass a path to a config.toml"
-            )
-    if name in _seen:
-        raise ConfigError(f"preset '{name}' extends itself through {' -> '.join(_seen)}")
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: not valid TOML: {e}") from e
-    base = data.pop("base", None)
-    own_name = data.get("name")
-    if base:
-        merged = _load_preset_dict(base, _seen + (name,))
-        deep_update(merged, data)
-        data = merged
-    data["name"] = own_name or path.stem
-    return data
-
-
-def parse_value(text: str) -> Any:
-    """Parse an override's value as a TOML value (numbers, booleans, lists, quoted strings);
-    anything that is not valid TOML is taken as a bare string."""
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text
-
-
-def apply_override(data: dict[str, Any], assignment: str) -> None:
-    """Apply one ``key.path=value`` override (the value parsed as TOML, else a bare string)."""
-    if "=" not in assignment:
-        raise ConfigError(f"override '{assignment}' must look like key.path=value")
-    key, raw = assignment.split("=", 1)
-    value = parse_value(raw)
-    set_key(data, key.strip(), None if value in ("none", "null") else value)
-
-
-def set_key(data: dict[str, Any], key: str, value: Any) -> None:
-    """Set a dotted key to an already typed value; an unknown key is an error naming it."""
-    parts = key.split(".")
-    cur: Any = data
-    model: Any = Config
-    for i, part in enumerate(parts):
-        # walk the schema to reject unknown keys with the full dotted name
-        if model is not None and isinstance(model, type) and issubclass(model, BaseModel):
-            fields = model.model_fields
-            if part not in fields:
-                typed = ".".join(parts[: i + 1])
-                raise ConfigError(
-                    f"unknown config key '{typed}'{suggestion(close_keys(key))}; "
-                    f"valid keys here: {', '.join(sorted(fields))}"
-                )
-            model = _model_of(fields[part].annotation)
-        elif model == "dict":
-            model = _dict_value_model(parts[i - 1]) if i > 0 else None
-        if i == len(parts) - 1:
-            cur[part] = value
-        else:
-            nxt = cur.get(part)
-            if not isinstance(nxt, dict):
-                nxt = {}
-                cur[part] = nxt
-            cur = nxt
-
-
-def config_keys(typed: str = "") -> list[str]:
-    """Every dotted config key (sections too), for "did you mean". Keys under a dict of sections
-    (``benchmarks.<name>.format``, ``ray.pool.<pool>.actors``) use the name ``typed`` gives, else the
-    placeholder of :data:`DICT_SECTIONS`."""
-    parts = typed.split(".")
-    out: list[str] = []
-
-    def walk(model: Any, prefix: str, depth: int) -> None:
-        for name, field in model.model_fields.items():
-            key = f"{prefix}{name}"
-            out.append(key)
-            sub = _model_of(field.annotation)
-            if sub == "dict":
-                value = _dict_value_model(name)
-                if value is not None:
-                    item = parts[depth + 1] if len(parts) > depth + 2 else DICT_SECTIONS[name][1]
-                    walk(value, f"{key}.{item}.", depth + 2)
-            elif sub is not None:
-                walk(sub, f"{key}.", depth + 1)
-
-    walk(Config, "", 0)
-    return out
-
-
-def close_keys(typed: str, n: int = 3) -> list[str]:
-    """The config keys a mistyped dotted key most likely meant: near names in the same section, then
-    keys elsewhere whose last part is (nearly) the typed one (``checkpoint`` -> ``captioner.checkpoint``);
-    failing both, near keys by their whole dotted name."""
-    keys = config_keys(typed)
-    section, _, leaf = typed.rpartition(".")
-    prefix = f"{section}." if section else ""
-    siblings = [k[len(prefix):] for k in keys if k.startswith(prefix) and "." not in k[len(prefix):]]
-    out = [prefix + k for k in close_matches(leaf, siblings, n)]
-    out += [k for k in keys if similar(leaf, k.rpartition(".")[2])]
-    out = [k for k in dict.fromkeys(out) if k != typed]
-    return out[:n] or close_matches(typed, keys, n)
-
-
-def _model_of(annotation: Any) -> Any:
+def section_model(annotation: Any) -> Any:
+    """The model a field holds (a section), "dict" for a table of sections, None for a plain value."""
     import typing
 
     origin = typing.get_origin(annotation)
@@ -725,110 +594,6 @@ def _model_of(annotation: Any) -> Any:
 DICT_SECTIONS: dict[str, tuple[Any, str]] = {"benchmarks": (BenchmarkCfg, "<name>"), "pool": (PoolCfg, "<pool>")}
 
 
-def _dict_value_model(field: str) -> Any:
+def dict_entry_model(field: str) -> Any:
+    """The model of each entry of a table of sections (``benchmarks``, ``ray.pool``), None for another field."""
     return DICT_SECTIONS[field][0] if field in DICT_SECTIONS else None
-
-
-def load_config(
-    preset: str | None = "headline",
-    overrides: list[str] | tuple[str, ...] = (),
-    config_file: str | Path | None = None,
-    updates: dict[str, Any] | None = None,
-) -> Config:
-    """Preset (or a saved config.toml) + ``key=value`` overrides + typed ``updates`` ({dotted key:
-    value}, e.g. from command-line options; applied last) -> validated Config."""
-    return validate_config(config_data(preset, overrides, config_file, updates))
-
-
-def config_data(
-    preset: str | None = "headline",
-    overrides: list[str] | tuple[str, ...] = (),
-    config_file: str | Path | None = None,
-    updates: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """:func:`load_config`'s merged settings before validation (validating imports the registries,
-    and with them torch: the command line reads ``numerics`` here first, adjcap.numerics.enter)."""
-    if config_file is not None:
-        p = Path(config_file)
-        if not p.exists():
-            raise ConfigError(f"config file {p} does not exist")
-        try:
-            data = tomllib.loads(p.read_text())
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{p}: not valid TOML: {e}") from e
-        base = data.pop("base", None)
-        if base:
-            merged = _load_preset_dict(base)
-            deep_update(merged, data)
-            data = merged
-    else:
-        data = _load_preset_dict(preset or "headline")
-    full = Config().model_dump(mode="json")
-    deep_update(full, data)
-    data = full
-    for ov in overrides:
-        apply_override(data, ov)
-    for key, value in (updates or {}).items():
-        set_key(data, key, value)
-    return data
-
-
-def validate_config(data: dict[str, Any]) -> Config:
-    """:func:`config_data`'s settings -> validated Config (ConfigError naming the field)."""
-    try:
-        cfg = Config.model_validate(data)
-    except ValidationError as e:
-        raise ConfigError(_explain(e)) from None
-    for check in CONFLICTS:
-        problem = check(cfg)
-        if problem:
-            raise ConfigError(problem)
-    return cfg
-
-
-def _picker_vs_protocol(cfg: Config) -> str | None:
-    r = cfg.rerank
-    if r.protocol == "training-free" and PICKER_NEEDS.get(r.picker).learned:
-        return (f"rerank.picker={r.picker} needs fitted heads but rerank.protocol=training-free fits nothing; "
-                f"also set rerank.picker to one of {', '.join(picker_names(learned=False))}, "
-                "or use rerank.protocol=inductive/transductive")
-    return None
-
-
-def _verifier_family(cfg: Config) -> str | None:
-    v = cfg.verifier
-    if not v.enabled or v.family == "blip_itm":
-        return None
-    if v.backend != "transformers":
-        return (f"verifier.backend={v.backend} runs BLIP ITM only; verifier.family={v.family} needs "
-                "verifier.backend=transformers")
-    if v.model.startswith("Salesforce/blip-itm"):
-        example = "Salesforce/blip2-itm-vit-g" if v.family == "blip2_itm" else "ViT-SO400M-14-SigLIP-384"
-        return (f"verifier.family={v.family} but verifier.model is the BLIP ITM checkpoint {v.model}; set "
-                f"verifier.model (e.g. {example})")
-    if v.family == "clip" and not v.pretrained:
-        return ("verifier.family=clip needs verifier.pretrained: an open_clip pretrained tag of verifier.model "
-                "(e.g. webli), hf-hub:REPO or a local checkpoint")
-    return None
-
-
-# conflicts the configuration alone shows, refused when it loads (before Ray or any feature pass):
-# each returns one line naming the settings and what to do, or None
-CONFLICTS = (_picker_vs_protocol, _verifier_family)
-
-
-def _explain(e: ValidationError) -> str:
-    lines = []
-    for err in e.errors():
-        key = ".".join(str(x) for x in err["loc"])
-        if err["type"] == "extra_forbidden":
-            lines.append(f"unknown config key '{key}'{suggestion(close_keys(key))}")
-        elif err["type"] == "literal_error":
-            allowed = re.findall(r"'([^']*)'", str(err.get("ctx", {}).get("expected", "")))
-            lines.append(f"bad value for '{key}': {err['msg']} (got {err.get('input')!r})"
-                         f"{did_you_mean(err.get('input'), allowed)}")
-        else:
-            lines.append(f"bad value for '{key}': {err['msg']} (got {err.get('input')!r})")
-    if len(lines) == 1:
-        return f"invalid configuration: {lines[0]}"
-    return "invalid configuration:\n  " + "\n  ".join(lines)
