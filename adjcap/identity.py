@@ -48,6 +48,7 @@ ADDED_LATER: dict[str, Any] = {
     "tf32": False,                      # exact fp32 matmuls
     "retrieval.corpus": None,           # the benchmark's own corpus
     "verifier.attention": "eager",      # transformers' own BLIP attention
+    "verifier.long_captions": "whole",  # each text judged as one caption
     "*.text_token_budget": 0,           # one text batch per batch size, padded to its longest
 }
 
@@ -66,14 +67,17 @@ def _covers(pattern: str, key: str) -> bool:
 
 
 def stage_of(cfg: Config, key: str) -> str | None:
-    """The stage whose identity a flat setting belongs to (the first that reads it), or None when no
-    stage reads it or it is read only for speed."""
+    """The stage whose identity a flat setting belongs to (the first that reads it and does not declare
+    it unread), or None when no stage reads it or it is read only for speed."""
     for st in stage_registry.stages():
         stage, reads = st.name, st.reads
         names = [p.replace("{benchmark}", cfg.benchmark) for p in reads.settings]
         if any(_covers(p, key) for p in names):
-            skip = reads.speed + reads.by_content + (reads.unread(cfg) if reads.unread else ())
-            return None if any(_covers(p, key) for p in skip) else stage
+            if any(_covers(p, key) for p in reads.speed + reads.by_content):
+                return None
+            if reads.unread and any(_covers(p, key) for p in reads.unread(cfg)):
+                continue  # not this stage's: a later stage may read it (verifier.long_captions: stage 4)
+            return stage
     return None
 
 

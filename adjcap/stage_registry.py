@@ -110,7 +110,7 @@ def _score_verifier(states: list[ImageState], m: Mapping[str, Any], cfg: "Config
     """The verifier half of stage 4, in the verifier's environment (the stage's cosines follow in its pool)."""
     from adjcap import stages
 
-    stages.score_verifier(states, m["verifier"])
+    stages.score_verifier(states, m["verifier"], cfg.verifier.long_captions)
 
 
 def _pixels_verifier(cfg: "Config") -> tuple[Any, ...]:
@@ -255,15 +255,17 @@ def _score(states: list[ImageState], m: Mapping[str, Any], cfg: "Config") -> Non
     from adjcap import stages
 
     sc = m["scorer"]
-    stages.score(states, sc.output, sc.verifier, sc.clipscore, reuse_image_embedding=sc.reuse_stage1)
+    stages.score(states, sc.output, sc.verifier, sc.clipscore, reuse_image_embedding=sc.reuse_stage1,
+                 long_captions=cfg.verifier.long_captions)
 
 
 _ENC_SPEED = ("image_batch_size", "text_batch_size")
 
 
 def _verifier_unread(cfg: "Config") -> tuple[str, ...]:
-    """The verifier keys its family does not read (its record's ``unread``: :mod:`adjcap.verifier_families`)."""
-    return verifier_families.unread(cfg.verifier)
+    """The verifier keys its family does not read (its record's ``unread``: :mod:`adjcap.verifier_families`),
+    and ``long_captions``, which stage 4 reads (the candidates, not the retrieved corpus captions)."""
+    return verifier_families.unread(cfg.verifier) + ("verifier.long_captions",)
 
 register(
     Family("retrieval", _load_retrieval, _size_retrieval, _pixels_retrieval),
@@ -318,7 +320,7 @@ register(
     ),
     Stage(
         "score", "scorer", ("scorer",),
-        Reads(("numerics", "tf32", "scorer.encoder", "eval.clipscore"),
+        Reads(("numerics", "tf32", "scorer.encoder", "eval.clipscore", "verifier.long_captions"),
               speed=(*(f"scorer.encoder.{k}" for k in _ENC_SPEED), *(f"eval.clipscore.{k}" for k in _ENC_SPEED))),
         StageOutput(pa.schema([("image_id", pa.string()), ("candidates", pa.list_(CANDIDATE))]),
                     lambda s: {"candidates": s.candidates}, _give_score),

@@ -34,6 +34,7 @@ from adjcap import entities as ent
 from adjcap import gpu_errors, numerics
 from adjcap.config import CaptionerCfg
 from adjcap.image_state import ImageState
+from adjcap.models.judge_window import judge
 from adjcap.models.pixels import Pixels, stacked
 
 log = logging.getLogger(__name__)
@@ -414,11 +415,12 @@ def _tagger(spec: str):
 
 
 def score(states: list[ImageState], encoder, verifier, clipscore_encoder=None, *,
-          reuse_image_embedding: bool = True) -> list[ImageState]:
+          reuse_image_embedding: bool = True, long_captions: str = "whole") -> list[ImageState]:
     """Per candidate: the output scorer's cosine with the image (``encoder``; with
     ``reuse_image_embedding`` it is the retrieval encoder and the stage-1 image embedding is reused),
-    the verifier score (reusing the stage-2 image encoding when present), and the CLIPScore
-    encoder's cosine (``clipscore_encoder``; None: it is the output scorer, whose cosine is reused)."""
+    the verifier score (reusing the stage-2 image encoding when present; the text read as
+    ``long_captions`` says), and the CLIPScore encoder's cosine (``clipscore_encoder``; None: it is the
+    output scorer, whose cosine is reused)."""
 
     def cosines(enc, batch: list[ImageState], flat: list[str], reuse: bool) -> list[np.ndarray]:
         temb = _np(enc.encode_texts(flat, normalize=True)).astype(np.float32) if flat else None
@@ -447,7 +449,7 @@ def score(states: list[ImageState], encoder, verifier, clipscore_encoder=None, *
             probs = None
             if verifier is not None:
                 memo = _memo_for(verifier, batch)
-                probs = verifier.score(memo, texts)
+                probs = judge(verifier, memo, texts, long_captions)
         for i, s in enumerate(batch):
             for j, c in enumerate(s.candidates):
                 c["retrieval_cosine"] = float(cos[i][j])
@@ -458,13 +460,14 @@ def score(states: list[ImageState], encoder, verifier, clipscore_encoder=None, *
     return _guarded("score", run, states)
 
 
-def score_verifier(states: list[ImageState], verifier) -> list[ImageState]:
+def score_verifier(states: list[ImageState], verifier, long_captions: str = "whole") -> list[ImageState]:
     """The verifier half of stage 4 alone (the ``lavis`` backend's own pool): every candidate's verifier
     score, reusing the stage-2 image encoding when present."""
 
     def run(batch: list[ImageState]) -> None:
         with torch.inference_mode():
-            probs = verifier.score(_memo_for(verifier, batch), [[c["text"] for c in s.candidates] for s in batch])
+            probs = judge(verifier, _memo_for(verifier, batch), [[c["text"] for c in s.candidates] for s in batch],
+                          long_captions)
         for s, p in zip(batch, probs):
             for c, v in zip(s.candidates, p):
                 c["verifier"] = float(v)

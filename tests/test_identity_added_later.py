@@ -18,7 +18,8 @@ def test_a_later_setting_at_its_old_value_is_left_out_and_counts_otherwise():
     assert set(ADDED_LATER) >= {"tf32", "*.text_token_budget"}
     base = stage_identities(cfg, "corpus-fp")
     for change, first in (("tf32=true", "retrieve"), ("verifier.text_token_budget=512", "verify"),
-                          ("verifier.attention=sdpa", "verify"), ("scorer.encoder.text_token_budget=1024", "score")):
+                          ("verifier.attention=sdpa", "verify"), ("scorer.encoder.text_token_budget=1024", "score"),
+                          ("verifier.long_captions=sentence_min", "score")):
         other = stage_identities(load_config("headline", [*BASE, change]).resolved(), "corpus-fp")
         moved = [s for s in base if base[s] != other[s]]
         assert moved and moved[0] == first, (change, moved)

@@ -277,6 +277,7 @@ def test_every_setting_changes_the_identity_or_nothing(world):
     assert checked["benchmarks.demo.corpus"] == "retrieve"
     assert checked["captioner.checkpoint"] == "none" and checked["captioner.beam_width"] == "caption"
     assert checked["verifier.keep"] == "verify" and checked["eval.clipscore.model"] == "score"
+    assert checked["verifier.long_captions"] == "score", checked  # the candidates' judge, not stage 2's
     assert checked["captioner.batch_size"] == "none" and checked["captioner.compile"] == "none", checked
     assert checked["captioner.rows"] == "none" and checked["captioner.compile_cache"] == "none", checked
     assert checked["paths.cache_dir"] == "retrieve"  # the image root counts by its path (its files are the ids)

@@ -127,7 +127,7 @@ def test_judge_windows_and_cut_counts(tmp_path):
     blip = VerifierCfg(family="blip_itm", model=str(tmp_path / "bert"))
     assert window(blip)[0] == 35
     assert cut_count([short, long, long], blip) | {"how": ""} == {"judge": "blip_itm", "window": 35, "how": "",
-                                                               "candidates": 3, "cut": 2}
+                                                               "long_captions": "whole", "candidates": 3, "cut": 2}
     clip = VerifierCfg(family="clip", model="ViT-B-32", pretrained="openai")
     assert window(clip)[0] == 77
     assert cut_count([short, long], clip)["cut"] == 1  # 73 words + start and end > 77
@@ -170,3 +170,34 @@ def test_lvlm_chair_on_the_demo_world_end_to_end(demo_cfg, tmp_path):
     assert sorted(doc["sample_ids"]) == ["test"] and len(doc["sample_ids"]["test"]) == 4
     md = (runs / "reproduce" / "lvlm-chair-demo.md").read_text()
     assert "detail: greedy" in md and "short: beam, ensemble heads (fit on val)" in md
+
+
+@pytest.mark.parametrize("hostile", ["prompt", "max_new_tokens", "checkpoint"])
+def test_a_hostile_vlm_setting_is_one_line_before_ray_starts(tmp_path, monkeypatch, hostile):
+    """`adjcap run-job coco` with each hostile setting of the issue: exit 2, one error line naming the
+    setting, and Ray never started (its session replaced by a failure here)."""
+    from transformers import GPT2Config
+    from typer.testing import CliRunner
+
+    from adjcap.cli import app
+    from adjcap.demo.tiny_vlm import build_tiny_vlm
+    from adjcap.jobs import run
+
+    def no_ray(*a, **k):
+        raise AssertionError("Ray started")
+
+    monkeypatch.setattr(run, "ray_session", no_ray)
+    llava = build_tiny_vlm(tmp_path / "llava", "llava", ["a dog on a bench."], seed=1)
+    GPT2Config(n_layer=1, n_embd=8, n_head=2).save_pretrained(tmp_path / "gpt2")
+    sets = {"prompt": [f"captioner.vlm.model={llava}", "captioner.vlm.chat_template=false",
+                       "captioner.vlm.prompt=USER: describe it. ASSISTANT:"],
+            "max_new_tokens": [f"captioner.vlm.model={llava}", "captioner.vlm.max_new_tokens=0"],
+            "checkpoint": [f"captioner.vlm.model={tmp_path / 'gpt2'}"]}[hostile]
+    args = ["run-job", "coco", "--run-dir", str(tmp_path / "run"), "--set", "captioner.family=vlm",
+            "--set", f"paths.cache_dir={tmp_path / 'cache'}", "--set", f"paths.data_dir={tmp_path / 'data'}"]
+    res = CliRunner().invoke(app, [*args, *(x for s in sets for x in ("--set", s))])
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert res.exit_code == 2 and len(lines) == 1 and "Ray started" not in res.output, res.output
+    said = {"prompt": "captioner.vlm.prompt", "max_new_tokens": "captioner.vlm.max_new_tokens",
+            "checkpoint": "not an image-text-to-text model"}[hostile]
+    assert said in lines[0], lines[0]

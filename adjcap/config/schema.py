@@ -111,6 +111,11 @@ class VerifierCfg(_Strict):
     )
     keep: int = Field(5, gt=0, description="k: verified captions kept out of the L retrieved")
     max_text_tokens: int = Field(35, gt=0, description="LAVIS truncates ITM text at 35 tokens")
+    long_captions: Literal["whole", "sentence_min", "sentence_mean"] = Field(
+        "whole", description="how the judge reads a candidate (stage 4; stage 2 reads the corpus captions whole): "
+        "whole (one caption, cut at the judge's window) or sentence_min / sentence_mean (each sentence judged "
+        "alone, the candidate scored by the least / the mean of its sentences; a sentence ends at . ! ? before "
+        "white space or at a line break; a candidate of one sentence is judged as whole)")
     precision: Precision = Field("fp32", description="fp32 as the paper; root `precision` overrides")
     batch_size: int = Field(16, gt=0, description="images per verifier call")
     text_token_budget: int = Field(
