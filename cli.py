@@ -11,10 +11,10 @@ from typing import Any, Callable, List, Optional
 
 import typer
 
-from adjcap import numerics
+from adjcap.machine import numerics
 from adjcap.config import Config, ConfigError, config_data, list_presets, validate_config
 from adjcap.jobs.failures import ImagesFailed
-from adjcap.rundir import RunDir
+from adjcap.storage.rundir import RunDir
 
 app = typer.Typer(
     help="Adjudicated Captioning: Ray-distributed batch evaluation of zero-shot image captioning.",
@@ -37,7 +37,7 @@ LOG = typer.Option(None, "--log", help="log the finished run to an experiment tr
 
 def _version(value: bool) -> None:
     if value:
-        from adjcap.provenance import version_text
+        from adjcap.storage.provenance import version_text
 
         typer.echo(version_text())
         raise typer.Exit()
@@ -58,7 +58,7 @@ def _typed(**updates: Any) -> dict[str, Any]:
 def _cfg(preset: str | None, sets: Optional[List[str]], config_file: Optional[Path],
          updates: dict[str, Any] | None = None, computes: bool = True) -> Config:
     """The command's config, resolved once here. A command that ``computes`` with portable numerics
-    starts again with them when run as the ``adjcap`` program (adjcap.numerics.enter), before the
+    starts again with them when run as the ``adjcap`` program (adjcap.machine.numerics.enter), before the
     config is validated; commands import their jobs after this call, so torch is imported once."""
     try:
         data = config_data(None if config_file else preset, list(sets or []), config_file, updates=updates)
@@ -95,10 +95,10 @@ def _no_space(e: BaseException) -> str | None:
 
 def _gpu_failure(e: BaseException) -> str | None:
     """A GPU failure in a pool (out of memory at one image, a CUDA error), however Ray wrapped it, as
-    its one line (adjcap.gpu_errors)."""
+    its one line (adjcap.engine.gpu_errors)."""
     if "torch" not in sys.modules:  # nothing ran on a GPU
         return None
-    from adjcap import gpu_errors
+    from adjcap.engine import gpu_errors
 
     found = gpu_errors.find(e)
     return None if found is None else str(found)
@@ -369,7 +369,7 @@ def lavis_env_cmd(
     force: bool = typer.Option(False, "--force", help="rebuild even when it is built"),
 ):
     """Build the isolated salesforce-lavis environment of verifier.backend=lavis (under {cache}/envs)."""
-    from adjcap import lavis_env
+    from adjcap.models import lavis_env
 
     cfg = _cfg(preset, sets, None)
     _run(lambda: typer.echo(lavis_env.build(cfg.cache_dir, force=force)))
@@ -379,7 +379,7 @@ def lavis_env_cmd(
 def doctor(preset: str = PRESET, sets: Optional[List[str]] = SET):
     """Check everything the preset needs here (weights, data, NLTK data, Java, SPICE jars when it scores
     SPICE, the memory plan); exit 1 when something is missing."""
-    from adjcap.doctor import diagnose
+    from adjcap.machine.doctor import diagnose
     from adjcap.jobs.preflight import memory_problem
 
     cfg = _cfg(preset, sets, None, computes=False).resolved()

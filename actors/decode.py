@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from adjcap.actors.progress import StageMeter
 from adjcap.engine.decode_task import decode_table
-from adjcap.pixel_prep import PixelPrep
+from adjcap.engine.pixel_prep import PixelPrep
 
 
 @functools.cache

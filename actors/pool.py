@@ -10,9 +10,9 @@ from typing import Any
 
 import ray
 
-from adjcap import gpu_errors, pools, stage_registry
+from adjcap.engine import gpu_errors, pools, stage_registry
 from adjcap.actors.progress import StageMeter
-from adjcap.batch_sink import Sink
+from adjcap.engine.batch_sink import Sink
 from adjcap.config import Config
 from adjcap.engine.pool_batch import PoolBatch
 from adjcap.engine.transport import Keep

@@ -63,7 +63,7 @@ class StageMeter:
 
     @contextlib.contextmanager
     def batch(self, states: Sequence[Any]) -> Iterator[None]:
-        """Around one stage call on ``states`` (:class:`adjcap.image_state.ImageState`): every image counts
+        """Around one stage call on ``states`` (:class:`adjcap.engine.image_state.ImageState`): every image counts
         as processed, those whose ``error`` the stage set as failed."""
         ok_before = [s.error is None for s in states]
         t = time.perf_counter()

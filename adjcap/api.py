@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from adjcap.config import Config, load_config
-from adjcap.rundir import RunDir
+from adjcap.storage.rundir import RunDir
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     import pandas

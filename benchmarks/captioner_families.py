@@ -24,11 +24,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from adjcap import image_state, stage_registry  # noqa: E402
+from adjcap.engine import image_state, stage_registry  # noqa: E402
 from adjcap.config import load_config  # noqa: E402
 from adjcap.data.candidates import write_candidates  # noqa: E402
-from adjcap.run_plan import read_records  # noqa: E402
-from adjcap.pipeline import load_models  # noqa: E402
+from adjcap.engine.run_plan import read_records  # noqa: E402
+from adjcap.engine.pipeline import load_models  # noqa: E402
 
 
 def _states(cfg, records):

@@ -1,6 +1,6 @@
 """The rooms a job's pool planning walks through (issue 45, "the walk of the configuration from the job's
 entry"): the calls `adjcap run-job` makes to plan its pools, from the preflight through the run plan to
-the feature job's checks and layout (adjcap/pools.py, adjcap/cluster_plan.py, jobs/ray_session.py,
+the feature job's checks and layout (adjcap/engine/pools.py, adjcap/engine/cluster_plan.py, jobs/ray_session.py,
 jobs/preflight.py, jobs/extract_features.py), with Ray's answers given (a 16-CPU node, no GPU; the demo
 preset split). A room entry is a call into a function of another room than the last call's; a return
 to a room counts again.
@@ -17,7 +17,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-ROOMS = ("adjcap/pools.py", "adjcap/cluster_plan.py", "jobs/ray_session.py", "adjcap/run_plan.py",
+ROOMS = ("adjcap/engine/pools.py", "adjcap/engine/cluster_plan.py", "jobs/ray_session.py", "adjcap/engine/run_plan.py",
          "jobs/preflight.py", "jobs/extract_features.py")
 GiB = 2**30
 
@@ -26,7 +26,7 @@ def walk() -> list[str]:
     """The rooms, in the order the job's pool planning enters them."""
     import ray
 
-    from adjcap.cluster_plan import NodeType, PoolPlan
+    from adjcap.engine.cluster_plan import NodeType, PoolPlan
     from adjcap.config import load_config
     from adjcap.jobs import extract_features, preflight, ray_session
 

@@ -17,7 +17,7 @@ dispatch audit), and whether every image's beams equal those it gets decoded alo
 ``--compile-cache`` compiles the beam step (inductor; on a CPU through the C compiler) in a fresh
 process twice with the same ``captioner.compile_cache`` directory and reports the two compile times.
 
-``--audit`` runs the fast beam search under :class:`adjcap.dispatch_audit.DispatchAudit` at the
+``--audit`` runs the fast beam search under :class:`adjcap.models.dispatch_audit.DispatchAudit` at the
 demo's shape (the demo world's tiny IFCap when ``ADJCAP_TEST_WORLD`` or ``--world`` points at one,
 else a freshly built tiny model; beam 20, max_len 20, batch 8) and at the real shape (GPT-2 small +
 the released mapping-network sizes, random weights, ``--audit-real-steps`` steps) and reports
@@ -47,8 +47,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from adjcap.dispatch_audit import audit_decode  # noqa: E402
-from adjcap.decoding import beam_search_fast, beam_search_reference, greedy_fast, greedy_reference  # noqa: E402
+from adjcap.models.dispatch_audit import audit_decode  # noqa: E402
+from adjcap.models.decoding import beam_search_fast, beam_search_reference, greedy_fast, greedy_reference  # noqa: E402
 from adjcap.demo.tiny_ifcap import build_tiny_ifcap, captioner_like_init, train_gpt2_tokenizer  # noqa: E402
 from adjcap.models.ifcap import ClipCaptionModel, IFCapCaptioner, MappingDims, gpt2_config, load_ifcap  # noqa: E402
 
@@ -235,7 +235,7 @@ def _old_fast(rev: str):
     import subprocess
 
     root = Path(__file__).resolve().parents[1]
-    src = subprocess.run(["git", "show", f"{rev}:adjcap/decoding.py"], cwd=root, check=True, capture_output=True,
+    src = subprocess.run(["git", "show", f"{rev}:adjcap/models/decoding.py"], cwd=root, check=True, capture_output=True,
                          text=True).stdout
     path = Path(tempfile.mkdtemp()) / f"decoding_{rev}.py"
     path.write_text(src)
@@ -322,7 +322,7 @@ def rows_probe(cap: IFCapCaptioner, device: torch.device, slots: Sequence[int], 
 _COMPILE_CHILD = """
 import json, os, sys, time, torch
 sys.path.insert(0, {root!r})
-from adjcap import decoding
+from adjcap.models import decoding
 from benchmarks.decoding import real_captioner, make_prompts, tiny_captioner
 decoding.use_compile_cache({cache!r})
 torch.manual_seed(0)

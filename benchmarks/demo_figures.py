@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from adjcap.demo import figures  # noqa: E402
-from adjcap.io import atomic_write_bytes  # noqa: E402
+from adjcap.storage.io import atomic_write_bytes  # noqa: E402
 
 
 def _differences(got: dict, want: dict, prefix: str = "") -> list[str]:

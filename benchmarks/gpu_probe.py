@@ -232,7 +232,7 @@ def job_config(args, ctx, variant: str, sets: tuple[str, ...] = (), data: dict |
 
 def image_states(cfg, paths: list[Path]) -> list:
     """Decoded states of ``paths`` with their pixels prepared as the Ray job's decode tasks do."""
-    from adjcap import image_state, stage_registry
+    from adjcap.engine import image_state, stage_registry
 
     preps, known = stage_registry.pixel_preps(cfg, stage_registry.names())
     states = []
@@ -304,9 +304,9 @@ def assets(args, ctx) -> dict:
 
 @section
 def stages(args, ctx) -> dict:
-    from adjcap import stage_registry
+    from adjcap.engine import stage_registry
     from adjcap.models.precision import set_tf32
-    from adjcap.pipeline import load_models
+    from adjcap.engine.pipeline import load_models
     from benchmarks.realsize import outputs, parity
 
     out = {}
@@ -424,7 +424,7 @@ def ray_job(args, ctx) -> dict:
 
 @section
 def decode(args, ctx) -> dict:
-    from adjcap.decoding import beam_search_fast
+    from adjcap.models.decoding import beam_search_fast
     from benchmarks.decoding import demo_captioner, make_prompts, real_captioner
 
     dev = torch.device(args.device)
@@ -536,8 +536,8 @@ def index(args, ctx) -> dict:
 def capture(args, ctx) -> dict:
     """The fast beam with its step eager and under torch.compile, passed as the loaded captioner passes it
     (``captioner.compile``: ``beam_search_fast(step=)``), nothing patched."""
-    from adjcap import decoding
-    from adjcap.decoding import beam_search_fast
+    from adjcap.models import decoding
+    from adjcap.models.decoding import beam_search_fast
     from benchmarks.decoding import demo_captioner, make_prompts, real_captioner
 
     dev = torch.device(args.device)

@@ -8,7 +8,7 @@ The paper's way (the pipeline done naively):
 * IFCap's own beam search (``captioner.search = "reference"``: no KV cache, as IFCap's official code);
 * open_clip's text tower over the full 77-token context for the candidates of stage 4.
 
-Both ways run adjcap's own stage functions (:mod:`adjcap.stages`), so what each stage writes is the same
+Both ways run adjcap's own stage functions (:mod:`adjcap.engine.stages`), so what each stage writes is the same
 code; only the computation differs: the paper's way hands them the adapters below. :func:`side_by_side`
 runs each stage both ways on identical inputs (the states before the stage, copied), times both, compares
 the outputs, and goes on from adjcap's. Used by ``benchmarks/realsize.py --mode side-by-side`` (real-size
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from adjcap import image_state, stages
+from adjcap.engine import image_state, stages
 
 STAGES = ("retrieve", "verify", "caption", "score")
 
@@ -45,7 +45,7 @@ class _Images:
 
 
 class PairwiseITM:
-    """A verifier with the interface :mod:`adjcap.stages` calls, computing the paper's way: the whole
+    """A verifier with the interface :mod:`adjcap.engine.stages` calls, computing the paper's way: the whole
     ``BlipForImageTextRetrieval`` forward for every (image, caption) pair, captions padded to
     ``max_text_tokens``. Same weights, tokenizer and image processor as ``verifier``."""
 

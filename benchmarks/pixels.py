@@ -31,10 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from adjcap.engine.transport import pack, unpack  # noqa: E402
 from adjcap.data.images import decode_image  # noqa: E402
-from adjcap.image_state import ImageState  # noqa: E402
+from adjcap.engine.image_state import ImageState  # noqa: E402
 from adjcap.models.blip_lavis import LavisEvalTransform  # noqa: E402
 from adjcap.models.pixels import normalized, stacked  # noqa: E402
-from adjcap.pixel_prep import PixelPrep  # noqa: E402
+from adjcap.engine.pixel_prep import PixelPrep  # noqa: E402
 
 MEAN, STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
 

@@ -1,4 +1,4 @@
-"""Split and fused pools on the demo (adjcap.pools): the same feature job with ``ray.pools=split`` and
+"""Split and fused pools on the demo (adjcap.engine.pools): the same feature job with ``ray.pools=split`` and
 ``ray.pools=fused``, each in a subprocess with its own embedded local Ray.
 
     python benchmarks/pools.py --limit 20 --workers 1 --json benchmarks/results/pools.json
@@ -109,7 +109,7 @@ def main() -> None:
     args = ap.parse_args()
     from adjcap.config import load_config
     from adjcap.jobs.demo import prepare
-    from adjcap.pipeline import load_models
+    from adjcap.engine.pipeline import load_models
 
     out = Path(tempfile.mkdtemp(prefix="adjcap-pools-"))
     cache = args.cache or out / "cache"

@@ -28,13 +28,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from adjcap.config import load_config  # noqa: E402
-from adjcap.features import rows_to_table  # noqa: E402
+from adjcap.engine.features import rows_to_table  # noqa: E402
 from adjcap.metrics.bootstrap import paired_bootstrap, resample_indices, statistic_matrices  # noqa: E402
 from adjcap.metrics.evaluate import Evaluator  # noqa: E402
-from adjcap.pipeline import run_pipeline  # noqa: E402
+from adjcap.engine.pipeline import run_pipeline  # noqa: E402
 from adjcap.rerank import applicable_pickers, load_features, pick, run_protocol  # noqa: E402
 from adjcap.jobs.demo import on_demo_world, prepare  # noqa: E402
-from adjcap.run_plan import read_records  # noqa: E402
+from adjcap.engine.run_plan import read_records  # noqa: E402
 
 
 def extract(cfg, records) -> tuple[dict, float]:

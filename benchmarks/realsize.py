@@ -483,16 +483,16 @@ class PoolMemory(threading.Thread):
 
 def estimated_bytes(cfg) -> int:
     """All four pools at once (the loaders build open_clip models in fp32, then cast) + Ray itself."""
-    from adjcap.pools import pool_budget
+    from adjcap.engine.pools import pool_budget
 
     b = pool_budget(cfg, gpu=False)
     return sum(b[p]["bytes"] for p in ("retriever", "verifier", "captioner", "scorer")) + (3 << 30)
 
 
 def ray_refuses(cfg, avail: int) -> str | None:
-    """The job's own up-front check (adjcap.cluster_plan.pool_plan) against the local Ray this machine
+    """The job's own up-front check (adjcap.engine.cluster_plan.pool_plan) against the local Ray this machine
     would start: its ``memory`` resource is what is available less the object store (30% by default)."""
-    from adjcap.cluster_plan import ResourceError, pool_plan
+    from adjcap.engine.cluster_plan import ResourceError, pool_plan
 
     try:
         pool_plan(cfg, {"CPU": float(os.cpu_count() or 1), "memory": 0.7 * avail})
@@ -547,7 +547,7 @@ def run_ray(sets: list[str], run_dir: Path, env: dict, preset: str = "headline",
     for line in out.splitlines():
         if line.startswith(("features ", "throughput", "index: ")):
             print("   ", line)
-    from adjcap.rundir import RunDir
+    from adjcap.storage.rundir import RunDir
 
     rows = RunDir(run_dir).read_features("realsize", "test").to_pylist()
     figures["errors"] = [r["error"] for r in rows if r["error"]]
@@ -594,7 +594,7 @@ def parity(a: list[dict], b: list[dict]) -> dict:
 def decoded_states(cfg, n_images: int, prepare: bool) -> tuple[list, float]:
     """The first ``n_images`` test images decoded into states, and with ``prepare`` their pixels made as
     the Ray job's decode tasks make them (the stages then read no image); with the CPU-s per image."""
-    from adjcap import image_state, stage_registry
+    from adjcap.engine import image_state, stage_registry
 
     recs = test_records(cfg)[:n_images]
     preps, known = stage_registry.pixel_preps(cfg, stage_registry.names()) if prepare else ((), False)
@@ -610,7 +610,7 @@ def decoded_states(cfg, n_images: int, prepare: bool) -> tuple[list, float]:
 
 def run_stages(cfg, n_images: int) -> dict:
     """One pool's models at a time, in this process: seconds per image per stage, RSS per pool."""
-    from adjcap import stages
+    from adjcap.engine import stages
     from adjcap.data.corpus import load_corpus
     from adjcap.index import CaptionIndex
     from adjcap.models.roles import load_captioner, load_retrieval_encoder, load_verifier

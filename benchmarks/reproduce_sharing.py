@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from adjcap.stage_registry import names as stage_names  # noqa: E402
+from adjcap.engine.stage_registry import names as stage_names  # noqa: E402
 from adjcap.jobs import reproduce  # noqa: E402
 
 

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from adjcap.config import MemAttendCfg, RerankCfg, TriFuseCfg  # noqa: E402
-from adjcap.features import rows_to_table  # noqa: E402
+from adjcap.engine.features import rows_to_table  # noqa: E402
 from adjcap.rerank import (  # noqa: E402
     Heads,
     agreement,

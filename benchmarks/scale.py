@@ -109,7 +109,7 @@ def widen_encoder(src: Path, out: Path) -> Path:
     import torch
     from safetensors.torch import load_file, save
 
-    from adjcap.io import atomic_write_bytes, atomic_write_json
+    from adjcap.storage.io import atomic_write_bytes, atomic_write_json
 
     weights = out / "open_clip_model.safetensors"
     if weights.is_file():
@@ -278,7 +278,7 @@ def run_phase(name: str, args: list[str], env: dict, watch: list[Path], count: i
 
 
 def count_rows(run_dir: Path) -> tuple[int, int]:
-    from adjcap.rundir import RunDir
+    from adjcap.storage.rundir import RunDir
 
     rows, unique = 0, set()
     for split in ("test", "val"):

@@ -5,7 +5,7 @@
                                            # ViT-bigG-14 retrieval, BLIP ITM large, IFCap (GPT-2 +
                                            # mapping net) with a ViT-B-32, a 566,747 x 1280 fp16 index
 
-Calls the same stage functions as the Ray actors (adjcap.stages) on batches of decoded images and
+Calls the same stage functions as the Ray actors (adjcap.engine.stages) on batches of decoded images and
 prints images/s per stage (captions/s for the corpus encode). Not a test: nothing is asserted.
 """
 
@@ -22,13 +22,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from adjcap import image_state  # noqa: E402
-from adjcap import stages  # noqa: E402
+from adjcap.engine import image_state  # noqa: E402
+from adjcap.engine import stages  # noqa: E402
 from adjcap.config import load_config  # noqa: E402
 from adjcap.models.clip import padded_token_fraction  # noqa: E402
 from adjcap.models.roles import CaptionerRole, ScorerRole  # noqa: E402
-from adjcap.pipeline import Models, load_models  # noqa: E402
-from adjcap.stage_registry import SearchIndex  # noqa: E402
+from adjcap.engine.pipeline import Models, load_models  # noqa: E402
+from adjcap.engine.stage_registry import SearchIndex  # noqa: E402
 
 
 def _sync() -> None:
@@ -73,7 +73,7 @@ def bench_stages(label: str, models: Models, cfg, states_factory, n_images: int,
 
 def tiny(args) -> None:
     from adjcap.jobs.demo import prepare
-    from adjcap.run_plan import read_records
+    from adjcap.engine.run_plan import read_records
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load_config("demo", [f"paths.cache_dir={args.cache or tmp}", "device=cpu",
@@ -106,10 +106,10 @@ def tiny(args) -> None:
 
 
 def host_reads_per_batch(models: Models, cfg, states_factory, batch: int) -> None:
-    """Host reads (adjcap.dispatch_audit) of one batch of each stage, and of a batch of a third of the
+    """Host reads (adjcap.models.dispatch_audit) of one batch of each stage, and of a batch of a third of the
     size: equal counts mean reads per batch, not per image."""
-    from adjcap import stage_registry
-    from adjcap.dispatch_audit import DispatchAudit
+    from adjcap.engine import stage_registry
+    from adjcap.models.dispatch_audit import DispatchAudit
 
     counts = {}
     for n in (max(1, batch // 3), batch):

@@ -30,10 +30,10 @@ if str(ROOT) not in sys.path:
 
 import pyarrow as pa  # noqa: E402
 
-from adjcap import stage_registry  # noqa: E402
+from adjcap.engine import stage_registry  # noqa: E402
 from adjcap.engine import transport  # noqa: E402
 from adjcap.config import load_config  # noqa: E402
-from adjcap.cluster_plan import PoolPlan  # noqa: E402
+from adjcap.engine.cluster_plan import PoolPlan  # noqa: E402
 from adjcap.engine.executor import decode_pixels  # noqa: E402
 from adjcap.jobs.extract_features import pools  # noqa: E402
 
@@ -51,8 +51,8 @@ def split(cfg):
 def demo(n: int, cache: str) -> list[dict]:
     from adjcap.actors.decode import decode_batch
     from adjcap.jobs.demo import prepare
-    from adjcap.pipeline import load_models
-    from adjcap.run_plan import read_records
+    from adjcap.engine.pipeline import load_models
+    from adjcap.engine.run_plan import read_records
 
     cfg = load_config("demo", [f"paths.cache_dir={cache}", "device=cpu"])
     prepare(cfg)

@@ -10,7 +10,7 @@
 * ``docs/reference/cli.md``: every command and option of the Typer app ``adjcap.cli.app``, rendered by
   Typer's own Markdown writer (what ``typer adjcap.cli utils docs`` prints);
 * the marked blocks of hand-written pages (``BLOCKS``): the run directory's layout in
-  ``docs/guide/run-directory.md``, from ``adjcap.rundir``'s docstring.
+  ``docs/guide/run-directory.md``, from ``adjcap.storage.rundir``'s docstring.
 
 Docs tooling only: nothing in the library imports this file. ``tests/test_docs.py`` checks that the
 committed pages equal a fresh generation.
@@ -363,10 +363,10 @@ def cli_reference() -> str:
 
 
 def run_directory_layout() -> str:
-    """The layout block of ``adjcap.rundir``'s docstring (the module that owns every path of a run)."""
-    import adjcap.rundir
+    """The layout block of ``adjcap.storage.rundir``'s docstring (the module that owns every path of a run)."""
+    import adjcap.storage.rundir
 
-    doc = inspect.cleandoc(adjcap.rundir.__doc__)
+    doc = inspect.cleandoc(adjcap.storage.rundir.__doc__)
     literal = doc.split("::", 1)[1].split("\n\n", 2)[1]  # the indented block after "::"
     return "```\n" + "\n".join(_fit_layout(textwrap.dedent(literal).strip("\n").splitlines())) + "\n```"
 

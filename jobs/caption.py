@@ -18,7 +18,7 @@ from adjcap.config import Config
 from adjcap.data.layouts.folder import scan_folder
 from adjcap.rerank import get_picker, load_heads, picker_names, run_protocol
 from adjcap.report.captions import caption_records, write_gallery, write_jsonl
-from adjcap.rundir import RunDir
+from adjcap.storage.rundir import RunDir
 from adjcap.jobs import demo, failures, run
 
 FOLDER_BENCHMARK = "folder"

@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from adjcap import lavis_env
+from adjcap.models import lavis_env
 from adjcap.config import Config, load_config
 from adjcap.demo.tiny import QUALITY, build_tiny_world
 from adjcap.demo.tiny_judges import JUDGE_DIRS, build_tiny_judge, judge_config, judge_ready
@@ -17,7 +17,7 @@ from adjcap.demo.tiny_lavis import build_tiny_lavis
 from adjcap.demo.train_hf_captioner import FOLDER as TINY_CAPTIONER, ensure_tiny_captioner
 from adjcap.demo.tiny_vlm import FOLDER as TINY_VLM, ensure_tiny_vlm
 from adjcap.demo.world import build_demo_world, demo_corpus_texts
-from adjcap.rundir import RunDir
+from adjcap.storage.rundir import RunDir
 from adjcap.jobs import run
 
 

@@ -14,7 +14,7 @@ import ray
 from ray.data import ActorPoolStrategy
 
 from adjcap.actors.encoder import CorpusEncoderActor
-from adjcap.cluster_plan import PoolPlan
+from adjcap.engine.cluster_plan import PoolPlan
 from adjcap.config import Config
 from adjcap.data.corpus import Corpus
 from adjcap.index import IndexPlan, benchmark_corpus, ensure_index

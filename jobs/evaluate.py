@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from adjcap import samples
+from adjcap.storage import samples
 from adjcap.config import Config, EvalCfg
 from adjcap.metrics.evaluate import evaluate_predictions, format_table
 from adjcap.metrics.run_metrics import evaluate_run
 from adjcap.report import write_report
 from adjcap.report.compare import compare as compare_runs, to_text
-from adjcap.rundir import RunDir
+from adjcap.storage.rundir import RunDir
 from adjcap.jobs.provenance_record import note_step
 
 
@@ -39,7 +39,7 @@ def write_samples(cfg: Config, run: RunDir, records: Mapping | None = None) -> P
     """``samples.parquet`` and ``samples.md`` of a run (``cfg`` resolved); ``records``: the benchmark's
     records as the job read them (their image paths), default: read again (none when unreadable)."""
     if records is None:
-        from adjcap.run_plan import read_records
+        from adjcap.engine.run_plan import read_records
 
         try:
             records = read_records(cfg)

@@ -1,7 +1,7 @@
 """Feature extraction, the Ray part of the main job: records -> image decode (CPU tasks) -> the stage
 pools (retriever -> verifier -> captioner -> scorer, or one fused pool, as the run plan lays them out:
-``RunPlan.pools``, :class:`adjcap.cluster_plan.PoolPlan`) -> Parquet
-feature parts in the run directory, written by the last pool's actors (:mod:`adjcap.batch_sink`); the
+``RunPlan.pools``, :class:`adjcap.engine.cluster_plan.PoolPlan`) -> Parquet
+feature parts in the run directory, written by the last pool's actors (:mod:`adjcap.engine.batch_sink`); the
 driver gets back only each image's id, split, error and computed stages (docs/architecture.md, "Data
 flow of one image"). Images that need no model (every stage stored, or refused by the reader) never
 enter Ray: the driver writes them.
@@ -15,20 +15,20 @@ import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
-from adjcap import stage_registry
+from adjcap.engine import stage_registry
 from adjcap.engine import executor as engine
 from adjcap.engine import transport
 from adjcap.engine.executor import Executor, PoolRun
 from adjcap.actors.pool import actor_class
-from adjcap.batch_sink import Sink, count_done
-from adjcap.cluster_plan import PoolPlan
+from adjcap.engine.batch_sink import Sink, count_done
+from adjcap.engine.cluster_plan import PoolPlan
 from adjcap.data.records import Record
-from adjcap.features import rows_to_table
+from adjcap.engine.features import rows_to_table
 from adjcap.data.corpora import exposure
-from adjcap.rundir import RunDir
-from adjcap.run_plan import RunPlan
-from adjcap.stage_cache import apply_outputs
-from adjcap.image_state import ImageState, decode_state
+from adjcap.storage.rundir import RunDir
+from adjcap.engine.run_plan import RunPlan
+from adjcap.engine.stage_cache import apply_outputs
+from adjcap.engine.image_state import ImageState, decode_state
 from adjcap.jobs.driver_threads import ThreadCPU
 from adjcap.jobs.failures import FailureWatch
 from adjcap.jobs.progress_display import tracked
@@ -38,7 +38,7 @@ from adjcap.jobs.ray_session import check_pools, has_gpus
 
 def pools(plan: PoolPlan, first: int = 0, gpu: bool = False) -> list[PoolRun]:
     """The pools images stream through from stage index ``first`` on, in order, as the run plan lays
-    them out (:class:`adjcap.cluster_plan.PoolPlan`: split or fused, a family's isolated environment and
+    them out (:class:`adjcap.engine.cluster_plan.PoolPlan`: split or fused, a family's isolated environment and
     its part of a later stage included); each pool's output carries only what the pools after it read."""
     layout = plan.layout(gpu, first)
     out = []
@@ -68,7 +68,7 @@ def extract_features(plan: RunPlan, resume: bool = True, stage_stats: dict | Non
     config, corpus, stage identities). Returns {split: {images, skipped, done, failed}}.
 
     With ``cache.share_stages`` every image starts from its deepest stage prefix stored in the stage
-    cache (:mod:`adjcap.stage_cache`): an image with every stage stored is written without any
+    cache (:mod:`adjcap.engine.stage_cache`): an image with every stage stored is written without any
     model, the pools of stages no image needs are not started, and new stage outputs are stored.
     Stops (:class:`adjcap.jobs.failures.TooManyFailures`, what was written kept) once more than
     ``ray.max_failed_share`` of the images back failed. ``stage_stats`` (when given) receives

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from adjcap.data.records import Record
-from adjcap.rundir import RunDir
+from adjcap.storage.rundir import RunDir
 
 EXIT_FAILED_IMAGES = 65  # EX_DATAERR (sysexits.h): the input data was incorrect
 CHECK_AFTER = 32  # images back before the share is first checked (fewer in a smaller job: when all are)
@@ -60,7 +60,7 @@ class FailureWatch:
             self.check()
 
     def add_table(self, table: pa.Table) -> None:
-        """A batch as :func:`adjcap.batch_sink.done_columns` reports it."""
+        """A batch as :func:`adjcap.engine.batch_sink.done_columns` reports it."""
         import pyarrow.compute as pc
 
         errors = table.column("error")

@@ -27,11 +27,11 @@ import ray
 import torch
 
 from adjcap.config import Config, load_config
-from adjcap.identity import feature_identity
+from adjcap.engine.identity import feature_identity
 from adjcap.rerank import (Heads, applicability, fit_device, get_picker, load_features, load_heads, pick, run_protocol,
                            save_heads)
-from adjcap.rundir import RunDir
-from adjcap.tracking import log_run, parse_log_specs
+from adjcap.storage.rundir import RunDir
+from adjcap.report.tracking import log_run, parse_log_specs
 from adjcap.jobs.evaluate import write_samples
 from adjcap.jobs.provenance_record import note_step
 from adjcap.jobs.ray_session import has_gpus

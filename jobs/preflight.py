@@ -1,6 +1,6 @@
 """Before a job starts Ray or writes anything: are the config's weights, data and NLTK data here
-(:mod:`adjcap.needs`), Java too when the job evaluates, and does one actor of every pool fit in the memory a local Ray would have
-(the run plan's pools, :class:`adjcap.cluster_plan.PoolPlan`)? A refusal is one line naming each missing thing,
+(:mod:`adjcap.machine.needs`), Java too when the job evaluates, and does one actor of every pool fit in the memory a local Ray would have
+(the run plan's pools, :class:`adjcap.engine.cluster_plan.PoolPlan`)? A refusal is one line naming each missing thing,
 the one ``adjcap prepare`` command that fetches it, and the memory shortfall; a candidates file
 (:mod:`adjcap.data.candidates`) and COCO instances files (:mod:`adjcap.metrics.chair`) are checked whole,
 their file and line named."""
@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import os
 
-from adjcap.accelerators import visible_gpus
+from adjcap.machine.accelerators import visible_gpus
 from adjcap.config import Config
-from adjcap.needs import Need, missing, needs_of, steps_for
+from adjcap.machine.needs import Need, missing, needs_of, steps_for
 from adjcap.prepare.steps import STEPS
-from adjcap.cluster_plan import PoolPlan, ResourceError
-from adjcap.lavis_env import LavisEnvError
+from adjcap.engine.cluster_plan import PoolPlan, ResourceError
+from adjcap.models.lavis_env import LavisEnvError
 
 # what a job cannot start without; one that evaluates also needs Java (the PTB tokenizer and METEOR of
 # every evaluation, SPICE's jars where it scores SPICE), checked here rather than after the features
@@ -48,12 +48,12 @@ smallest visible GPU's memory (``gpu_memory``)."""
 
 def memory_problem(cfg: Config) -> str | None:
     """Why the pools cannot be placed (``cfg`` resolved), or None: on a connected cluster against its node
-    types node by node (:func:`adjcap.cluster_plan.plan_cluster`), else against the local Ray this machine
+    types node by node (:func:`adjcap.engine.cluster_plan.plan_cluster`), else against the local Ray this machine
     would start. On an existing cluster not yet connected (``--address``) the job checks after connecting."""
     import ray
 
     try:
-        if ray.is_initialized():  # a connected cluster: its node types, node by node (adjcap.cluster_plan)
+        if ray.is_initialized():  # a connected cluster: its node types, node by node (adjcap.engine.cluster_plan)
             from adjcap.jobs.ray_session import cluster_facts
 
             PoolPlan.of(cfg).on_cluster(cluster_facts(cfg)[0])
@@ -85,9 +85,9 @@ def candidates_problem(cfg: Config) -> str | None:
     The LM judge and its tokenizer are weights: :func:`problems` names them when missing."""
     if cfg.captioner.family != "candidates":
         return None
-    from adjcap.captioners import candidates_table
+    from adjcap.engine.captioners import candidates_table
     from adjcap.data.candidates import CandidatesError, match_records
-    from adjcap.run_plan import read_records
+    from adjcap.engine.run_plan import read_records
 
     try:
         table = candidates_table(cfg.captioner)

@@ -1,4 +1,4 @@
-"""A job's provenance in its run directory (:mod:`adjcap.provenance` collects it): written when the
+"""A job's provenance in its run directory (:mod:`adjcap.storage.provenance` collects it): written when the
 job starts, the Ray cluster's nodes added once Ray is up (cheaply, from ``ray.nodes()``: no task runs
 on the nodes), completed - with the end time and how it ended - when the job stops."""
 
@@ -10,9 +10,9 @@ from typing import Any
 
 import ray
 
-from adjcap import provenance
-from adjcap.rundir import RunDir
-from adjcap.run_plan import RunPlan
+from adjcap.storage import provenance
+from adjcap.storage.rundir import RunDir
+from adjcap.engine.run_plan import RunPlan
 
 
 def cluster_nodes() -> list[dict[str, Any]]:

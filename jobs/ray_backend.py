@@ -12,10 +12,10 @@ import pyarrow as pa
 import ray
 from ray.data import ActorPoolStrategy, TaskPoolStrategy
 
-from adjcap import stage_registry
+from adjcap.engine import stage_registry
 from adjcap.actors.decode import decode_batch
 from adjcap.actors.index_task import put_index
-from adjcap.cluster_plan import PoolPlan
+from adjcap.engine.cluster_plan import PoolPlan
 from adjcap.config import Config
 from adjcap.engine.executor import Executor, Stream
 from adjcap.jobs.encode_corpus import index_for
@@ -36,7 +36,7 @@ class RayExecutor(Executor):
 
     def dataset(self, s: Stream):
         """decode -> the pools, as a Ray dataset: of packed states, or, with a sink, of what the last
-        pool's actors wrote (:func:`adjcap.batch_sink.done_columns`)."""
+        pool's actors wrote (:func:`adjcap.engine.batch_sink.done_columns`)."""
         cfg = s.cfg
         ds = ray.data.from_arrow(list(s.blocks()))
         # bounded: unbounded, Ray Data starts one decode process per free decode_cpus of the cluster (23 on

@@ -6,7 +6,7 @@ unless ``ray.dashboard_host`` says otherwise, the dashboard), and its auth token
 readable by its owner only (``~/.ray`` 0700, the token 0600).
 
 Beyond connecting, guarding and shutting down, it reads the connected cluster's facts (node types, the
-nodes up) as data for the run plan's pools (:class:`adjcap.cluster_plan.PoolPlan`, which plans) and asks
+nodes up) as data for the run plan's pools (:class:`adjcap.engine.cluster_plan.PoolPlan`, which plans) and asks
 an autoscaler for the nodes that plan needs; it plans nothing itself."""
 
 from __future__ import annotations
@@ -21,17 +21,17 @@ from typing import Iterator
 
 import ray
 
-from adjcap import numerics
-from adjcap.accelerators import rocm_visible_env
+from adjcap.machine import numerics
+from adjcap.machine.accelerators import rocm_visible_env
 from adjcap.config import Config
-from adjcap.cluster_plan import ClusterPlan, NodeType, PoolPlan, ResourceError, launcher_node_types, merge_up
+from adjcap.engine.cluster_plan import ClusterPlan, NodeType, PoolPlan, ResourceError, launcher_node_types, merge_up
 from adjcap.jobs.ray_guards import ClusterWatch, reap_with_driver
 
 # the directory the workers import this code from: the one holding the ``adjcap`` package (a checkout
-# or site-packages). Taken from adjcap/numerics.py, a real file in adjcap/, so resolving it
+# or site-packages). Taken from adjcap/machine/numerics.py, a real file in adjcap/, so resolving it
 # is safe; this file's path is not (in a checkout adjcap/jobs links to the repository's jobs/, whose
 # grandparent is the checkout's parent: docs/architecture.md, "One layout").
-ROOT = Path(numerics.__file__).resolve().parents[1]
+ROOT = Path(numerics.__file__).resolve().parents[2]
 LOOPBACK = "127.0.0.1"
 # Ray picks a loopback node IP (instead of the machine's address) when this is off; it is read
 # from the environment at `import ray`, so the module constant is set as well while a local Ray starts.
@@ -230,7 +230,7 @@ def check_pools(pools: PoolPlan, first: int = 0) -> dict[str, dict[str, float]]:
     return {p: dict(plan.actor[p]) for p in plan.pools}
 
 
-# --- the cluster's facts, as data for the run plan's pools (adjcap.cluster_plan) ------------------------------------------------
+# --- the cluster's facts, as data for the run plan's pools (adjcap.engine.cluster_plan) ------------------------------------------------
 
 BOOTSTRAP_CONFIG = "~/ray_bootstrap_config.yaml"  # where the cluster launcher puts its config on the head
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from adjcap.io import atomic_write_json, atomic_write_text
+from adjcap.storage.io import atomic_write_json, atomic_write_text
 from adjcap.report.collect import load_run
 from adjcap.report.page import table_page
 from adjcap.report.reproduced import RowResult, build_table, paired_intervals
@@ -22,8 +22,8 @@ from adjcap.report.seeds import reproduced_seeds_table
 from adjcap.report.tables import Table
 from adjcap.reproduce import TableDef, distinct_runs, get_table, plan_table
 from adjcap.reproduce.plan import DEMO, RowPlan
-from adjcap.rundir import RunDir
-from adjcap import stage_registry
+from adjcap.storage.rundir import RunDir
+from adjcap.engine import stage_registry
 from adjcap.jobs import preflight, run
 from adjcap.jobs.ray_session import ray_session
 
@@ -74,8 +74,8 @@ def long_candidates(runs: list, failed: dict) -> dict[str, Any]:
     """For rows captioned by a vision-language model: each run's candidates the judge cuts
     (:mod:`adjcap.models.judge_window`) and the images of a seeded sample (``sample``), per split."""
     from adjcap.models.judge_window import cut_count
-    from adjcap.run_plan import read_records
-    from adjcap.samples import candidates_of, read_samples
+    from adjcap.engine.run_plan import read_records
+    from adjcap.storage.samples import candidates_of, read_samples
 
     cut, sample = [], {}
     for p in runs:

@@ -1,5 +1,5 @@
 """The main job, ``adjcap run-job BENCHMARK``: extract features (Ray pools) -> fit and predict ->
-evaluate -> report, all in one run directory (:class:`adjcap.rundir.RunDir`)."""
+evaluate -> report, all in one run directory (:class:`adjcap.storage.rundir.RunDir`)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from adjcap.config import Config
-from adjcap.rundir import RunDir
-from adjcap.run_plan import RunPlan
-from adjcap.tracking import log_run, parse_log_specs
+from adjcap.storage.rundir import RunDir
+from adjcap.engine.run_plan import RunPlan
+from adjcap.report.tracking import log_run, parse_log_specs
 from adjcap.jobs import evaluate, failures, fit, preflight, extract_features
 from adjcap.jobs.provenance_record import recorded
 from adjcap.jobs.ray_session import ray_session
@@ -44,7 +44,7 @@ def plan_run(cfg: Config, rcfg: Config, run_dir: str | Path | RunDir | None = No
 def execute(plan: RunPlan, resume: bool = True, evaluate_after: bool = True, trackers: Sequence = (),
             summary: bool = True, heads_dir: str | Path | None = None, strict: bool = False) -> RunDir:
     """Run a planned job: features -> fit and predict -> evaluate -> report, in the plan's run directory.
-    ``trackers``: :func:`adjcap.tracking.parse_log_specs`' output; ``heads_dir``, ``strict``: as :func:`main`'s.
+    ``trackers``: :func:`adjcap.report.tracking.parse_log_specs`' output; ``heads_dir``, ``strict``: as :func:`main`'s.
     Failed images: :mod:`adjcap.jobs.failures` (too many stop the job before fitting)."""
     started = time.time_ns()
     run, rcfg = plan.run, plan.cfg

@@ -38,7 +38,7 @@ def main() -> int:
         sys.path.insert(0, str(ROOT))
     t0 = time.time()
     lavis = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from adjcap import lavis_env; lavis_env.build(sys.argv[1])", str(lavis_cache())],
+        [sys.executable, "-c", "import sys; from adjcap.models import lavis_env; lavis_env.build(sys.argv[1])", str(lavis_cache())],
         cwd=ROOT)
     world = os.environ.get("ADJCAP_TEST_WORLD")
     if world:

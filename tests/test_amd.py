@@ -7,11 +7,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from adjcap.accelerators import HIP, ROCR, Gpu, rocm_visible_env, visible_gpus
+from adjcap.machine.accelerators import HIP, ROCR, Gpu, rocm_visible_env, visible_gpus
 from adjcap.config import load_config
-from adjcap.doctor import budget_lines, report
-from adjcap.cluster_plan import PoolPlan
-from adjcap.pools import pool_budget, pool_names
+from adjcap.machine.doctor import budget_lines, report
+from adjcap.engine.cluster_plan import PoolPlan
+from adjcap.engine.pools import pool_budget, pool_names
 from adjcap.models.precision import pick_device, pick_dtype
 
 GiB = 2**30

@@ -13,10 +13,10 @@ import yaml
 from autoscaling_sim import autoscaling_cluster, gpu_nodes_up
 from rows_agree import assert_rows_agree
 
-from adjcap.cluster_plan import NODE_SHAPES
-from adjcap.pipeline import load_models, run_pipeline
-from adjcap.rundir import RunDir
-from adjcap.run_plan import read_records
+from adjcap.engine.cluster_plan import NODE_SHAPES
+from adjcap.engine.pipeline import load_models, run_pipeline
+from adjcap.storage.rundir import RunDir
+from adjcap.engine.run_plan import read_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.alone]
 

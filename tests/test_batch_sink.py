@@ -1,16 +1,16 @@
-"""What a pool's last actor writes for a batch (adjcap.batch_sink): one feature part per split and one
+"""What a pool's last actor writes for a batch (adjcap.engine.batch_sink): one feature part per split and one
 stage-cache part per computed stage, named for the batch's content, so a batch written again (a
 retried task, a restarted actor) replaces its own parts and no image is stored twice."""
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from adjcap.batch_sink import Sink, count_done, done_columns, write_batch
-from adjcap.image_state import ImageState
-from adjcap.parts import content_part_name
-from adjcap.rundir import RunDir
-from adjcap.stage_cache import StageCache
-from adjcap.stage_registry import names as stage_names
+from adjcap.engine.batch_sink import Sink, count_done, done_columns, write_batch
+from adjcap.engine.image_state import ImageState
+from adjcap.storage.parts import content_part_name
+from adjcap.storage.rundir import RunDir
+from adjcap.engine.stage_cache import StageCache
+from adjcap.engine.stage_registry import names as stage_names
 
 
 def _states(ids, split="test"):

@@ -1,5 +1,5 @@
 """Memory budget of the pools (adjcap.models.budget) and the up-front refusal of impossible
---workers / memory requests (adjcap.cluster_plan.pool_plan), without starting Ray."""
+--workers / memory requests (adjcap.engine.cluster_plan.pool_plan), without starting Ray."""
 
 import json
 import struct
@@ -7,9 +7,9 @@ import struct
 import pytest
 
 from adjcap.config import load_config
-from adjcap import pools
+from adjcap.engine import pools
 from adjcap.models import budget
-from adjcap.cluster_plan import ACTOR_BASE_BYTES, ResourceError, actor_memory, pool_plan
+from adjcap.engine.cluster_plan import ACTOR_BASE_BYTES, ResourceError, actor_memory, pool_plan
 
 GiB = 2**30
 
@@ -59,7 +59,7 @@ def test_demo_budget_from_the_tiny_model_files(demo_cfg):
 
 
 def _cfg(workers, **ray):
-    # ray.mps=true: with GPUs, ray.pools=auto splits (adjcap.pools.is_fused; without MPS it fuses)
+    # ray.mps=true: with GPUs, ray.pools=auto splits (adjcap.engine.pools.is_fused; without MPS it fuses)
     sets = [f"ray.workers={workers}", "ray.mps=true"] + [f"ray.{k}={v}" for k, v in ray.items()]
     return load_config("demo", sets).resolved()
 

@@ -14,12 +14,12 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from adjcap.captioners import describe
+from adjcap.engine.captioners import describe
 from adjcap.config import load_config
 from adjcap.data.candidates import CandidatesError, CandidateTable, match_records, read_candidates
-from adjcap.image_state import ImageState
+from adjcap.engine.image_state import ImageState
 from adjcap.jobs import preflight
-from adjcap.stages import caption_candidates
+from adjcap.engine.stages import caption_candidates
 
 
 def _jsonl(path, rows, raw: bytes = b""):
@@ -258,7 +258,7 @@ def test_a_refused_caption_advises_only_options_it_has(demo_cfg, tmp_path):
     has it."""
     import ray
 
-    from adjcap.parts import PART_GLOB
+    from adjcap.storage.parts import PART_GLOB
 
     folder = tmp_path / "mine"
     folder.mkdir()
@@ -281,7 +281,7 @@ def test_a_refused_caption_advises_only_options_it_has(demo_cfg, tmp_path):
 
 
 def test_a_relative_candidates_file_is_made_absolute_so_its_identity_is_its_content(tmp_path, monkeypatch):
-    from adjcap.identity import content_id
+    from adjcap.engine.identity import content_id
 
     monkeypatch.chdir(tmp_path)
     _jsonl(tmp_path / "mine.jsonl", [GOOD])

@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from adjcap.config import load_config
-from adjcap.rundir import RunDir
+from adjcap.storage.rundir import RunDir
 from wheel_venv import build_wheel, new_venv, tracked_copy
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Captioner families through the stages (adjcap.captioners): a demo run's candidates exported from its
+"""Captioner families through the stages (adjcap.engine.captioners): a demo run's candidates exported from its
 samples.parquet and fed back through captioner.family = candidates give the same picks as the run that
 made them, for every picker (exactly); an hf captioner runs through the in-process pipeline; an IFCap
 config's stage identities count none of the other families' settings (existing runs keep theirs)."""
@@ -9,17 +9,17 @@ import pyarrow.parquet as pq
 
 from adjcap.config import load_config
 from adjcap.data.candidates import write_candidates
-from adjcap.features import rows_to_table
-from adjcap.identity import config_identity
+from adjcap.engine.features import rows_to_table
+from adjcap.engine.identity import config_identity
 from adjcap.index.lifecycle import search_corpus
 from adjcap.jobs import extract_features, fit, preflight
 from adjcap.jobs.run import finish
-from adjcap.pipeline import Models, load_models, run_pipeline
-from adjcap.rundir import RunDir
-from adjcap.run_plan import read_records
-from adjcap.samples import candidates_of
-from adjcap.stage_cache import stage_identities
-from adjcap import stage_registry
+from adjcap.engine.pipeline import Models, load_models, run_pipeline
+from adjcap.storage.rundir import RunDir
+from adjcap.engine.run_plan import read_records
+from adjcap.storage.samples import candidates_of
+from adjcap.engine.stage_cache import stage_identities
+from adjcap.engine import stage_registry
 
 LIMIT = 4
 

@@ -1,4 +1,4 @@
-"""The job's plan for the cluster it will become (adjcap.cluster_plan), without Ray: node types as data,
+"""The job's plan for the cluster it will become (adjcap.engine.cluster_plan), without Ray: node types as data,
 the per-node memory check, the nodes a plan waits for, ``ray.pools=auto``'s MPS rule, and every recipe in
 deploy/ holding its documented job (`run-job coco --workers 8`) with the node shapes it names."""
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from adjcap import pools
-from adjcap.accelerators import mps_status
-from adjcap.cluster_plan import (GiB, L4_GPU_BYTES, NodeType, PoolPlan, ResourceError, actor_memory, launcher_node_types,
+from adjcap.engine import pools
+from adjcap.machine.accelerators import mps_status
+from adjcap.engine.cluster_plan import (GiB, L4_GPU_BYTES, NodeType, PoolPlan, ResourceError, actor_memory, launcher_node_types,
                                  merge_up,
                                  plan_cluster, ray_memory, shape_type)
 from adjcap.config import load_config
@@ -187,7 +187,7 @@ def test_a_recipe_on_the_16_gib_l4_could_not_hold_it():
 
 def test_the_node_shapes_table_says_what_the_plan_says():
     """docs/guide/presets.md "Node shapes": per preset, which L4 shape holds one set of actors (split and
-    fused), as adjcap.cluster_plan computes it."""
+    fused), as adjcap.engine.cluster_plan computes it."""
     text = (ROOT / "docs/guide/presets.md").read_text()
     rows = [r for r in text.split("## Node shapes", 1)[1].splitlines() if r.startswith("| `")]
     assert rows
@@ -209,7 +209,7 @@ def test_the_node_shapes_table_says_what_the_plan_says():
 
 
 def test_doctor_says_whether_mps_is_on(monkeypatch, tmp_path):
-    import adjcap.doctor as doctor
+    import adjcap.machine.doctor as doctor
 
     cfg = load_config("demo", [f"paths.cache_dir={tmp_path}"]).resolved()
     monkeypatch.setattr(doctor, "mps_status", lambda: (False, "off: no NVIDIA driver tools on this machine (x)"))
@@ -218,7 +218,7 @@ def test_doctor_says_whether_mps_is_on(monkeypatch, tmp_path):
     assert "\nmps         on (control pipe /tmp/nvidia-mps/control)\n" in doctor.report(cfg)
 
 
-# --- the cluster's facts merged (adjcap.cluster_plan) and the job's side, with Ray's answers given (jobs/ray_session.py) ------------------------------------
+# --- the cluster's facts merged (adjcap.engine.cluster_plan) and the job's side, with Ray's answers given (jobs/ray_session.py) ------------------------------------
 
 def test_nodes_up_are_counted_into_their_types():
     conf = yaml.safe_load((DEPLOY / "ray-cluster-aws-l4.yaml").read_text())

@@ -13,8 +13,8 @@ from adjcap.config import load_config
 from adjcap.metrics.run_metrics import evaluate_run
 from adjcap.report.collect import load_run
 from adjcap.report.compare import NotComparable, compare, compare_runs, to_text
-from adjcap.rundir import RunDir
-from adjcap.samples import write_samples
+from adjcap.storage.rundir import RunDir
+from adjcap.storage.samples import write_samples
 from test_report_render import _make_run
 
 

@@ -3,7 +3,7 @@ import tomllib
 import pytest
 
 from adjcap.config import Config, ConfigError, list_presets, load_config
-from adjcap.identity import feature_identity
+from adjcap.engine.identity import feature_identity
 
 PAPER_PRESETS = {
     "headline", "training-free", "transductive", "ifcap", "verifier-flickr", "demo",

@@ -1,4 +1,4 @@
-"""Content ids (adjcap.content_ids): whole files, streamed, remembered by path, size, mtime, ctime and
+"""Content ids (adjcap.storage.content_ids): whole files, streamed, remembered by path, size, mtime, ctime and
 inode in a persistent store; a same-length edit anywhere in a file over 64 MiB changes its id and what
 depends on it (issue 47 item 1)."""
 
@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from adjcap import content_ids
-from adjcap.content_ids import MIB, file_content_id, sampled_id
+from adjcap.storage import content_ids
+from adjcap.storage.content_ids import MIB, file_content_id, sampled_id
 
 BIG = 65 * MIB  # over the 64 MiB the ids used to sample above
 OLD_TEXT, NEW_TEXT = b"a red circle", b"a red square"  # same length
@@ -119,9 +119,9 @@ def test_only_a_prepared_weights_file_keeps_its_sampled_id(tmp_path, store):
 @pytest.mark.slow  # two 65 MiB files hashed twice: out of make test-fast
 def test_an_edited_big_candidates_file_and_corpus_change_the_identities(demo_cfg, tmp_path, store):
     from adjcap.config import load_config
-    from adjcap.identity import stage_identities
-    from adjcap.provenance import data_digests
-    from adjcap.stage_registry import names
+    from adjcap.engine.identity import stage_identities
+    from adjcap.storage.provenance import data_digests
+    from adjcap.engine.stage_registry import names
 
     at = 9 * MIB
     cands, corpus = _big_lines(tmp_path / "cands.jsonl", at), _big_lines(tmp_path / "corpus.txt", at)

@@ -144,10 +144,10 @@ def test_retrieval_corpus_swaps_what_a_run_searches(demo_cfg, tmp_path):
     """retrieval.corpus = demo-alt: the benchmark's corpus becomes the registered file (lines), the retrieve
     stage's identity changes, the index built for it records the corpus's manifest, and its exposure is
     its size and the references it holds verbatim."""
-    from adjcap.identity import stage_identities
+    from adjcap.engine.identity import stage_identities
     from adjcap.index.lifecycle import encode_shards_in_process, ensure_index, search_corpus
     from adjcap.index.shards import IndexManifest
-    from adjcap.run_plan import read_records
+    from adjcap.engine.run_plan import read_records
     from adjcap.models import roles
 
     base = demo_cfg.resolved()

@@ -11,7 +11,7 @@ import pytest
 
 from adjcap.actors import metrics
 from adjcap.index import benchmark_corpus
-from adjcap.rundir import RunDir
+from adjcap.storage.rundir import RunDir
 
 pytestmark = pytest.mark.slow
 

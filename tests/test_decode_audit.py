@@ -1,4 +1,4 @@
-"""The beam decode as a GPU would see it, counted on the CPU (adjcap.dispatch_audit): the fast beam
+"""The beam decode as a GPU would see it, counted on the CPU (adjcap.models.dispatch_audit): the fast beam
 search reads the host at most once per 4 steps and never copies its whole KV cache in a step; the
 audit itself catches the patterns it is there to catch (issue 38 items 1-2)."""
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adjcap.decoding import CHECK_EVERY, beam_search_fast, beam_search_reference
-from adjcap.dispatch_audit import DispatchAudit, audit_decode
+from adjcap.models.decoding import CHECK_EVERY, beam_search_fast, beam_search_reference
+from adjcap.models.dispatch_audit import DispatchAudit, audit_decode
 from tiny_decoder import make_inputs, tiny_captioner
 
 @pytest.fixture(scope="module")
@@ -75,7 +75,7 @@ def test_the_beam_step_is_captured_whole_with_static_buffers(cap):
     (``aot_eager``), and returns the eager beams; a second call of the same shape reuses the graph."""
     from torch._dynamo.utils import counters
 
-    import adjcap.decoding as decoding
+    import adjcap.models.decoding as decoding
 
     torch._dynamo.reset()
     ps = prompts_for(cap, 7, seed=4)
@@ -113,7 +113,7 @@ def test_the_compiled_step_keeps_its_artifacts_in_the_configured_cache(monkeypat
 
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-    import adjcap.decoding as decoding
+    import adjcap.models.decoding as decoding
 
     for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
         monkeypatch.setenv(var, "")  # restored after the test

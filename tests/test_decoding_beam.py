@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from adjcap.decoding import (
+from adjcap.models.decoding import (
     Beam,
     Candidate,
     beams_to_candidates,

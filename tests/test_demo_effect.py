@@ -26,12 +26,12 @@ import pytest
 
 from console_checks import assert_quiet_console
 
-from adjcap import numerics
+from adjcap.machine import numerics
 from adjcap.demo import figures
 from adjcap.demo.quality import caption_errors, judge_quality
 from adjcap.metrics.bootstrap import paired_bootstrap, ratio_percent
 from adjcap.metrics.evaluate import Evaluator
-from adjcap.run_plan import read_records
+from adjcap.engine.run_plan import read_records
 
 ROOT = Path(__file__).resolve().parents[1]
 

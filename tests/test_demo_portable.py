@@ -1,4 +1,4 @@
-"""Portable numerics (adjcap.numerics): the demo computes the same bits on every x86-64 CPU with AVX2.
+"""Portable numerics (adjcap.machine.numerics): the demo computes the same bits on every x86-64 CPU with AVX2.
 
 * a training under the pin gives the same model whatever instruction sets the machine offers (emulated
   here by the libraries' own switches: MKL's instruction limit, ATen's and oneDNN's levels), while
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from adjcap import numerics
+from adjcap.machine import numerics
 from adjcap.demo import figures
 from adjcap.demo.tiny import model_digests
 
@@ -70,7 +70,7 @@ def test_a_pinned_training_is_the_same_on_every_instruction_set():
 def test_the_tiny_models_are_the_committed_ones(demo_cfg):
     """The session's tiny world (built through build_tiny_world, in a process started with the pin) has
     the digests that every x86-64 CPU with AVX2 computes."""
-    from adjcap import numerics
+    from adjcap.machine import numerics
 
     if numerics.cpu_problem():  # a CPU the committed bits do not hold on (it says why): nothing to compare
         pytest.skip(numerics.cpu_problem())
@@ -79,9 +79,9 @@ def test_the_tiny_models_are_the_committed_ones(demo_cfg):
 
 
 def test_per_image_features_do_not_depend_on_the_batch(demo_cfg, monkeypatch):
-    from adjcap.features import rows_to_table
-    from adjcap.pipeline import load_models, run_pipeline
-    from adjcap.run_plan import read_records
+    from adjcap.engine.features import rows_to_table
+    from adjcap.engine.pipeline import load_models, run_pipeline
+    from adjcap.engine.run_plan import read_records
 
     cfg = demo_cfg.resolved()
     records = read_records(cfg)["test"][:5]
@@ -113,7 +113,7 @@ def test_pin_and_warning(monkeypatch):
 
 RESTART_PROBE = """
 import sys
-from adjcap import numerics
+from adjcap.machine import numerics
 
 def stop(mode, *, restart):
     print("restart" if restart else "no restart", "torch imported" if "torch" in sys.modules else "torch not imported")
@@ -147,7 +147,7 @@ def test_documents_carry_the_committed_figures(doc):
 
 def test_doctor_says_what_this_cpu_gives(monkeypatch, tmp_path):
     from adjcap.config import load_config
-    from adjcap.doctor import report
+    from adjcap.machine.doctor import report
 
     cfg = load_config("demo", [f"paths.cache_dir={tmp_path}"]).resolved()
     monkeypatch.setattr(numerics, "cpu_problem", lambda: None)

@@ -18,7 +18,7 @@ from adjcap.demo.train_blip import swap_negative
 from adjcap.demo.train_ifcap import caption_entities, training_entities
 from adjcap.demo.tiny import build_tiny_world
 from adjcap.demo.world import COLOURS, OBJECTS, build_demo_world, demo_corpus_texts, demo_lexicon, iter_training_pairs
-from adjcap.entities import lexicon_tagger
+from adjcap.models.entities import lexicon_tagger
 
 SMALL = TinyTrainSettings().scaled(0.02, pool_images=48)
 

@@ -268,7 +268,7 @@ REPO_PATH = re.compile(r"(?<![\w/.{}~$-])((?:adjcap|tests|benchmarks|deploy|docs
 
 @pytest.mark.parametrize("page", PAGES, ids=_rel)
 def test_files_the_pages_name_exist(page):
-    """Every repository path a page names (``adjcap/identity.py``, ``deploy/Dockerfile``, ...) exists;
+    """Every repository path a page names (``adjcap/engine/identity.py``, ``deploy/Dockerfile``, ...) exists;
     a path with a placeholder part in capitals (``adjcap/presets/NAME.toml``) is a pattern, not a file."""
     text = page.read_text(encoding="utf-8")
     missing = sorted({p for p in REPO_PATH.findall(text)
@@ -585,7 +585,7 @@ def test_code_cites_only_what_is_in_the_repository():
 
 def test_every_repository_path_the_architecture_names_exists():
     """docs/architecture.md, the house's truth: every path under a top-level folder of the repository it
-    names (``adjcap/pools.py``, ``tests/test_imports.py``, ``adjcap/presets/*.toml``) exists."""
+    names (``adjcap/engine/pools.py``, ``tests/test_imports.py``, ``adjcap/presets/*.toml``) exists."""
     text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
     tops = {p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith(".")}
     named = set(re.findall(r"(?<![\w/.{}~$<-])((?:[\w.-]+/)+[\w.*-]*[\w*])(?![\w/])", text))

@@ -2,7 +2,7 @@
 through the Ray backend (Ray Data pools, jobs/ray_backend.py) and the local backend (in process,
 adjcap/engine/local.py), each through the same decode function, pool batch class, Arrow transport and
 batch sink, come out the same, in the run directory and in the stage cache: bit for bit where this
-process computes with the kernels the workers are pinned to (adjcap.numerics.PIN), else within
+process computes with the kernels the workers are pinned to (adjcap.machine.numerics.PIN), else within
 tests/rows_agree.py's tolerance (this CPU's own kernels sum in another order)."""
 
 import pyarrow as pa
@@ -10,12 +10,12 @@ import pyarrow.parquet as pq
 import pytest
 from rows_agree import assert_rows_agree
 
-from adjcap import numerics
+from adjcap.machine import numerics
 from adjcap.config import load_config
 from adjcap.engine.local import LocalExecutor
 from adjcap.jobs.extract_features import extract_features
-from adjcap.pipeline import load_models
-from adjcap.run_plan import RunPlan
+from adjcap.engine.pipeline import load_models
+from adjcap.engine.run_plan import RunPlan
 
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adjcap.entities import (
+from adjcap.models.entities import (
     ENSEMBLE_TEMPLATES,
     NLTK_DOWNLOAD_COMMAND,
     NLTKResourceError,
@@ -186,7 +186,7 @@ def test_corpus_nouns_tagged_once_count_as_tagging_each_pool(tmp_path):
     import json
     import random
 
-    from adjcap.entities import lexicon_tagger
+    from adjcap.models.entities import lexicon_tagger
     from adjcap.index.nouns import CorpusNouns, ensure_nouns
 
     lexicon = {"dog": ["NN", "dog"], "dogs": ["NNS", "dog"], "man": ["NN", "man"], "men": ["NNS", "man"],

@@ -8,12 +8,12 @@ import pytest
 from adjcap.config import CaptionerCfg
 from adjcap.data.candidates import CandidateSet, CandidateTable
 from adjcap.data.records import Record
-from adjcap.features import rows_to_table
-from adjcap.image_state import ImageState, decode_state
+from adjcap.engine.features import rows_to_table
+from adjcap.engine.image_state import ImageState, decode_state
 from adjcap.jobs import failures
 from adjcap.jobs.failures import CHECK_AFTER, EXIT_FAILED_IMAGES, FailureWatch, ImagesFailed, TooManyFailures
-from adjcap.rundir import RunDir
-from adjcap.stages import caption_candidates
+from adjcap.storage.rundir import RunDir
+from adjcap.engine.stages import caption_candidates
 
 
 def _batch(start, n, failing):

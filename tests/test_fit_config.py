@@ -8,10 +8,10 @@ import pytest
 from typer.testing import CliRunner
 
 from adjcap.config import ConfigError, load_config
-from adjcap.features import rows_to_table
-from adjcap.pipeline import run_pipeline
-from adjcap.rundir import RunDir
-from adjcap.run_plan import read_records
+from adjcap.engine.features import rows_to_table
+from adjcap.engine.pipeline import run_pipeline
+from adjcap.storage.rundir import RunDir
+from adjcap.engine.run_plan import read_records
 from adjcap.cli import app
 from adjcap.jobs import extract_features
 

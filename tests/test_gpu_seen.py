@@ -1,6 +1,6 @@
 """A pool actor that Ray gave a GPU torch cannot see (a CUDA torch on an AMD node, a driver too old for
 the torch build, a container without the GPU) ends the job in one line naming the node and what torch
-sees (adjcap.gpu_errors.check_gpu_seen), instead of running every "GPU" pool on the CPU; Ray's logical
+sees (adjcap.engine.gpu_errors.check_gpu_seen), instead of running every "GPU" pool on the CPU; Ray's logical
 GPUs on a machine without any (the simulated clusters of the tests) still run on the CPU."""
 
 import pickle
@@ -9,8 +9,8 @@ import socket
 import pytest
 import torch
 
-from adjcap import gpu_errors
-from adjcap.gpu_errors import GpuFailure, check_gpu_seen
+from adjcap.engine import gpu_errors
+from adjcap.engine.gpu_errors import GpuFailure, check_gpu_seen
 
 needs_no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="torch sees a GPU on this machine")
 
@@ -54,7 +54,7 @@ def test_logical_gpus_without_a_gpu_and_pools_without_gpus_run_on(tmp_path):
 @pytest.mark.slow
 def test_a_pool_actor_given_a_gpu_it_cannot_see_fails_before_loading_models(demo_cfg):
     """The check runs in the pool actor's constructor on a Ray node with a (logical) GPU: the actor's
-    creation fails and the GpuFailure's line is what the driver finds (adjcap.gpu_errors.find)."""
+    creation fails and the GpuFailure's line is what the driver finds (adjcap.engine.gpu_errors.find)."""
     import ray
     from sim_cluster import simulated_cluster
 

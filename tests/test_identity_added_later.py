@@ -1,11 +1,11 @@
 """Settings added after runs existed stay out of identities at their old behaviour's value
-(adjcap.identity.ADDED_LATER), and enter them at any other value; the corpus index is keyed by the
+(adjcap.engine.identity.ADDED_LATER), and enter them at any other value; the corpus index is keyed by the
 precision and token budget its vectors were encoded with."""
 
 from __future__ import annotations
 
 from adjcap.config import load_config
-from adjcap.identity import ADDED_LATER, config_identity, neutral, stage_identities
+from adjcap.engine.identity import ADDED_LATER, config_identity, neutral, stage_identities
 from adjcap.index.lifecycle import encoder_identity, index_location
 
 BASE = ["paths.cache_dir=/nonexistent/cache", "paths.data_dir=/nonexistent/data"]

@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from adjcap import image_state, stages
+from adjcap.engine import image_state, stages
 from adjcap.config import BenchmarkCfg, Config, load_config
-from adjcap.identity import config_view, stage_identities
+from adjcap.engine.identity import config_view, stage_identities
 from adjcap.index import CaptionIndex, encode_shards_in_process, encoder_identity, ensure_index
 from adjcap.index.lifecycle import index_location, search_corpus
 from adjcap.models import roles
-from adjcap import stage_registry
-from adjcap.run_plan import read_records
+from adjcap.engine import stage_registry
+from adjcap.engine.run_plan import read_records
 
 STAGES = stage_registry.names()
 

@@ -109,12 +109,12 @@ def test_import_rules():
     assert not bad, "\n".join(bad)
 
 
-# The job reads its pools from the run plan alone (RunPlan.pools, adjcap.cluster_plan.PoolPlan: layout, actors,
+# The job reads its pools from the run plan alone (RunPlan.pools, adjcap.engine.cluster_plan.PoolPlan: layout, actors,
 # batch sizes, runtime environments, and each actor's resources on the cluster's facts): the jobs import
-# nothing of the pool planning (adjcap.pools) and, of adjcap.cluster_plan, only the plan's and the cluster's
+# nothing of the pool planning (adjcap.engine.pools) and, of adjcap.engine.cluster_plan, only the plan's and the cluster's
 # data (docs/architecture.md, "Pools")
-POOL_PLANNING = "adjcap.pools"
-CLUSTER_PLAN = "adjcap.cluster_plan"
+POOL_PLANNING = "adjcap.engine.pools"
+CLUSTER_PLAN = "adjcap.engine.cluster_plan"
 CLUSTER_DATA = {"ClusterPlan", "NodeType", "PoolPlan", "ResourceError", "launcher_node_types", "merge_up"}
 
 
@@ -207,17 +207,17 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # without torch), the one deep merge and flattener of nested settings, the one file lock and the one Parquet part writer, the
     # dispatch audit (host reads and KV bytes per decode step, for tests and benchmarks), the CPU half of
     # an image transform (pixel_prep: the decode tasks resize and crop for the pools' models)
-    ("foundations", ("adjcap.io", "adjcap.content_ids", "adjcap.registry", "adjcap.numerics", "adjcap.accelerators", "adjcap.lavis_env",
-                     "adjcap.decoding", "adjcap.entities", "adjcap.features", "adjcap.picker_needs", "adjcap.verifier_families",
-                     "adjcap.nested", "adjcap.file_lock", "adjcap.parts", "adjcap.dispatch_audit", "adjcap.gpu_errors",
-                     "adjcap.pixel_prep")),
+    ("foundations", ("adjcap.storage.io", "adjcap.storage.content_ids", "adjcap.registry", "adjcap.machine.numerics", "adjcap.machine.accelerators", "adjcap.models.lavis_env",
+                     "adjcap.models.decoding", "adjcap.models.entities", "adjcap.engine.features", "adjcap.picker_needs", "adjcap.engine.verifier_families",
+                     "adjcap.nested", "adjcap.storage.file_lock", "adjcap.storage.parts", "adjcap.models.dispatch_audit", "adjcap.engine.gpu_errors",
+                     "adjcap.engine.pixel_prep")),
     # reading benchmarks and corpora: files in, records out (knows no configuration)
     ("data", ("adjcap.data",)),
     # the configuration (a package, one job a module): the schema, the keys and "did you mean", the presets,
     # loading with overrides, validation (checks names against the data layouts and picker needs)
     ("settings", ("adjcap.config",)),
     # a run directory's layout: the one writer and reader of a run (reads its config back)
-    ("run directory", ("adjcap.rundir",)),
+    ("run directory", ("adjcap.storage.rundir",)),
     # the frozen models and the caption corpus index they search
     ("models", ("adjcap.models",)),
     ("index", ("adjcap.index",)),
@@ -227,20 +227,20 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # and what made a run (provenance), where a pool's last actor writes its batch (batch_sink), a
     # job's run plan (records, corpus, identities, pools, run directory: built once at the edge), and the
     # captioner families stage 3 picks from (captioners)
-    ("stages", ("adjcap.image_state", "adjcap.stages", "adjcap.stage_records", "adjcap.stage_registry", "adjcap.pools", "adjcap.cluster_plan", "adjcap.identity",
-                "adjcap.stage_cache", "adjcap.provenance", "adjcap.batch_sink", "adjcap.run_plan",
-                "adjcap.captioners")),
+    ("stages", ("adjcap.engine.image_state", "adjcap.engine.stages", "adjcap.engine.stage_records", "adjcap.engine.stage_registry", "adjcap.engine.pools", "adjcap.engine.cluster_plan", "adjcap.engine.identity",
+                "adjcap.engine.stage_cache", "adjcap.storage.provenance", "adjcap.engine.batch_sink", "adjcap.engine.run_plan",
+                "adjcap.engine.captioners")),
     # the engine: one executor interface over the stages (executor), its in-process backend (local), the
     # batch functions both backends run (decode_task, pool_batch) and the Arrow transport between them;
     # the Ray backend is the application layer's (jobs/ray_backend.py); the in-process pipeline over the
     # local backend (tests, notebooks)
-    ("engine", ("adjcap.engine", "adjcap.pipeline")),
+    ("engine", ("adjcap.engine", "adjcap.engine.pipeline")),
     # the learned rerankers over the feature table
     ("rerank", ("adjcap.rerank",)),
     # Java and the jars it runs: found and trusted, shared by needs, prepare and the metrics
     ("java", ("adjcap.java",)),
     # what a config needs on this machine (looked up, never fetched)
-    ("needs", ("adjcap.needs",)),
+    ("needs", ("adjcap.machine.needs",)),
     # the paper's tables as data and the runs they need
     ("reproduce plans", ("adjcap.reproduce",)),
     # fetching and laying out everything (the one owner of downloads)
@@ -248,9 +248,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # the caption metrics (they ask prepare for SPICE's jars)
     ("metrics", ("adjcap.metrics",)),
     # the per-image samples table (metrics per image, CHAIR objects)
-    ("samples", ("adjcap.samples",)),
+    ("samples", ("adjcap.storage.samples",)),
     # what a user reads of runs: reports, reproduced tables, the doctor, tracking
-    ("views", ("adjcap.report", "adjcap.doctor", "adjcap.tracking")),
+    ("views", ("adjcap.report", "adjcap.machine.doctor", "adjcap.report.tracking")),
     # the demo world and its tiny models (reads everything below to build and check itself)
     ("demo", ("adjcap.demo",)),
     # the application layer: thin actors, the Ray jobs and the Python API facade, the console script
@@ -362,7 +362,7 @@ if __name__ == "__main__":  # `python tests/test_imports.py`: the import graph's
 
 
 # Where the config is resolved (docs/architecture.md, "Run plan"): the edges, each once. Everything
-# else takes a resolved config or a job's run plan (adjcap.run_plan.RunPlan). A config resolved in the
+# else takes a resolved config or a job's run plan (adjcap.engine.run_plan.RunPlan). A config resolved in the
 # expression that loads it (``load_config(...).resolved()``, ``rd.config().resolved()``) is an edge
 # by construction and needs no entry here.
 RESOLVING_EDGES = {
@@ -372,7 +372,7 @@ RESOLVING_EDGES = {
     "adjcap.jobs.demo": {"prepare"},  # the demo world, built before any job plans its run
     "adjcap.jobs.encode_corpus": {"main"},  # adjcap encode-corpus
     "adjcap.api": {"caption"},  # adjcap.caption: where a list of images is staged
-    "adjcap.pipeline": {"load_models", "run_pipeline"},  # the in-process driver (tests, notebooks)
+    "adjcap.engine.pipeline": {"load_models", "run_pipeline"},  # the in-process driver (tests, notebooks)
     "adjcap.reproduce.plan": {"plan_table"},  # each row of a reproduce table
 }
 
@@ -403,7 +403,7 @@ def test_the_config_is_resolved_only_at_the_edge_and_once_there():
             per_function.setdefault(fn, []).append(line)
             if not at_load and fn not in RESOLVING_EDGES.get(m, set()):
                 bad.append(f"{path.relative_to(ROOT)}:{line}: .resolved() below the edge, in {fn} (take a resolved "
-                           "config or the run plan, adjcap.run_plan.RunPlan; or list a new edge in RESOLVING_EDGES)")
+                           "config or the run plan, adjcap.engine.run_plan.RunPlan; or list a new edge in RESOLVING_EDGES)")
         for fn, lines in per_function.items():
             if len(lines) > 1:
                 bad.append(f"{path.relative_to(ROOT)}:{lines[1]}: {fn} resolves the config {len(lines)} times "

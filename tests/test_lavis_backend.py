@@ -22,7 +22,7 @@ import pytest
 import torch
 from PIL import Image
 
-from adjcap import lavis_env
+from adjcap.models import lavis_env
 from adjcap.demo.tiny_lavis import write_bert_tokenizer
 from adjcap.models.blip import load_verifier
 from adjcap.models.blip_lavis import LavisCheckpointError
@@ -137,9 +137,9 @@ def test_ray_actors_of_both_backends_agree(tiny, tmp_path):
 
     from adjcap.engine.transport import pack, unpack
     from adjcap.actors.pool import actor_class
-    from adjcap.cluster_plan import PoolPlan
+    from adjcap.engine.cluster_plan import PoolPlan
     from adjcap.config import load_config
-    from adjcap.image_state import ImageState
+    from adjcap.engine.image_state import ImageState
 
     import importlib.util
 

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import tomllib
 
-from adjcap import lavis_env
-from adjcap.rundir import RunDir
+from adjcap.models import lavis_env
+from adjcap.storage.rundir import RunDir
 
 pytestmark = [pytest.mark.slow, pytest.mark.lavis]
 

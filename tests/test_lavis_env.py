@@ -1,11 +1,11 @@
 """The LAVIS environment's bridge: the packages both environments must share (torch, Ray, Arrow, ...)
-are linked from this environment, not installed again (adjcap/lavis_env.py). Without building it."""
+are linked from this environment, not installed again (adjcap/models/lavis_env.py). Without building it."""
 
 import json
 
 import pytest
 
-from adjcap import lavis_env
+from adjcap.models import lavis_env
 
 
 def test_the_bridge_is_the_shared_packages_and_what_they_need_here():

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from adjcap import stages
+from adjcap.engine import stages
 from adjcap.config import VerifierCfg, load_config
 from adjcap.demo.tiny_blip import build_tiny_blip
 from adjcap.demo.tiny_blip2 import build_tiny_blip2
 from adjcap.demo.tiny_clip import TINY_CLIP_LARGE, build_tiny_clip
 from adjcap.demo.tiny_siglip import TINY_SIGMOID, build_tiny_siglip
 from adjcap.demo.world import random_images
-from adjcap.image_state import ImageState
+from adjcap.engine.image_state import ImageState
 from adjcap.models.judge_window import AGGREGATES, cut_count, judge, sentences
 from adjcap.models.roles import load_verifier
 
@@ -116,7 +116,7 @@ def test_the_cut_count_per_sentence_and_the_settings_identity(judges):
     one_long = " ".join(["a red car next to a dog on a bench"] * 4) + ". A dog."
     assert cut_count([one_long], blip.model_copy(update={"long_captions": "sentence_mean"}))["cut"] == 1
 
-    from adjcap.identity import stage_identities
+    from adjcap.engine.identity import stage_identities
 
     base = ["paths.cache_dir=/nonexistent/cache", "paths.data_dir=/nonexistent/data"]
     head = stage_identities(load_config("headline", base).resolved(), "corpus-fp")

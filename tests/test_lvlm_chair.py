@@ -33,7 +33,7 @@ def test_the_table_runs_greedy_beam_and_heads_per_prompt_on_a_seeded_sample(tmp_
 
 
 def test_a_seeded_sample_is_stable_and_ordered():
-    from adjcap.run_plan import sample_records
+    from adjcap.engine.run_plan import sample_records
 
     recs = list(range(100))
     a, b = sample_records(recs, 10, "42:test"), sample_records(recs, 10, "42:test")
@@ -43,7 +43,7 @@ def test_a_seeded_sample_is_stable_and_ordered():
 
 
 def test_prepare_knows_the_checkpoints_and_the_memory_plan_their_sizes(tmp_path):
-    from adjcap import captioners
+    from adjcap.engine import captioners
     from adjcap.models.budget import VLM_PARAMS
     from adjcap.prepare.targets import configs_for
 

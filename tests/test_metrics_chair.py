@@ -287,7 +287,7 @@ def test_eval_chair_both_scores_the_proxy_and_the_instance_chair(instances_file,
     COCO ids says in one note that instance CHAIR is not available."""
     from adjcap.metrics.evaluate import Evaluator
     from adjcap.metrics.run_metrics import instance_ground_truth
-    from adjcap.rundir import RunDir
+    from adjcap.storage.rundir import RunDir
 
     run = RunDir(tmp_path / "run")
     refs = {k: EXAMPLE[k][1] for k in COCO_IDS}
@@ -309,7 +309,7 @@ def test_eval_chair_both_scores_the_proxy_and_the_instance_chair(instances_file,
 
 def test_prepare_for_knows_the_instances_only_when_coco_scores_instance_chair():
     from adjcap.config import load_config
-    from adjcap.needs import needs_of
+    from adjcap.machine.needs import needs_of
 
     def chair_needs(*sets):
         return [(n.what, n.step) for n in needs_of(load_config("headline", list(sets)).resolved(), ("chair",))]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from adjcap.features import rows_to_table
+from adjcap.engine.features import rows_to_table
 from adjcap.metrics.clipscore import clipscore, clipscore_from_cosine, clipscore_from_features
 
 

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from adjcap.config import load_config
-from adjcap.features import rows_to_table
+from adjcap.engine.features import rows_to_table
 from adjcap.metrics.coco import coco_metrics
 from adjcap.metrics.evaluate import evaluate_predictions, format_table, load_predictions
 from adjcap.metrics.run_metrics import evaluate_run

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from adjcap.features import rows_to_table
+from adjcap.engine.features import rows_to_table
 from adjcap.metrics.ranks import (
     pairwise_agreement,
     pick_disagreement,

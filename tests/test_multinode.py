@@ -3,7 +3,7 @@ with one logical GPU each (ray.cluster_utils.Cluster, every server on 127.0.0.1)
 `adjcap run-job demo --workers 2 --address ADDR` across it: the pools' actors sit on the GPU nodes,
 two per pool, four per node (two nodes x one GPU / 0.25 GPU per actor: the cluster filled, as
 `--workers 8` fills eight GPUs); every image is written exactly once; the rows equal those of the
-single-process pipeline (adjcap.pipeline.run_pipeline, which tests/test_ray_job.py also checks a
+single-process pipeline (adjcap.engine.pipeline.run_pipeline, which tests/test_ray_job.py also checks a
 one-node job against).
 
 The GPUs are logical (Ray resources only): the actors are scheduled as on GPU machines, torch sees
@@ -18,10 +18,10 @@ from rows_agree import assert_rows_agree
 
 from sim_cluster import simulated_cluster
 
-from adjcap.pipeline import load_models, run_pipeline
-from adjcap.pools import split_pools
-from adjcap.rundir import RunDir
-from adjcap.run_plan import read_records
+from adjcap.engine.pipeline import load_models, run_pipeline
+from adjcap.engine.pools import split_pools
+from adjcap.storage.rundir import RunDir
+from adjcap.engine.run_plan import read_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
@@ -46,7 +46,7 @@ def _run_job(cluster, demo_cfg, run_dir, workers: int) -> str:
         "run-job", "demo", "--workers", str(workers), "--address", cluster.address, "--run-dir", str(run_dir),
         "--limit", str(LIMIT), "--no-evaluate", "--set", f"paths.cache_dir={demo_cfg.paths.cache_dir}",
         "--set", "ray.rows_per_part=3",
-        "--set", "ray.mps=true",  # with GPUs, auto splits only under MPS (adjcap.pools.is_fused)
+        "--set", "ray.mps=true",  # with GPUs, auto splits only under MPS (adjcap.engine.pools.is_fused)
         # every stage computed by the pools here, none taken from the stage cache other modules filled
         "--set", "cache.share_stages=false",
     ])

@@ -14,8 +14,8 @@ import pytest
 
 from sim_cluster import simulated_cluster
 
-from adjcap.rundir import RunDir
-from adjcap.run_plan import read_records
+from adjcap.storage.rundir import RunDir
+from adjcap.engine.run_plan import read_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.alone]
 

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from adjcap.cli import app
 from adjcap.config import ConfigError, load_config
 from adjcap.reproduce import get_table, parse_tables
-from adjcap.rundir import RunDir
+from adjcap.storage.rundir import RunDir
 from adjcap.jobs import reproduce
 
 SEEDS = [42, 43, 44]

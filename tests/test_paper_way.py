@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from adjcap import image_state
-from adjcap.pipeline import load_models
+from adjcap.engine import image_state
+from adjcap.engine.pipeline import load_models
 from benchmarks.paper_way import STAGES, Padded77, PairwiseITM, side_by_side
-from adjcap.run_plan import read_records
+from adjcap.engine.run_plan import read_records
 
 N = 2
 

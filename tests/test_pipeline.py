@@ -8,9 +8,9 @@ import pyarrow as pa
 import pytest
 
 from adjcap.data.records import Record
-from adjcap.features import FEATURE_SCHEMA, rows_to_table
-from adjcap.pipeline import load_models, run_pipeline
-from adjcap.run_plan import read_records
+from adjcap.engine.features import FEATURE_SCHEMA, rows_to_table
+from adjcap.engine.pipeline import load_models, run_pipeline
+from adjcap.engine.run_plan import read_records
 
 
 @pytest.fixture(scope="module")
@@ -214,7 +214,7 @@ class _FailsAbove:
 
 
 def _with(models, **swap):
-    from adjcap.pipeline import Models
+    from adjcap.engine.pipeline import Models
 
     return Models(**{**vars(models), **swap})
 
@@ -230,7 +230,7 @@ def test_out_of_gpu_memory_halves_the_batch_and_carries_the_size_on(demo_cfg, mo
     recs = test_records[:6]  # two batches: 4 images, then 2
     plain = run_pipeline(recs, demo_cfg, models, batch_size=4)
     enc = _FailsAbove(models.retrieval, "encode_images", 1, torch.cuda.OutOfMemoryError("CUDA out of memory."))
-    with caplog.at_level(logging.WARNING, logger="adjcap.stages"):
+    with caplog.at_level(logging.WARNING, logger="adjcap.engine.stages"):
         rows = run_pipeline(recs, demo_cfg, _with(models, retrieval=enc), batch_size=4)
     # 4 and 2 did not fit; halved to 1 for the rest of the batch, and the next batch starts at 1 (not at 2)
     assert enc.sizes == [4, 2, 1, 1, 1, 1, 1, 1]
@@ -254,7 +254,8 @@ def test_captioner_compile_gives_the_same_beams_and_off_touches_nothing(demo_cfg
     import torch
     from torch._dynamo.utils import counters
 
-    from adjcap import decoding, stage_registry
+    from adjcap.models import decoding
+    from adjcap.engine import stage_registry
 
     monkeypatch.delenv("ADJCAP_NUMERICS", raising=False)
     from adjcap.config import list_presets, load_config
@@ -265,7 +266,7 @@ def test_captioner_compile_gives_the_same_beams_and_off_touches_nothing(demo_cfg
     cfg = demo_cfg.model_copy(update={"captioner": demo_cfg.captioner.model_copy(update={"compile": "default"})})
     rcfg = cfg.resolved()
     decoding._say_ignored_on_cpu.cache_clear()
-    with caplog.at_level(logging.WARNING, logger="adjcap.decoding"):
+    with caplog.at_level(logging.WARNING, logger="adjcap.models.decoding"):
         assert decoding.beam_step("default", "cpu") is eager and decoding.beam_step("default", "cpu") is eager
     assert sum("captioner.compile is ignored on a CPU" in r.getMessage() for r in caplog.records) == 1
 
@@ -291,10 +292,10 @@ def test_captioner_compile_gives_the_same_beams_and_off_touches_nothing(demo_cfg
 
 
 def test_a_halved_size_is_carried_per_stage_and_only_inside_its_owner():
-    """run_batch outside :func:`adjcap.stages.carrying` halves for the batch only; inside, per stage."""
+    """run_batch outside :func:`adjcap.engine.stages.carrying` halves for the batch only; inside, per stage."""
     import torch
 
-    from adjcap.stages import HalvedSizes, carrying, run_batch
+    from adjcap.engine.stages import HalvedSizes, carrying, run_batch
 
     sizes: list[int] = []
 
@@ -322,7 +323,7 @@ def test_a_halved_size_is_carried_per_stage_and_only_inside_its_owner():
 def test_out_of_memory_with_one_image_fails_the_job_in_one_line(demo_cfg, models, test_records, monkeypatch):
     import torch
 
-    from adjcap.gpu_errors import GpuFailure
+    from adjcap.engine.gpu_errors import GpuFailure
 
     monkeypatch.delenv("ADJCAP_NUMERICS", raising=False)
     enc = _FailsAbove(models.retrieval, "encode_images", 0, torch.cuda.OutOfMemoryError("CUDA out of memory."))
@@ -343,7 +344,7 @@ def test_a_cuda_error_is_not_an_error_row_but_the_jobs_end(demo_cfg, models, tes
     from typer.testing import CliRunner
 
     import adjcap.cli as cli
-    from adjcap.gpu_errors import GpuFailure
+    from adjcap.engine.gpu_errors import GpuFailure
 
     monkeypatch.delenv("ADJCAP_NUMERICS", raising=False)
     ver = _FailsAbove(models.verifier, "encode_images", 0, error)
@@ -379,11 +380,11 @@ def test_a_cuda_error_is_not_an_error_row_but_the_jobs_end(demo_cfg, models, tes
 
 
 def test_the_stages_read_the_host_per_batch_not_per_image(demo_cfg, models, test_records, monkeypatch):
-    """The retriever, verifier and scorer as a GPU would see them (adjcap.dispatch_audit, issue 38 item 2):
+    """The retriever, verifier and scorer as a GPU would see them (adjcap.models.dispatch_audit, issue 38 item 2):
     the host reads of a stage's batch do not grow with its images (5 images read as often as 2); the
     captioner's decode has its own audit (tests/test_decode_audit.py)."""
-    from adjcap import image_state, stage_registry
-    from adjcap.dispatch_audit import DispatchAudit
+    from adjcap.engine import image_state, stage_registry
+    from adjcap.models.dispatch_audit import DispatchAudit
 
     monkeypatch.delenv("ADJCAP_NUMERICS", raising=False)  # whole batches
     cfg = demo_cfg.resolved()

@@ -1,4 +1,4 @@
-"""The decode tasks' half of a model's image transform (adjcap.pixel_prep) plus the device half
+"""The decode tasks' half of a model's image transform (adjcap.engine.pixel_prep) plus the device half
 (adjcap.models.pixels) equal the model's own transform bit for bit: open_clip's eval transform in each
 resize mode (torchvision on PIL), LAVIS's eval transform, on images of every shape."""
 
@@ -11,7 +11,7 @@ from PIL import Image
 
 from adjcap.models.blip_lavis import LavisEvalTransform
 from adjcap.models.pixels import normalized, stacked
-from adjcap.pixel_prep import PixelPrep
+from adjcap.engine.pixel_prep import PixelPrep
 
 MEAN, STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
 # (width, height): square, landscape, portrait, thin, smaller than the target, off by one, large

@@ -327,7 +327,7 @@ def test_full_prepare_lays_out_everything_where_the_presets_look(tmp_path, serve
     # entities finds the NLTK data in {data}/nltk_data through ADJCAP_DATA
     import nltk
 
-    from adjcap.entities import missing_nltk_resources
+    from adjcap.models.entities import missing_nltk_resources
 
     monkeypatch.setattr(nltk.data, "path", [])
     monkeypatch.delenv("ADJCAP_NLTK_DATA", raising=False)

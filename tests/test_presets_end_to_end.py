@@ -17,11 +17,11 @@ import pytest
 from typer.testing import CliRunner
 
 from adjcap.config import Config, list_presets, load_config
-from adjcap.identity import feature_identity
-from adjcap.features import rows_to_table
-from adjcap.pipeline import load_models, run_pipeline
-from adjcap.rundir import RunDir
-from adjcap.run_plan import read_records
+from adjcap.engine.identity import feature_identity
+from adjcap.engine.features import rows_to_table
+from adjcap.engine.pipeline import load_models, run_pipeline
+from adjcap.storage.rundir import RunDir
+from adjcap.engine.run_plan import read_records
 from adjcap.jobs import fit, extract_features
 from adjcap.jobs.demo import on_demo_world
 from adjcap.jobs.run import finish

@@ -5,9 +5,9 @@ import logging
 import os
 import time
 
-from adjcap.cluster_plan import PoolPlan
+from adjcap.engine.cluster_plan import PoolPlan
 from adjcap.config import load_config
-from adjcap.rundir import RunDir
+from adjcap.storage.rundir import RunDir
 from adjcap.jobs.progress_display import Tally, Lines, duration
 from adjcap.jobs.ray_session import init_options, quiet_console
 from adjcap.jobs.run import written_since

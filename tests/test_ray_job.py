@@ -10,10 +10,10 @@ import pytest
 
 from rows_agree import assert_rows_agree
 
-from adjcap.pipeline import run_pipeline
-from adjcap.rundir import RunDir
+from adjcap.engine.pipeline import run_pipeline
+from adjcap.storage.rundir import RunDir
 from adjcap.jobs import run
-from adjcap.run_plan import read_records
+from adjcap.engine.run_plan import read_records
 
 pytestmark = pytest.mark.slow
 CORPUS_READS: list[str] = []  # what the job fixture's run parsed through the index lifecycle's corpus reader
@@ -154,7 +154,7 @@ def test_ray_output_equals_single_process_pipeline(job):
         assert_rows_agree(got[image_id], e)
 
 def test_provenance_written_and_completed(job):
-    from adjcap.provenance import config_digest
+    from adjcap.storage.provenance import config_digest
 
     cfg, run_dir, _ = job
     prov = json.loads((run_dir / "provenance.json").read_text())

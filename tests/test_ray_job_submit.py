@@ -51,7 +51,7 @@ def test_a_job_submitted_with_its_working_dir_runs_through_the_links(demo_cfg, t
     # imported through the links of the uploaded copy (Ray unpacks it under its session directory)
     assert run_py.parent.name == "jobs" and run_py.parent.parent.name == "adjcap" and "runtime_resources" in str(run_py)
     assert pool_py.parent.parent == run_py.parent.parent and root == run_py.parents[2]
-    from adjcap.rundir import RunDir
+    from adjcap.storage.rundir import RunDir
 
     rd = RunDir(run_dir)
     for split in ("val", "test"):  # every image of the limited splits, once, with its candidates

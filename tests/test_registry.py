@@ -84,7 +84,7 @@ def test_benchmark_table_protocol_and_prepare_typos_suggest():
     from adjcap.reproduce import get_table
     from adjcap.rerank.fitting import fit
     from adjcap.rerank.heads import HEADS
-    from adjcap.tracking import TrackingError, parse_log_specs
+    from adjcap.report.tracking import TrackingError, parse_log_specs
 
     with pytest.raises(ConfigError, match=r"unknown benchmark 'cocoo'; did you mean 'coco'\?"):
         load_config("headline").benchmark_cfg("cocoo")

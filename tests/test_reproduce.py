@@ -11,9 +11,9 @@ from adjcap.config import list_presets, load_config
 from adjcap.index import benchmark_corpus
 from adjcap.report.reproduced import RowResult, build_table
 from adjcap.reproduce import distinct_runs, get_table, load_tables, parse_tables, plan_table
-from adjcap.identity import feature_identity
-from adjcap.stage_cache import stage_identities
-from adjcap.stage_registry import names as stage_names
+from adjcap.engine.identity import feature_identity
+from adjcap.engine.stage_cache import stage_identities
+from adjcap.engine.stage_registry import names as stage_names
 from adjcap.cli import app
 
 STAGES = stage_names()

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import adjcap.rerank as rerank
-from adjcap.features import empty_row, rows_to_table
+from adjcap.engine.features import empty_row, rows_to_table
 from adjcap.rerank import load_features, zscore
 from adjcap.demo.synthetic import synthetic_feature_rows
 

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import save as st_save
 
 from adjcap.config import MemAttendCfg, RerankCfg, TriFuseCfg
-from adjcap.features import rows_to_table
+from adjcap.engine.features import rows_to_table
 from adjcap.rerank import (
     Heads,
     agreement,

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from adjcap.features import empty_row, rows_to_table
+from adjcap.engine.features import empty_row, rows_to_table
 from adjcap.rerank import (
     Heads,
     MemAttend,

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from adjcap.config import RerankCfg, load_config
-from adjcap.features import rows_to_table
+from adjcap.engine.features import rows_to_table
 from adjcap.rerank import HEADS, MemAttend, TriFuse, count_params, head_spec, load_features
 from adjcap.demo.synthetic import synthetic_feature_rows
 

@@ -5,7 +5,7 @@ import pyarrow as pa
 import pytest
 
 from adjcap.config import ConfigError, load_config
-from adjcap.features import PREDICTION_SCHEMA, rows_to_table
+from adjcap.engine.features import PREDICTION_SCHEMA, rows_to_table
 from adjcap.rerank import (
     ALPHA_GRID,
     BETA_GRID,

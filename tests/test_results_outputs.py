@@ -10,13 +10,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from adjcap import provenance
+from adjcap.storage import provenance
 from adjcap.metrics.run_metrics import evaluate_run
 from adjcap.report.gallery import CHUNK_ROWS, PAGE_ROWS, write_paged_gallery
 from adjcap.report.report import write_report
-from adjcap.rundir import RunDir
-from adjcap.samples import SAMPLES_SCHEMA, build_samples, write_samples
-from adjcap.tracking import TrackingError, parse_log_specs, run_metrics
+from adjcap.storage.rundir import RunDir
+from adjcap.storage.samples import SAMPLES_SCHEMA, build_samples, write_samples
+from adjcap.report.tracking import TrackingError, parse_log_specs, run_metrics
 
 from test_report_render import FIX, _make_run
 
@@ -33,7 +33,7 @@ def test_cpu_flags_read_from_cpuinfo():
 
 
 def test_provenance_of_the_demo_config(demo_cfg):
-    from adjcap.run_plan import RunPlan
+    from adjcap.engine.run_plan import RunPlan
 
     cfg = demo_cfg.resolved()
     plan = RunPlan.build(demo_cfg, cfg)

@@ -1,4 +1,4 @@
-"""A job's run plan (adjcap.run_plan, docs/architecture.md "Run plan"): built once from the config
+"""A job's run plan (adjcap.engine.run_plan, docs/architecture.md "Run plan"): built once from the config
 as given and resolved, it reads the records and the corpus once, and holds the identities resume and
 the stage cache key by, the pool plan and the run directory, read-only. The Ray job reading its corpus
 once end to end: tests/test_ray_job.py."""
@@ -9,12 +9,12 @@ from unittest import mock
 import pytest
 
 import adjcap.index.lifecycle as lifecycle
-from adjcap import pools
-from adjcap.cluster_plan import PoolPlan
+from adjcap.engine import pools
+from adjcap.engine.cluster_plan import PoolPlan
 from adjcap.config import load_config
-from adjcap.identity import run_identity, stage_identities
-from adjcap.run_plan import RunPlan, read_records
-from adjcap.stage_registry import names
+from adjcap.engine.identity import run_identity, stage_identities
+from adjcap.engine.run_plan import RunPlan, read_records
+from adjcap.engine.stage_registry import names
 
 
 def _spy_corpus_reads():

@@ -10,9 +10,9 @@ import pyarrow as pa
 import pytest
 
 from adjcap.config import load_config
-from adjcap.identity import feature_identity
-from adjcap.features import empty_row, rows_to_table
-from adjcap.rundir import RunDir, RunDirError
+from adjcap.engine.identity import feature_identity
+from adjcap.engine.features import empty_row, rows_to_table
+from adjcap.storage.rundir import RunDir, RunDirError
 
 
 def _table(ids):
@@ -84,7 +84,7 @@ def test_the_lock_refuses_a_second_job_and_names_the_holder(tmp_path):
     run = RunDir(tmp_path / "r")
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, time
-        from adjcap.rundir import RunDir
+        from adjcap.storage.rundir import RunDir
         with RunDir({str(tmp_path / 'r')!r}).lock():
             print("locked", flush=True)
             time.sleep(60)
@@ -188,7 +188,7 @@ def test_a_run_inside_rays_unpacked_working_directory_is_refused(tmp_path, monke
     """`ray job submit --working-dir .` runs the driver in .../runtime_resources/working_dir_files/
     _ray_pkg_<hash>, which Ray deletes: a relative paths.runs_dir would put the run there, lost to any
     resume. Refused in one line before anything is written; $ADJCAP_RUNS (the images set it) moves it."""
-    from adjcap.run_plan import default_run_dir
+    from adjcap.engine.run_plan import default_run_dir
 
     pkg = tmp_path / "session_1" / "runtime_resources" / "working_dir_files" / "_ray_pkg_0a1b2c3d"
     pkg.mkdir(parents=True)

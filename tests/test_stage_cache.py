@@ -7,12 +7,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from adjcap.config import load_config
-from adjcap.features import rows_to_table
+from adjcap.engine.features import rows_to_table
 from adjcap.index import benchmark_corpus
-from adjcap.pipeline import load_models, run_pipeline
-from adjcap.stage_cache import StageCache, stage_identities
-from adjcap.stage_registry import names as stage_names
-from adjcap.run_plan import read_records
+from adjcap.engine.pipeline import load_models, run_pipeline
+from adjcap.engine.stage_cache import StageCache, stage_identities
+from adjcap.engine.stage_registry import names as stage_names
+from adjcap.engine.run_plan import read_records
 
 STAGES = stage_names()
 
@@ -157,7 +157,7 @@ def _encode_other_corpus(cfg, models, tmp_path):
 
 
 def test_another_index_is_searched_again_and_a_moved_one_is_not(demo_cfg, world, tmp_path):
-    from adjcap.identity import run_identity
+    from adjcap.engine.identity import run_identity
     from adjcap.index.lifecycle import search_corpus
 
     def identity(c):  # as a job's run plan computes it: the corpus the run searches, read once

@@ -6,18 +6,18 @@ job's progress, with nothing else edited. The four stages' identities keep their
 import pyarrow as pa
 import pytest
 
-from adjcap import pools, stage_registry
-from adjcap.cluster_plan import PoolPlan
+from adjcap.engine import pools, stage_registry
+from adjcap.engine.cluster_plan import PoolPlan
 from adjcap.config import load_config
-from adjcap.features import rows_to_table
+from adjcap.engine.features import rows_to_table
 from adjcap.index import benchmark_corpus
-from adjcap.pipeline import load_models, run_pipeline
+from adjcap.engine.pipeline import load_models, run_pipeline
 from adjcap.engine import transport
-from adjcap.image_state import ImageState
-from adjcap.stage_cache import StageCache, apply_outputs, stage_identities
-from adjcap.stage_registry import Family, Reads, Stage, StageOutput
+from adjcap.engine.image_state import ImageState
+from adjcap.engine.stage_cache import StageCache, apply_outputs, stage_identities
+from adjcap.engine.stage_registry import Family, Reads, Stage, StageOutput
 from adjcap.jobs.extract_features import stream_stages
-from adjcap.run_plan import read_records
+from adjcap.engine.run_plan import read_records
 
 LOADS: list[str] = []  # the toy family's loads, in this process
 
@@ -136,19 +136,19 @@ def test_a_family_that_says_no_pixels_is_refused():
 
 
 def test_the_mechanism_knows_no_stage():
-    """The records and lookups (adjcap.stage_records) import no built-in entry: the four stages and five
-    families are registered by adjcap.stage_registry alone, on import, and are the mechanism's table."""
+    """The records and lookups (adjcap.engine.stage_records) import no built-in entry: the four stages and five
+    families are registered by adjcap.engine.stage_registry alone, on import, and are the mechanism's table."""
     import ast
     from pathlib import Path
 
-    from adjcap import stage_records
+    from adjcap.engine import stage_records
 
     tree = ast.parse(Path(stage_records.__file__).read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | \
         {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     # the image state it carries, the config it types, the TF32 switch its loading sets: no stage, family or model
     assert {m for m in imported if m and m.startswith("adjcap")} == \
-        {"adjcap.image_state", "adjcap.config", "adjcap.models.precision"}
+        {"adjcap.engine.image_state", "adjcap.config", "adjcap.models.precision"}
     assert stage_records.stages() == stage_registry.stages() and stage_records.names() == stage_registry.names()
     assert [stage_records.family(f).name for f in ("retrieval", "index", "verifier", "captioner", "scorer")] == \
         ["retrieval", "index", "verifier", "captioner", "scorer"]

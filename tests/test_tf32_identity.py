@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from adjcap.config import load_config
-from adjcap.identity import stage_identities, stage_settings
+from adjcap.engine.identity import stage_identities, stage_settings
 from adjcap.models.precision import tf32_in_effect
 
 BASE = ["paths.cache_dir=/nonexistent/cache", "paths.data_dir=/nonexistent/data"]

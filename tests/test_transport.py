@@ -13,14 +13,14 @@ import pyarrow as pa
 
 from adjcap.engine import transport
 from adjcap.engine.transport import pack, unpack
-from adjcap.cluster_plan import PoolPlan
-from adjcap import image_state, stages
-from adjcap import stage_registry as registry
+from adjcap.engine.cluster_plan import PoolPlan
+from adjcap.engine import image_state, stages
+from adjcap.engine import stage_registry as registry
 from adjcap.data.images import decode_image
-from adjcap.features import rows_to_table
+from adjcap.engine.features import rows_to_table
 from adjcap.models.roles import ScorerEncoder
-from adjcap.pipeline import load_models
-from adjcap.run_plan import read_records
+from adjcap.engine.pipeline import load_models
+from adjcap.engine.run_plan import read_records
 
 
 def _same(a, b):
@@ -235,7 +235,7 @@ def test_decode_tasks_and_the_stage_cache_load_no_torch():
     import sys
     from pathlib import Path
 
-    code = ("import sys, actors.decode, adjcap.engine.transport, adjcap.engine.decode_task, adjcap.stage_cache; "
+    code = ("import sys, actors.decode, adjcap.engine.transport, adjcap.engine.decode_task, adjcap.engine.stage_cache; "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'torchvision', 'open_clip', 'transformers'}))")
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True).stdout

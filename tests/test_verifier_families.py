@@ -14,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
-from adjcap import stages
+from adjcap.engine import stages
 from adjcap.config import ConfigError, VerifierCfg, load_config
 from adjcap.demo.tiny_blip import build_tiny_blip
 from adjcap.demo.tiny_blip2 import build_tiny_blip2
@@ -22,8 +22,8 @@ from adjcap.demo.tiny_clip import TINY_CLIP, TINY_CLIP_LARGE, build_tiny_clip
 from adjcap.demo.tiny_judges import JUDGE_DIRS, judge_config
 from adjcap.demo.tiny_siglip import TINY_SIGMOID, build_tiny_siglip
 from adjcap.demo.world import random_images
-from adjcap.identity import stage_identities
-from adjcap.image_state import ImageState
+from adjcap.engine.identity import stage_identities
+from adjcap.engine.image_state import ImageState
 from adjcap.models import budget
 from adjcap.models.roles import load_verifier, verifier_pixel_prep
 from adjcap.models.sources import weights_of
@@ -212,14 +212,14 @@ def test_a_tiny_judge_is_trained_from_the_tiny_world_and_built_once(demo_cfg, tm
 
 
 def test_each_family_is_one_record_that_everything_reads():
-    """adjcap.verifier_families is the one list: the config's names are its names, its model-side parts
+    """adjcap.engine.verifier_families is the one list: the config's names are its names, its model-side parts
     resolve to functions of the models layer, and the refusals, identities' unread keys, sizes, pixels and
     loader all come from the record of the section's family."""
     import inspect
     import pkgutil
     import typing
 
-    from adjcap import verifier_families as vf
+    from adjcap.engine import verifier_families as vf
 
     assert typing.get_args(VerifierCfg.model_fields["family"].annotation) == vf.NAMES == ("blip_itm", "blip2_itm", "clip")
     for f in vf.FAMILIES.values():
@@ -228,7 +228,7 @@ def test_each_family_is_one_record_that_everything_reads():
             assert inspect.isfunction(fn) and fn.__module__.startswith("adjcap.models."), (f.name, part)
         for backend, own in f.isolated.items():  # a backend in its own environment: its loader and environment
             assert backend in f.backends and inspect.isfunction(pkgutil.resolve_name(own.load)), (f.name, backend)
-            assert pkgutil.resolve_name(own.env).__module__ == "adjcap.lavis_env", (f.name, backend)
+            assert pkgutil.resolve_name(own.env).__module__ == "adjcap.models.lavis_env", (f.name, backend)
     assert vf.isolated(VerifierCfg(backend="lavis")) is vf.FAMILIES["blip_itm"].isolated["lavis"]
     assert vf.isolated(VerifierCfg()) is None and vf.isolated(VerifierCfg(backend="lavis", enabled=False)) is None
     # a model of another family's hub prefix is refused for every family, BLIP ITM's too

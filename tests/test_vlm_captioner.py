@@ -117,12 +117,12 @@ def test_hostile_settings_are_one_line(tiny):
 
 
 def test_the_caption_stage_runs_the_family_and_samples_do_not_depend_on_the_batch(tiny, images, tmp_path):
-    """Stage 3 through the family record (adjcap.captioners): each image's candidates as rows, the
+    """Stage 3 through the family record (adjcap.engine.captioners): each image's candidates as rows, the
     instruction as its prompt, and sampled candidates equal whether an image is captioned alone or with
     another (its seed comes from its id)."""
-    from adjcap import captioners
+    from adjcap.engine import captioners
     from adjcap.config import load_config
-    from adjcap.image_state import ImageState
+    from adjcap.engine.image_state import ImageState
 
     kind, cap = tiny
     if kind != "qwen2_vl":  # one class is enough for the wiring

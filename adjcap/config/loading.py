@@ -82,7 +82,7 @@ def config_data(
     updates: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """:func:`load_config`'s merged settings before validation (validating imports the registries,
-    and with them torch: the command line reads ``numerics`` here first, adjcap.numerics.enter)."""
+    and with them torch: the command line reads ``numerics`` here first, adjcap.machine.numerics.enter)."""
     if config_file is not None:
         p = Path(config_file)
         if not p.exists():

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from adjcap.picker_needs import PICKER_NEEDS
 from adjcap.registry import unknown
-from adjcap.verifier_families import NAMES as VERIFIER_FAMILIES
+from adjcap.engine.verifier_families import NAMES as VERIFIER_FAMILIES
 
 Precision = Literal["auto", "fp32", "fp16", "bf16"]
 
@@ -94,7 +94,7 @@ class RetrievalCfg(_Strict):
 
 class VerifierCfg(_Strict):
     enabled: bool = Field(True, description="run stage 2; false keeps the first k retrieved, in retrieval order")
-    family: Literal[VERIFIER_FAMILIES] = Field(  # adjcap.verifier_families: one record each
+    family: Literal[VERIFIER_FAMILIES] = Field(  # adjcap.engine.verifier_families: one record each
         "blip_itm", description="the judge of stages 2 and 4: blip_itm (BLIP ITM head, match probability in (0, 1)), "
         "blip2_itm (BLIP-2 Q-Former ITM head, match probability in (0, 1)) or clip (any open_clip dual encoder: "
         "sigmoid(scale * cosine + bias) in (0, 1) for a model with a logit bias (SigLIP), else (cosine + 1) / 2 "
@@ -206,7 +206,7 @@ class CandidatesCfg(_Strict):
     @classmethod
     def _absolute(cls, v: str | None) -> str | None:
         """A relative path is taken from the working directory, once: the run's identity then counts the
-        file by its content (adjcap.identity.content_id reads paths, not bare names)."""
+        file by its content (adjcap.engine.identity.content_id reads paths, not bare names)."""
         if v and "{" not in v and not v.startswith("~") and not os.path.isabs(v):
             return os.path.abspath(v)
         return v
@@ -216,7 +216,7 @@ class CaptionerCfg(_Strict):
     family: Literal["ifcap", "hf", "vlm", "candidates"] = Field(
         "ifcap", description="which captioner makes the candidates: IFCap (the settings below), a transformers "
         "model (captioner.hf), a vision-language model (captioner.vlm) or a file of candidates "
-        "(captioner.candidates); adjcap.captioners")
+        "(captioner.candidates); adjcap.engine.captioners")
     hf: HfCaptionerCfg = Field(default_factory=HfCaptionerCfg)
     vlm: VlmCaptionerCfg = Field(default_factory=VlmCaptionerCfg)
     candidates: CandidatesCfg = Field(default_factory=CandidatesCfg)
@@ -370,7 +370,7 @@ class BenchmarkCfg(_Strict):
 
 class PoolCfg(_Strict):
     """One pool's actors (``ray.pool.<pool>``: retriever, verifier, captioner, scorer, fused or encoder;
-    adjcap.pools): unset values take the defaults of the ray section."""
+    adjcap.engine.pools): unset values take the defaults of the ray section."""
 
     actors: int | None = Field(None, gt=0, description="actors of this pool (None: ray.workers)")
     gpus: float | None = Field(None, gt=0.0, description="GPU per actor on a cluster with GPUs (None: ray.gpu_share; "
@@ -390,7 +390,7 @@ class RayCfg(_Strict):
     pools: Literal["split", "fused", "auto"] = Field(
         "auto", description="split: one pool per stage (retriever, verifier, captioner, scorer); fused: every "
         "stage in one actor, each model loaded once; auto: fused without GPUs; with GPUs split when MPS is on "
-        "(ray.mps), else fused, one CUDA context per GPU (adjcap.pools)")
+        "(ray.mps), else fused, one CUDA context per GPU (adjcap.engine.pools)")
     mps: bool | None = Field(None, description="the GPU nodes run NVIDIA MPS (split pools then share a GPU without "
                              "time-slicing); None: whether this machine runs it (CUDA_MPS_PIPE_DIRECTORY or the "
                              "default pipe /tmp/nvidia-mps; `adjcap doctor` says)")
@@ -492,7 +492,7 @@ class Config(_Strict):
     )
     numerics: Literal["fast", "portable"] = Field(
         "fast", description="fast: this machine's best kernels, whole batches. portable: the same bits on every "
-        "x86-64 CPU (one kernel level, one thread, one image at a time; slower; the demo's). See adjcap.numerics"
+        "x86-64 CPU (one kernel level, one thread, one image at a time; slower; the demo's). See adjcap.machine.numerics"
     )
     paths: PathsCfg = Field(default_factory=PathsCfg)
     retrieval: RetrievalCfg = Field(default_factory=RetrievalCfg)

@@ -12,7 +12,7 @@ from adjcap.config.keys import close_keys
 from adjcap.config.schema import Config, ConfigError
 from adjcap.picker_needs import PICKER_NEEDS, picker_names
 from adjcap.registry import did_you_mean, suggestion
-from adjcap.verifier_families import refusal as verifier_refusal
+from adjcap.engine.verifier_families import refusal as verifier_refusal
 
 
 def validate_config(data: dict[str, Any]) -> Config:

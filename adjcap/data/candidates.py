@@ -329,7 +329,7 @@ def match_records(table: CandidateTable, records: Iterable[Any], images_root: st
 def write_candidates(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> Path:
     """Rows ``{image, candidates, logprobs?, n_tokens?, logprob_means?}`` as a JSONL candidates file
     (floats written in full: read back, they are the same numbers)."""
-    from adjcap.io import atomic_write_text
+    from adjcap.storage.io import atomic_write_text
 
     p = Path(path)
     atomic_write_text(p, "".join(json.dumps(dict(r), ensure_ascii=False) + "\n" for r in rows))

@@ -1,7 +1,7 @@
 """The demo's figures, one source for the documentation (README.md, docs/guide/demo.md), BENCHMARKS.md
 and the tests.
 
-``make demo`` computes with portable numerics (:mod:`adjcap.numerics`), so its tiny models and its
+``make demo`` computes with portable numerics (:mod:`adjcap.machine.numerics`), so its tiny models and its
 predictions are the same bits on every x86-64 CPU with AVX2. ``expected.json`` beside this module
 records what they are: each tiny model's digest (:func:`adjcap.demo.tiny.model_digests`), each picker's
 predictions digest, the headline figures (LM-only against every picker, CIDEr and CHAIR_i with paired

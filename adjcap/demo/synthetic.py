@@ -1,7 +1,7 @@
 """Synthetic feature rows (FEATURE_SCHEMA) for the reranker's tests and benchmark.
 
 These are random numbers, not a stage: nothing in the pipeline reads them. They exercise the exact
-row layout that ``adjcap.stages`` writes so that the tests and ``benchmarks/rerank.py`` go through the
+row layout that ``adjcap.engine.stages`` writes so that the tests and ``benchmarks/rerank.py`` go through the
 same Arrow -> :func:`adjcap.rerank.features.load_features` path as real feature tables.
 """
 

@@ -27,16 +27,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 
-from adjcap import numerics
+from adjcap.machine import numerics
 from adjcap.demo.train_settings import TinyTrainSettings
-from adjcap.io import atomic_write_json
+from adjcap.storage.io import atomic_write_json
 
 # The builders and trainers (open_clip, transformers' BLIP, IFCap) are imported only when a world is
 # built: every demo job checks that its world is ready, and that check needs none of them.
 
 READY = "READY.json"
 QUALITY = "QUALITY.json"  # the judges' held-out quality (adjcap.demo.quality.judge_quality)
-VERSION = 6  # 6: built with portable numerics (adjcap.numerics.PIN)
+VERSION = 6  # 6: built with portable numerics (adjcap.machine.numerics.PIN)
 
 
 def world_fingerprint(texts: Sequence[str], seed: int, settings=None) -> str:
@@ -113,7 +113,7 @@ def build_tiny_world(cache_dir: Path, corpus_texts: Sequence[str], seed: int = 4
 
 def _build_pinned(cache_dir: Path, corpus_texts: Sequence[str], seed: int, settings: TinyTrainSettings,
                   workers: int | None) -> None:
-    """:func:`build_tiny_world` in a fresh interpreter started with :data:`adjcap.numerics.PIN` (the
+    """:func:`build_tiny_world` in a fresh interpreter started with :data:`adjcap.machine.numerics.PIN` (the
     libraries read it when they load); the job goes through a file, the output is this process's."""
     from adjcap.demo.train import fresh_interpreter
 

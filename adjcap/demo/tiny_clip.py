@@ -16,7 +16,7 @@ import open_clip
 import torch
 
 from adjcap.models.clip import quiet_random_init
-from adjcap.io import atomic_write_bytes, atomic_write_json
+from adjcap.storage.io import atomic_write_bytes, atomic_write_json
 from adjcap.models.sources import OPEN_CLIP_CONFIG, PREPROCESS_KEYS
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from adjcap.demo.tiny import READY
-from adjcap.io import atomic_write_json
+from adjcap.storage.io import atomic_write_json
 
 JUDGE_DIRS = {"blip2_itm": "blip2-itm", "clip": "siglip"}
 VERSION = 1
@@ -65,7 +65,7 @@ def _world_fingerprint(tiny: Path) -> str:
 
 
 def _marker(tiny: Path, family: str) -> Path:
-    """Beside the judge's folder, not in it: a folder's files are its identity (adjcap.identity.content_id)."""
+    """Beside the judge's folder, not in it: a folder's files are its identity (adjcap.engine.identity.content_id)."""
     return tiny / f"{JUDGE_DIRS[family]}.{READY}"
 
 

@@ -109,7 +109,7 @@ def _vocabulary(tokenizer_dir: Path) -> list[str]:
 def build_tiny_lavis(tiny_dir: Path, cache_dir: str | os.PathLike, seed: int = 42) -> tuple[Path, Path]:
     """(checkpoint, tokenizer dir) of the demo's tiny LAVIS ITM under ``tiny_dir/blip-itm-lavis``;
     built once with the LAVIS environment of ``cache_dir`` (which must be built), then reused."""
-    from adjcap import lavis_env
+    from adjcap.models import lavis_env
 
     root = Path(tiny_dir) / "blip-itm-lavis"
     pth, tok = root / CHECKPOINT, root / TOKENIZER

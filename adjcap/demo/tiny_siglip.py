@@ -26,7 +26,7 @@ from adjcap.demo.negatives import hard_negative
 from adjcap.demo.tiny_clip import CONFIG_DIR  # registers the tiny configs with open_clip
 from adjcap.demo.train_base import (EpochSampler, LossTrace, TrainLog, TrainingPool, adamw, cosine_lr, deterministic,
                                     set_lr)
-from adjcap.io import atomic_write_bytes, atomic_write_json
+from adjcap.storage.io import atomic_write_bytes, atomic_write_json
 from adjcap.models.clip import load_dual_encoder, quiet_random_init
 from adjcap.models.sources import OPEN_CLIP_CONFIG
 

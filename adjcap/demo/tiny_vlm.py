@@ -167,8 +167,8 @@ def ensure_tiny_vlm(cache: str | os.PathLike, corpus_texts: Sequence[str], seed:
     with it (``reproduce lvlm-chair --benchmark demo``; never ``make demo``), under a lock, then reused.
     Untrained: its candidates are the corpus's words in random order, so on the demo world the table shows
     the machinery (rows, intervals, cut counts), not a model's hallucination."""
-    from adjcap.file_lock import holding
-    from adjcap.io import atomic_write_json
+    from adjcap.storage.file_lock import holding
+    from adjcap.storage.io import atomic_write_json
 
     out = Path(cache) / "tiny" / FOLDER
     if (out / READY).is_file():

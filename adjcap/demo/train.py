@@ -51,7 +51,7 @@ from adjcap.demo.train_blip import train_blip_itm
 from adjcap.demo.train_clip import train_clip
 from adjcap.demo.train_ifcap import train_ifcap
 from adjcap.demo.train_settings import TinyTrainSettings
-from adjcap.io import atomic_write_bytes
+from adjcap.storage.io import atomic_write_bytes
 from adjcap.models.clip import load_dual_encoder
 
 
@@ -82,7 +82,7 @@ _TRAINERS = {"clip": train_clip, "blip": train_blip_itm}  # what may train in a 
 def fresh_interpreter(module: str, job: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     """``python -m MODULE JOB`` in a fresh interpreter that imports this adjcap (``env``: default this
     process's environment). A fresh interpreter, not multiprocessing, so nothing depends on the caller's
-    ``__main__`` and the child gets the environment from its start (:mod:`adjcap.numerics`)."""
+    ``__main__`` and the child gets the environment from its start (:mod:`adjcap.machine.numerics`)."""
     root = str(Path(__file__).resolve().parents[2])  # the folder holding this adjcap package (adjcap/demo/train.py)
     env = dict(os.environ if env is None else env)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))

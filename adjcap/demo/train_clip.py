@@ -19,7 +19,7 @@ from safetensors.torch import save
 from adjcap.demo.negatives import hard_negative
 from adjcap.demo.train_base import (CLIP_POOL, EpochSampler, LossTrace, TrainLog, TrainingPool, adamw, cosine_lr,
                                     deterministic, set_lr)
-from adjcap.io import atomic_write_bytes
+from adjcap.storage.io import atomic_write_bytes
 from adjcap.models.clip import load_dual_encoder
 
 

@@ -21,8 +21,8 @@ import torch
 from adjcap.demo.train_base import (CLIP_POOL, LossTrace, TrainingPool, TrainLog, adamw, cosine_lr, deterministic,
                                     render_pool, set_lr)
 from adjcap.demo.tiny_hf_captioner import build_tiny_hf_captioner
-from adjcap.file_lock import holding
-from adjcap.io import atomic_write_json
+from adjcap.storage.file_lock import holding
+from adjcap.storage.io import atomic_write_json
 from adjcap.models.blip import quiet_progress
 
 FOLDER = "blip-caption"  # under {cache}/tiny: the demo mapping's captioner.hf.model

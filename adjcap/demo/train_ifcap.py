@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from adjcap.demo.tiny_ifcap import with_gpt2_mask_buffers
 from adjcap.demo.train_base import LossTrace, TrainLog, adamw, cosine_lr, deterministic, set_lr
 from adjcap.demo.world import demo_lexicon
-from adjcap.entities import NOUN_TAGS, hard_prompt, lexicon_tagger
+from adjcap.models.entities import NOUN_TAGS, hard_prompt, lexicon_tagger
 from adjcap.models.clip import load_dual_encoder
 from adjcap.models.gpt2_tokenizer import load_gpt2_tokenizer
 from adjcap.models.ifcap import ClipCaptionModel, gpt2_config, infer_mapping_dims

@@ -29,7 +29,7 @@ from typing import Any, Iterator
 import numpy as np
 from PIL import Image, ImageDraw
 
-from adjcap.io import atomic_write_bytes, atomic_write_json
+from adjcap.storage.io import atomic_write_bytes, atomic_write_json
 
 DEMO_VERSION = 1
 

@@ -2,7 +2,7 @@
 ``actors/decode.py``; the local backend calls it in process): a table of records (the engine's:
 :func:`adjcap.engine.executor.records_table`) -> decoded images inside fresh states (holding the stage
 outputs the stage cache already had for the image, when the record carries them), resized and cropped
-for the pools' models (:mod:`adjcap.pixel_prep`), packed as the transport's columns. Imports no model
+for the pools' models (:mod:`adjcap.engine.pixel_prep`), packed as the transport's columns. Imports no model
 library."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Sequence
 import pyarrow as pa
 
 from adjcap.engine.transport import pack, unpack
-from adjcap.image_state import decode_state
-from adjcap.pixel_prep import PixelPrep
+from adjcap.engine.image_state import decode_state
+from adjcap.engine.pixel_prep import PixelPrep
 
 
 def decode_table(batch: pa.Table, preps: Sequence[PixelPrep] = (), keep_bytes: bool = True) -> tuple[pa.Table, int, int]:

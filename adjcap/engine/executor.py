@@ -2,12 +2,12 @@
 lays out a :class:`Stream` once (the records as one Arrow table of declared columns, cut into blocks
 of whole batches; the decode step's pixel geometries; the pools from the run plan's layout, each with
 its batch size; the batch sink) and an :class:`Executor` runs it, yielding what the last pool returns:
-with a sink, the few columns per image the driver counts (:func:`adjcap.batch_sink.done_columns`),
+with a sink, the few columns per image the driver counts (:func:`adjcap.engine.batch_sink.done_columns`),
 without one the final states, packed. Two backends: :class:`adjcap.engine.local.LocalExecutor` (in
 process: tests, notebooks, benchmarks) and ``jobs/ray_backend.RayExecutor`` (Ray Data pools). Both
 call the same decode function (:func:`adjcap.engine.decode_task.decode_table`) and the same pool batch
 class (:class:`adjcap.engine.pool_batch.PoolBatch`) over the same transport
-(:mod:`adjcap.engine.transport`) into the same sink (:mod:`adjcap.batch_sink`)."""
+(:mod:`adjcap.engine.transport`) into the same sink (:mod:`adjcap.engine.batch_sink`)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 
-from adjcap import pools as pool_layout
-from adjcap import stage_registry
-from adjcap.batch_sink import Sink
+from adjcap.engine import pools as pool_layout
+from adjcap.engine import stage_registry
+from adjcap.engine.batch_sink import Sink
 from adjcap.config import Config
 from adjcap.data.records import Record
 from adjcap.engine import transport

@@ -17,7 +17,7 @@ from adjcap.engine.pool_batch import PoolBatch
 class LocalExecutor(Executor):
     def __init__(self, models: Mapping[str, Any]):
         """``models``: every family the pools run, loaded in this process, by name
-        (:func:`adjcap.pipeline.load_models`)."""
+        (:func:`adjcap.engine.pipeline.load_models`)."""
         self.models = models
 
     def run(self, stream: Stream) -> Iterator[pa.Table]:

@@ -1,10 +1,10 @@
 """The one pool's batch callable (docs/architecture.md, "Pools"), the library half of the Ray pool
 actor (``actors/pool.py``; the local backend instantiates it in process): loads the model families
-of its stages once (:mod:`adjcap.stage_registry`), or takes them loaded, and runs their batch
+of its stages once (:mod:`adjcap.engine.stage_registry`), or takes them loaded, and runs their batch
 functions, in order, on every batch of states. A split pool runs one stage; the fused pool runs every
 stage an image needs. The last pool writes each finished batch through the sink
-(:func:`adjcap.batch_sink.write_batch`) and returns only what the driver counts
-(:func:`adjcap.batch_sink.done_columns`)."""
+(:func:`adjcap.engine.batch_sink.write_batch`) and returns only what the driver counts
+(:func:`adjcap.engine.batch_sink.done_columns`)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from typing import Any, Callable, Mapping
 
 import pyarrow as pa
 
-from adjcap import gpu_errors, stage_registry
-from adjcap.batch_sink import Sink, done_columns, write_batch
+from adjcap.engine import gpu_errors, stage_registry
+from adjcap.engine.batch_sink import Sink, done_columns, write_batch
 from adjcap.config import Config
 from adjcap.engine.transport import Keep, columns, pack, unpack
-from adjcap.stages import HalvedSizes, carrying
+from adjcap.engine.stages import HalvedSizes, carrying
 
 
 class _Unmetered:
@@ -33,12 +33,12 @@ class PoolBatch:
         """``cfg`` resolved; ``stages``: the stage names this pool runs; ``given``: what the job hands the
         families instead of files (the caption index, the corpus nouns); ``last``: this pool's states are
         final (images and intermediate encodings are dropped); ``sink``: where the last pool writes its
-        batches (then only :func:`adjcap.batch_sink.done_columns` go back, never a state); ``pool``: the
+        batches (then only :func:`adjcap.engine.batch_sink.done_columns` go back, never a state); ``pool``: the
         pool's name (default: its first stage's pool); ``keep``: what its output carries on for the pools
         after it (:func:`adjcap.engine.transport.kept_for`; default everything); ``models``: the families
         already loaded in this process, by name (then nothing loads); ``meter``: stage name -> an object
         whose ``batch(states)`` wraps each stage call (the Ray actor's progress; default none); ``part``:
-        run only that family's part of the stages (:attr:`adjcap.stage_registry.Family.parts`; the
+        run only that family's part of the stages (:attr:`adjcap.engine.stage_registry.Family.parts`; the
         verifier half of stage 4 in the ``lavis`` backend's environment), loading that family alone."""
         self.cfg, self.last, self.sink, self.keep = cfg, last, sink, keep
         self.cache = sink.cache() if sink is not None else None

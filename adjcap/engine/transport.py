@@ -2,7 +2,7 @@
 image"): a batch of states travels as one ``pyarrow.Table`` whose columns are the image's own (id,
 benchmark, split, domain, error, the encoded image, the pixels the decode task prepared, the stages
 done and computed), every stage's output columns as the stage registry declares them
-(:attr:`adjcap.stage_registry.Stage.output`: each column once, typed by its schema) and the verifier's image encoding (stage 2's, reused by stage 4) as raw
+(:attr:`adjcap.engine.stage_registry.Stage.output`: each column once, typed by its schema) and the verifier's image encoding (stage 2's, reused by stage 4) as raw
 bytes. No state is pickled; a stage registered beyond the four travels by its declared columns too.
 
 Imports no model library (the decode tasks use it): PyTorch only when a batch carries a verifier
@@ -16,11 +16,11 @@ from typing import Any, Iterable
 import numpy as np
 import pyarrow as pa
 
-from adjcap import stage_registry
-from adjcap.image_state import ImageState
+from adjcap.engine import stage_registry
+from adjcap.engine.image_state import ImageState
 
 _STR = pa.string()
-# the pixels the decode task prepared, one entry per geometry (adjcap.pixel_prep): uint8 [height, width, 3]
+# the pixels the decode task prepared, one entry per geometry (adjcap.engine.pixel_prep): uint8 [height, width, 3]
 PIXELS = pa.list_(pa.struct([("key", _STR), ("height", pa.int32()), ("width", pa.int32()), ("data", pa.binary())]))
 # the image's own columns, then the verifier's image encoding (not a stage output: stage 4 reuses it)
 IMAGE = pa.schema([("image_id", _STR), ("benchmark", _STR), ("split", _STR), ("domain", _STR), ("error", _STR),

@@ -21,7 +21,7 @@ import torch
 from adjcap.config import BenchmarkCfg, ConfigError, EncoderCfg, RetrievalCfg
 from adjcap.data.corpora import read_manifest
 from adjcap.data.corpus import Corpus, load_corpus
-from adjcap.content_ids import file_content_id
+from adjcap.storage.content_ids import file_content_id
 from adjcap.index.shards import (
     CaptionIndexError,
     IndexManifest,
@@ -77,7 +77,7 @@ def index_identity(retrieval: RetrievalCfg, cache_dir: str | Path, encoder_id: s
 
 def encoder_identity(enc: EncoderCfg) -> str:
     """A stable id of a (resolved) encoder section without loading it: name + tag, or name + the local
-    checkpoint's content id (:func:`adjcap.content_ids.file_content_id`: content, not path), + its precision
+    checkpoint's content id (:func:`adjcap.storage.content_ids.file_content_id`: content, not path), + its precision
     and token budget where they are not the paper's."""
     pretrained = enc.pretrained
     if pretrained and Path(pretrained).is_file():

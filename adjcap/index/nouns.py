@@ -1,7 +1,7 @@
 """The corpus captions' nouns, tagged once per corpus and tagger and kept with the index (issue 38 item 5).
 
 Stage 3's frequency entity filter counts the noun lemmas of an image's k verified (or L retrieved)
-corpus captions (:func:`adjcap.entities.count_tagged`). Those captions come from a fixed corpus, so each
+corpus captions (:func:`adjcap.models.entities.count_tagged`). Those captions come from a fixed corpus, so each
 caption's noun lemmas are the same for every image: :func:`ensure_nouns` tags the whole corpus once
 (outside the GPU actors: `adjcap encode-corpus`, the job's index step, the in-process pipeline) into
 ``<index dir>/nouns-<key>.npz``, keyed by everything that made it (the corpus fingerprint and the
@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from adjcap import entities as ent
-from adjcap.content_ids import file_content_id
-from adjcap.io import atomic_write_bytes
+from adjcap.models import entities as ent
+from adjcap.storage.content_ids import file_content_id
+from adjcap.storage.io import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class CorpusNouns:
         return [self.vocab[j] for j in self.lemmas[self.offsets[corpus_id] : self.offsets[corpus_id + 1]]]
 
     def counts(self, corpus_ids: Sequence[int]) -> list[tuple[int, str]]:
-        """:func:`adjcap.entities.count_tagged` of these captions: (count, lemma), sorted descending."""
+        """:func:`adjcap.models.entities.count_tagged` of these captions: (count, lemma), sorted descending."""
         counts: Counter[str] = Counter()
         for c in corpus_ids:
             counts.update(self.of(int(c)))

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch  # unit_rows and the builders take tensors too
 
-from adjcap.io import atomic_write_bytes, atomic_write_json, file_checksum
+from adjcap.storage.io import atomic_write_bytes, atomic_write_json, file_checksum
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 
-from adjcap.io import file_checksum
+from adjcap.storage.io import file_checksum
 from adjcap.java.runtime import MetricError
 
 DIGESTS_RESOURCE = "corenlp-3.6.0.digests.json"

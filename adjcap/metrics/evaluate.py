@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from adjcap.data.domains import normalize_domain
-from adjcap.io import atomic_write_json
+from adjcap.storage.io import atomic_write_json
 from adjcap.metrics.chair import ChairMatcher, chair, load_instance_objects
 from adjcap.metrics.coco import (
     METRIC_NAMES,

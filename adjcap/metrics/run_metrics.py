@@ -17,7 +17,7 @@ from adjcap.metrics.coco import OnMissing
 from adjcap.metrics.evaluate import Evaluator, instance_objects_for, load_predictions, resolve_predictions, spice_from
 from adjcap.metrics.ranks import pick_disagreement, retrieval_verifier_spearman, top1_agreement
 from adjcap.metrics.seeds import BASELINES, seed_study
-from adjcap.rundir import RunDir
+from adjcap.storage.rundir import RunDir
 
 LM_PICKER = "lm"
 HEAD_PICKERS = ("trifuse", "memattend")

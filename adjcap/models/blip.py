@@ -41,7 +41,7 @@ from adjcap.config import VerifierCfg
 from adjcap.models.pixels import Pixels, count, input_batches
 from adjcap.models.precision import dtype_name, pick_device, pick_dtype
 from adjcap.models.sources import ModelUnavailableError, hf_offline, hub_or_dir
-from adjcap.pixel_prep import PixelPrep
+from adjcap.engine.pixel_prep import PixelPrep
 
 DEFAULT_VERIFIER = "Salesforce/blip-itm-large-coco"
 FLICKR_VERIFIER = "Salesforce/blip-itm-large-flickr"
@@ -488,7 +488,7 @@ def pixel_prep_for(model: str | os.PathLike, what: str = "BLIP ITM verifier", ca
 
 def verifier_pixel_prep(cfg: VerifierCfg):
     """The pixel preparation of a BLIP or BLIP-2 verifier section (its family's ``pixels``)."""
-    from adjcap.verifier_families import of
+    from adjcap.engine.verifier_families import of
 
     return pixel_prep_for(cfg.model, of(cfg).title)
 

@@ -2,7 +2,7 @@
 with its image-text matching head, one image against many captions.
 
 ``load_blip2_verifier("Salesforce/blip2-itm-vit-g")`` (or a local ``save_pretrained`` directory) returns
-a :class:`Blip2Verifier` with the verifier interface :mod:`adjcap.stages` calls (as
+a :class:`Blip2Verifier` with the verifier interface :mod:`adjcap.engine.stages` calls (as
 :class:`adjcap.models.blip.Verifier`):
 
 * :meth:`Blip2Verifier.encode_images` runs the (large, frozen) vision encoder once per image; its output

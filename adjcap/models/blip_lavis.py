@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from adjcap.pixel_prep import PixelPrep
+from adjcap.engine.pixel_prep import PixelPrep
 
 # Training state of a LAVIS/BLIP *retrieval* checkpoint that ITM never reads: the momentum encoders and
 # projections, the contrastive queues, the queue pointer (LAVIS names it queue_ptr, BLIP ptr_queue) and
@@ -304,7 +304,7 @@ class LavisEvalTransform:
         self.mean = torch.tensor(mean, dtype=torch.float32).view(3, 1, 1)
         self.std = torch.tensor(std, dtype=torch.float32).view(3, 1, 1)
         self.resample = int(resample)
-        # the same transform split in its CPU and device halves (:mod:`adjcap.pixel_prep`)
+        # the same transform split in its CPU and device halves (:mod:`adjcap.engine.pixel_prep`)
         self.pixel_prep = PixelPrep(self.image_size, self.image_size, "squash", self.resample,
                                     mean=tuple(float(v) for v in mean), std=tuple(float(v) for v in std))
 

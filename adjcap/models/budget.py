@@ -1,5 +1,5 @@
 """How much memory a model takes, estimated without loading it: the parameter counts that each model
-family's ``size`` in :mod:`adjcap.stage_registry` adds up, and :func:`adjcap.pools.pool_budget` per pool
+family's ``size`` in :mod:`adjcap.engine.stage_registry` adds up, and :func:`adjcap.engine.pools.pool_budget` per pool
 (the parameter count of the models a pool holds and their size in memory at the precision they run
 in). Counts come from, in order:
 
@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable
 
-from adjcap import verifier_families
+from adjcap.engine import verifier_families
 
 # open_clip architectures: parameters per tower (counted from the open_clip configs)
 CLIP_TOWERS: dict[str, dict[str, int]] = {
@@ -139,7 +139,7 @@ def encoder_params(encoder: Any, towers: Iterable[str] = ("image", "text")) -> i
 
 
 def verifier_params(verifier: Any) -> int:
-    """The verifier section's model, by its family's record (``params``: :mod:`adjcap.verifier_families`)."""
+    """The verifier section's model, by its family's record (``params``: :mod:`adjcap.engine.verifier_families`)."""
     if not verifier.enabled:
         return 0
     return pkgutil.resolve_name(verifier_families.of(verifier).params)(verifier)

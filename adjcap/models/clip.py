@@ -36,7 +36,7 @@ from PIL import Image
 from adjcap.config import EncoderCfg
 from adjcap.models.clip_tokens import fast_tokenizer
 from adjcap.models.pixels import Pixels, count, input_batches, to_device
-from adjcap.pixel_prep import PixelPrep
+from adjcap.engine.pixel_prep import PixelPrep
 from adjcap.models.precision import dtype_name, pick_device, pick_dtype
 from adjcap.models.sources import (PREPROCESS_KEYS, ModelUnavailableError, clip_source, tag_preprocess,
                                    tag_unavailable)
@@ -218,7 +218,7 @@ class DualEncoder:
     # ---- images ----------------------------------------------------------------------------
     @property
     def pixel_prep(self) -> PixelPrep | None:
-        """This model's transform split in its CPU and device halves (:mod:`adjcap.pixel_prep`)."""
+        """This model's transform split in its CPU and device halves (:mod:`adjcap.engine.pixel_prep`)."""
         return PixelPrep.from_open_clip(self.preprocess_cfg)
 
     def preprocess(self, images: Sequence[Image.Image] | Image.Image) -> torch.Tensor:
@@ -545,7 +545,7 @@ def load_encoder_from_config(cfg: EncoderCfg, *, towers: Iterable[str] = ("image
 def pixel_prep_for(cfg: EncoderCfg) -> PixelPrep | None:
     """The :attr:`DualEncoder.pixel_prep` that :func:`load_encoder_from_config` would give, without
     loading any weights (the model built on the meta device, with the preprocessing its tag or
-    checkpoint sets): what the job's decode tasks prepare (:mod:`adjcap.pixel_prep`). None when it
+    checkpoint sets): what the job's decode tasks prepare (:mod:`adjcap.engine.pixel_prep`). None when it
     cannot be known here (the job then hands the pools the image's bytes, as before)."""
     try:
         return _pixel_prep(cfg.model, None if cfg.pretrained in (None, "") else str(cfg.pretrained))

@@ -32,8 +32,8 @@ import torch
 from torch import nn
 
 from adjcap.config import CaptionerCfg
-from adjcap.decoding import Candidate, beam_step, decode_prompts
-from adjcap.entities import hard_prompt
+from adjcap.models.decoding import Candidate, beam_step, decode_prompts
+from adjcap.models.entities import hard_prompt
 from adjcap.models.gpt2_tokenizer import load_gpt2_tokenizer, stop_token_ids
 from adjcap.models.precision import pick_device
 from adjcap.models.sources import existing_file
@@ -451,7 +451,7 @@ class IFCapCaptioner:
         negative_retrieved_feats: torch.Tensor | Sequence[torch.Tensor] | None = None,
         contrastive_lambda: float = 0.0,
     ) -> list[list[Candidate]]:
-        """Captions for B images: one list of :class:`~adjcap.decoding.Candidate` per image, sorted
+        """Captions for B images: one list of :class:`~adjcap.models.decoding.Candidate` per image, sorted
         by mean log-prob (incl. the stop token) descending; ``beam_width`` candidates for the beam
         decoder, one for greedy. ``search="reference"`` runs IFCap's own procedure image by image;
         ``"fast"`` the batched KV-cached search that returns the same beams.
@@ -526,7 +526,7 @@ def load_ifcap(
     ``lm_config``: "gpt2" (built-in GPT-2 small config) or a directory with config.json.
     ``tokenizer``: HF id ("gpt2") or a local tokenizer directory. ``mapping_heads`` is not stored in
     the file (8 for the released models). Mapping-network sizes are inferred from the shapes.
-    ``compile``: ``captioner.compile`` (:func:`adjcap.decoding.beam_step`), its artifacts under ``compile_cache``.
+    ``compile``: ``captioner.compile`` (:func:`adjcap.models.decoding.beam_step`), its artifacts under ``compile_cache``.
     """
     path = existing_file(checkpoint, "IFCap checkpoint", RELEASE_HINT)
     try:

@@ -7,7 +7,7 @@ tokens) is longer than every judge reads:
 * ``clip``: the open_clip tokenizer's context (CLIP 77 tokens with start and end, SigLIP 64): the text is
   cut at the window, the rest unseen.
 
-The same judges score the candidates in stage 4 (:mod:`adjcap.stages`): what lies past the window does
+The same judges score the candidates in stage 4 (:mod:`adjcap.engine.stages`): what lies past the window does
 not count, so a hallucinated object late in a long caption goes unjudged; the count says how often.
 
 ``verifier.long_captions`` says how the judge reads a candidate (stage 4, every family and backend:

@@ -95,7 +95,7 @@ class LavisMemo:
 
 
 class LavisVerifier:
-    """LAVIS's BLIP ITM with its eval processors: the verifier interface of adjcap.stages."""
+    """LAVIS's BLIP ITM with its eval processors: the verifier interface of adjcap.engine.stages."""
 
     backend = "lavis"
 
@@ -203,5 +203,5 @@ def load_lavis_verifier(path: str | os.PathLike, *, tokenizer: str = BERT_BASE, 
 
 
 def load_from_config(v: Any, *, device: str = "auto") -> LavisVerifier:
-    """The verifier section's LAVIS judge (``verifier.backend = "lavis"``: adjcap.verifier_families)."""
+    """The verifier section's LAVIS judge (``verifier.backend = "lavis"``: adjcap.engine.verifier_families)."""
     return load_lavis_verifier(v.model, tokenizer=v.tokenizer, device=device, image_batch_size=v.batch_size)

@@ -1,4 +1,4 @@
-"""The device half of a model's image preprocessing (:mod:`adjcap.pixel_prep` has the CPU half): the
+"""The device half of a model's image preprocessing (:mod:`adjcap.engine.pixel_prep` has the CPU half): the
 ``uint8`` pixels the decode tasks prepared -> the model's normalised float32 input, computed where the
 model runs (a quarter of the float32 bytes cross to a GPU).
 
@@ -12,7 +12,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from adjcap.pixel_prep import PixelPrep
+from adjcap.engine.pixel_prep import PixelPrep
 
 
 def stacked(arrays: Sequence[np.ndarray]) -> torch.Tensor:
@@ -39,7 +39,7 @@ def normalized(pixels: torch.Tensor, prep: PixelPrep, device: torch.device | str
 
 class Pixels:
     """A batch of prepared pixels as a model's ``encode_images`` takes them: ``uint8`` [B, H, W, 3] on
-    the CPU and the geometry they were made with (:attr:`adjcap.pixel_prep.PixelPrep.key`)."""
+    the CPU and the geometry they were made with (:attr:`adjcap.engine.pixel_prep.PixelPrep.key`)."""
 
     def __init__(self, data: torch.Tensor, key: str):
         self.data, self.key = data, key

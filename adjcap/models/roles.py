@@ -1,6 +1,6 @@
 """The models each pool holds, loaded from a resolved :class:`~adjcap.config.Config` (its sections'
 paths already expanded by ``Config.resolved()``). The model families of the stage registry
-(:mod:`adjcap.stage_registry`) load through these functions, for the pool actor and the single-process
+(:mod:`adjcap.engine.stage_registry`) load through these functions, for the pool actor and the single-process
 pipeline alike, so both hold exactly the same models. In one process (the fused pool, the pipeline) the
 scorer reuses the retrieval encoder (both towers then) and the verifier.
 
@@ -28,9 +28,9 @@ from typing import Any
 
 import torch
 
-from adjcap import verifier_families
+from adjcap.engine import verifier_families
 from adjcap.config import CaptionerCfg, ConfigError, EncoderCfg, VerifierCfg
-from adjcap.entities import ensemble_embeddings
+from adjcap.models.entities import ensemble_embeddings
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class ScorerEncoder:
 
 def verifier_pixel_prep(v: VerifierCfg):
     """The image preprocessing the judge of ``v`` wants, without loading it (its family's ``pixels``:
-    :mod:`adjcap.pixel_prep`; None: not known before loading, or the ``lavis`` backend, which decodes in
+    :mod:`adjcap.engine.pixel_prep`; None: not known before loading, or the ``lavis`` backend, which decodes in
     its own environment)."""
     if v.backend != "transformers":
         return None
@@ -80,7 +80,7 @@ def verifier_pixel_prep(v: VerifierCfg):
 
 
 def load_verifier(verifier: VerifierCfg, device: str):
-    """The judge of ``verifier.family`` (its record's ``load``: :mod:`adjcap.verifier_families`), with
+    """The judge of ``verifier.family`` (its record's ``load``: :mod:`adjcap.engine.verifier_families`), with
     the verifier interface of :class:`adjcap.models.blip.Verifier` (encode_images, memo_from_image_embeds,
     score: one score per pair), or None when the verifier is disabled (presets without stage 2)."""
     if not verifier.enabled:

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import torch
 
-from adjcap.decoding import Candidate
+from adjcap.models.decoding import Candidate
 from adjcap.models.hf_captioner import SCORE_TOLERANCE, BeamScoreMismatch
 from adjcap.models.precision import pick_device, pick_dtype
 from adjcap.models.sources import ModelUnavailableError, hub_or_dir

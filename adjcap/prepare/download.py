@@ -32,7 +32,7 @@ from adjcap.prepare.errors import ChecksumError, DiskFullError, NetworkError, Pr
 from adjcap.prepare.limits import Deadlines
 from adjcap.prepare.download_progress import Progress
 from adjcap.prepare.sources import host_of
-from adjcap.io import file_checksum
+from adjcap.storage.io import file_checksum
 
 USER_AGENT = "adjcap-prepare/0.1 (+python urllib)"
 RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from adjcap.prepare.errors import PrepareError
-from adjcap.content_ids import PREPARE_LOCK
-from adjcap.io import file_checksum
+from adjcap.storage.content_ids import PREPARE_LOCK
+from adjcap.storage.io import file_checksum
 
-LOCK_NAME = PREPARE_LOCK  # adjcap.content_ids reads it (a prepared checkpoint keeps its id)
+LOCK_NAME = PREPARE_LOCK  # adjcap.storage.content_ids reads it (a prepared checkpoint keeps its id)
 TMP_PREFIX = ".prepare.lock-"  # save(): written whole, then renamed over the lock
 
 

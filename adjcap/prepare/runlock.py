@@ -1,4 +1,4 @@
-"""One `adjcap prepare` writer at a time per work folder: :func:`adjcap.file_lock.holding` on
+"""One `adjcap prepare` writer at a time per work folder: :func:`adjcap.storage.file_lock.holding` on
 ``RUN_LOCK_NAME``, with prepare's message. What a killed run left behind belongs to whoever takes the
 lock next (see ``leftovers``)."""
 
@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from adjcap.file_lock import holding as hold_file
+from adjcap.storage.file_lock import holding as hold_file
 from adjcap.prepare.errors import PrepareError
 
 RUN_LOCK_NAME = ".prepare-run.lock"  # in {data}: held by the `adjcap prepare` that writes there

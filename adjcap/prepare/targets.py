@@ -1,7 +1,7 @@
 """``adjcap prepare --for PRESET|TABLE|CHECKPOINT``: the configs a preset or a ``reproduce`` table runs
 (a known vision-language checkpoint, :data:`adjcap.models.budget.VLM_PARAMS`: the ``lvlm-chair`` table
 with it as the captioner), and the
-prepare steps their needs (:mod:`adjcap.needs`) call for. ``all`` prepares for every table's rows
+prepare steps their needs (:mod:`adjcap.machine.needs`) call for. ``all`` prepares for every table's rows
 and the chosen preset, so the RN50x64 encoder of the IFCap rows and the Flickr30k-fine-tuned BLIP of
 the verifier-substrate row are fetched too."""
 
@@ -12,7 +12,7 @@ from typing import Any, Iterable
 
 from adjcap.config import ConfigError, list_presets, load_config
 from adjcap.models.budget import VLM_PARAMS
-from adjcap.needs import needs_of, steps_for
+from adjcap.machine.needs import needs_of, steps_for
 from adjcap.prepare.errors import PrepareError
 from adjcap.registry import unknown
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from adjcap.io import atomic_write_text
+from adjcap.storage.io import atomic_write_text
 from adjcap.report.gallery import GALLERY_CSS
 
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from adjcap.captioners import describe
-from adjcap.rundir import RunDir
+from adjcap.engine.captioners import describe
+from adjcap.storage.rundir import RunDir
 
 LM_PICKER = "lm"
 # when the configured picker has no predictions in a protocol, the adjudicated caption is the
@@ -24,7 +24,7 @@ class RunData:
     name: str
     config_name: str | None = None
     description: str = ""
-    captioner: str = ""  # where the candidates came from, when not IFCap (adjcap.captioners.describe)
+    captioner: str = ""  # where the candidates came from, when not IFCap (adjcap.engine.captioners.describe)
     benchmark: str | None = None
     picker: str | None = None  # the configured headline picker (rerank.picker)
     protocol: str | None = None  # the configured protocol (rerank.protocol)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from adjcap.io import atomic_write_text
+from adjcap.storage.io import atomic_write_text
 from adjcap.metrics.bootstrap import (
     BOOTSTRAP_SAMPLES,
     PER_IMAGE_STATISTICS,
@@ -34,7 +34,7 @@ from adjcap.report.collect import RunData, load_run
 from adjcap.report.page import html_page
 from adjcap.report.seeds import seeds_table
 from adjcap.report.tables import Table
-from adjcap.rundir import RunDir
+from adjcap.storage.rundir import RunDir
 
 # provenance fields that differ between any two runs and say nothing about their results
 VOLATILE_PROVENANCE = ("started_utc", "finished_utc", "seconds", "steps", "later_steps", "status")

@@ -1,4 +1,4 @@
-"""The qualitative galleries, read from the run's samples table (:mod:`adjcap.samples`): LM-only
+"""The qualitative galleries, read from the run's samples table (:mod:`adjcap.storage.samples`): LM-only
 caption vs adjudicated caption per image, with references and per-image CIDEr, sortable by gain.
 
 * in report.html, the highlights: at most ``limit`` images (the largest gains and losses), embedded as
@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from adjcap.report.collect import LM_PICKER, RunData
-from adjcap.rundir import RunDir
-from adjcap.samples import read_samples
+from adjcap.storage.rundir import RunDir
+from adjcap.storage.samples import read_samples
 
 
 @dataclass
@@ -246,7 +246,7 @@ def write_paged_gallery(samples: Any, html_path: Path, chunk_dir: Path, protocol
                         title: str, split: str | None = None, image_root: Path | None = None) -> dict[str, Any]:
     """``gallery.html`` with every image of ``samples`` that both pickers picked for (see the module
     docstring); returns {"html", "chunks", "images"}. Old chunks of an earlier, larger run are removed."""
-    from adjcap.io import atomic_write_text
+    from adjcap.storage.io import atomic_write_text
     import os
 
     items = sample_items(samples, protocol, adj_picker, split)

@@ -16,20 +16,20 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from adjcap.io import atomic_write_text
+from adjcap.storage.io import atomic_write_text
 from adjcap.nested import flatten
 from adjcap.report.collect import LM_PICKER, RunData, load_run
 from adjcap.report.headline import headline_table
 from adjcap.report.intervals import interval_text, picker_intervals
 from adjcap.report.page import table_page
-from adjcap import provenance
+from adjcap.storage import provenance
 from adjcap.report.gallery import GALLERY_CSS, GALLERY_JS, gallery_html, gallery_items, write_paged_gallery
 from adjcap.report.plots import cider_by_configuration, hallucination_per_class
 from adjcap.report.seeds import seeds_table
 from adjcap.report.published import PAPER_COLUMNS, PAPER_HEADERS, comparison_table, context_table
 from adjcap.report.tables import Table, bold_best
-from adjcap.rundir import RunDir
-from adjcap.samples import read_samples
+from adjcap.storage.rundir import RunDir
+from adjcap.storage.samples import read_samples
 
 DOMAINS = ("in-domain", "near-domain", "out-domain", "overall")
 

@@ -1,11 +1,11 @@
 """Whether a table's runs can start on this machine: the union of its runs' missing needs
-(:mod:`adjcap.needs`) and the one ``adjcap prepare`` command that fetches them."""
+(:mod:`adjcap.machine.needs`) and the one ``adjcap prepare`` command that fetches them."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from adjcap.needs import missing, needs_of
+from adjcap.machine.needs import missing, needs_of
 from adjcap.reproduce.plan import distinct_runs, plan_table
 from adjcap.reproduce.tables import TableDef, listing
 

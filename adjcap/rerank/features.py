@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
-from adjcap.io import is_temp_name
+from adjcap.storage.io import is_temp_name
 
 SCORE_NAMES = ("lm", "retrieval", "verifier")
 BEAM_FEATURE_NAMES = ("lm", "retrieval", "verifier", "beam_rank", "n_tokens")
@@ -157,7 +157,7 @@ def read_feature_table(source: pa.Table | str | Path | Iterable[str | Path]) -> 
         if missing:
             raise ValueError(
                 f"feature table: not an adjcap feature table; missing columns {missing} "
-                "(see adjcap.features.FEATURE_SCHEMA)"
+                "(see adjcap.engine.features.FEATURE_SCHEMA)"
             )
         return source.select(list(READ_COLUMNS))
     paths = [source] if isinstance(source, (str, Path)) else list(source)

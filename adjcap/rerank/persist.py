@@ -19,7 +19,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from adjcap.config import Config, RerankCfg
-from adjcap.io import atomic_write_bytes, atomic_write_json
+from adjcap.storage.io import atomic_write_bytes, atomic_write_json
 from adjcap.rerank.heads import HEADS, Heads, count_params
 
 FORMAT = "adjcap-heads/1"

@@ -34,7 +34,7 @@ import pyarrow as pa
 import torch
 
 from adjcap.config import Config
-from adjcap.features import PREDICTION_SCHEMA
+from adjcap.engine.features import PREDICTION_SCHEMA
 from adjcap.registry import check
 from adjcap.rerank.borda import borda_targets, listwise_loss
 from adjcap.rerank.diagnostics import agreement, differs_from_lm

@@ -1,9 +1,9 @@
 """A rerun with a smaller --limit reuses the features already written, but evaluation (like the fit)
 sees exactly the current image set: rows of images no longer in the run are ignored."""
 
-from adjcap.features import empty_row, rows_to_table
+from adjcap.engine.features import empty_row, rows_to_table
 from adjcap.metrics.run_metrics import failed_image_ids, load_run_references
-from adjcap.rundir import RunDir
+from adjcap.storage.rundir import RunDir
 
 
 def test_evaluation_reads_only_the_current_image_set(tmp_path):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from adjcap.rundir import RunDir
+from adjcap.storage.rundir import RunDir
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -50,7 +50,7 @@ def _child(code: str, how: str, *args: str) -> subprocess.CompletedProcess:
 WRITE_PARTS = r"""
 import sys
 import numpy as np, pyarrow as pa
-from adjcap.rundir import RunDir
+from adjcap.storage.rundir import RunDir
 run = RunDir(sys.argv[1])
 run.write_part("demo", "test", pa.table({"image_id": ["a", "b"], "x": [1.0, 2.0]}))
 rng = np.random.default_rng(0)

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from adjcap.data.benchmarks import read_benchmark
 from adjcap.data.image_paths import ESCAPES_ROOT
 from adjcap.data.records import DataError
-from adjcap.pipeline import load_models, run_pipeline
+from adjcap.engine.pipeline import load_models, run_pipeline
 from adjcap.cli import app
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -121,7 +121,7 @@ def test_a_folder_of_hostile_files_gives_one_row_each_and_runs_nothing(tmp_path,
     assert "root:x:0:0" not in json.dumps(rows)  # the file outside the root was never read
     assert not any(p.exists() for p in markers) and not list(tmp_path.glob("*PWNED*"))
     rot = next(r for r in records if r.image_id == "rotated.jpg")
-    from adjcap.image_state import decode_state
+    from adjcap.engine.image_state import decode_state
 
     assert decode_state("r", "mine", "test", None, rot.image_path).pil().size == (48, 64)
 

@@ -25,10 +25,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from adjcap.rundir import RunDir
+from adjcap.storage.rundir import RunDir
 from adjcap.config import load_config
-from adjcap.pipeline import load_models
-from adjcap.run_plan import read_records
+from adjcap.engine.pipeline import load_models
+from adjcap.engine.run_plan import read_records
 
 from .listening import descendants
 from .own_world import own_world_settings

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from adjcap.jobs.ray_guards import EXIT_LOST_CLUSTER, LOST_AFTER_S
-from adjcap.rundir import RunDir
+from adjcap.storage.rundir import RunDir
 
 from .own_world import own_world_settings
 

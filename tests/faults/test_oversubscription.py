@@ -1,11 +1,11 @@
 """An impossible --workers request is refused before any model loads, in one line with the numbers;
-every actor declares memory (adjcap.cluster_plan.pool_plan on given cluster resources, no Ray needed)."""
+every actor declares memory (adjcap.engine.cluster_plan.pool_plan on given cluster resources, no Ray needed)."""
 
 import pytest
 
 from adjcap.config import load_config
-from adjcap.pools import pool_names
-from adjcap.cluster_plan import ResourceError, pool_plan
+from adjcap.engine.pools import pool_names
+from adjcap.engine.cluster_plan import ResourceError, pool_plan
 
 GiB = 2**30
 

@@ -9,9 +9,9 @@ import signal
 import pytest
 
 from adjcap.config import load_config
-from adjcap.pipeline import load_models
-from adjcap.rundir import RunDir
-from adjcap.run_plan import read_records
+from adjcap.engine.pipeline import load_models
+from adjcap.storage.rundir import RunDir
+from adjcap.engine.run_plan import read_records
 
 from .own_world import own_world_settings
 from .test_job_faults import BENCH, Driver, _n_parts, _one_line_error, _part_ids, _wait_for

@@ -19,7 +19,7 @@ from typing import Any
 from adjcap.data.corpora import (SAMPLE_SEED, CorpusEntry, corpus_of_step, manifest_path, read_manifest, read_published,
                                  sample)
 from adjcap.data.records import DataError
-from adjcap.io import atomic_write_bytes, atomic_write_json
+from adjcap.storage.io import atomic_write_bytes, atomic_write_json
 from adjcap.prepare.errors import PrepareError
 from adjcap.prepare.steps.base import Context, Planned
 

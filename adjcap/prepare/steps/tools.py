@@ -7,7 +7,7 @@ import os
 import shutil
 from pathlib import Path
 
-from adjcap.io import file_checksum
+from adjcap.storage.io import file_checksum
 from adjcap.java.trust import private_dir, write_manifest
 from adjcap.prepare.errors import PrepareError
 from adjcap.prepare.extract import extract

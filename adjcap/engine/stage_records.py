@@ -1,7 +1,7 @@
 """The stage registry's mechanism: the records (:class:`Stage`, :class:`Family` and what they hold), the one
 table of them, registration and the lookups (docs/architecture.md, "The stage registry"). It knows no
 stage: the built-in stages and model families are entries registered on import of
-:mod:`adjcap.stage_registry`, the module everything that walks the stages imports (identity, the stage
+:mod:`adjcap.engine.stage_registry`, the module everything that walks the stages imports (identity, the stage
 cache, the pools, the pipeline, the pool actor); a test or an experiment registers its own with
 :func:`register` / :func:`registered` (``tests/test_stage_registry.py`` registers a toy one).
 
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
 import pyarrow as pa
 
-from adjcap.image_state import ImageState
+from adjcap.engine.image_state import ImageState
 
 if TYPE_CHECKING:
     from adjcap.config import Config
@@ -51,7 +51,7 @@ class Reads:
 @dataclass(frozen=True)
 class StageOutput:
     """A stage's output columns (``image_id`` first): what the stage cache stores and what travels
-    between pools (``actors/transport.py``); how to take them from a state the stage filled and how to
+    between pools (``adjcap/engine/transport.py``); how to take them from a state the stage filled and how to
     put them back into a fresh state. ``blank``: struct fields of list columns that a later stage fills
     in the same state, stored as NaN (:meth:`stored`) but carried between pools as they are."""
 
@@ -84,14 +84,14 @@ class Family:
     ``size(cfg, gpu, holds)`` returns (parameters, bytes at run precision) of what ``load`` would
     load in a process holding the families ``holds`` (reused models count once, where loaded);
     ``pixels(cfg)``: the image preprocessing its models want, without loading them, which the job's
-    decode tasks prepare (:mod:`adjcap.pixel_prep`; a None in it: the decoded image itself, so the
+    decode tasks prepare (:mod:`adjcap.engine.pixel_prep`; a None in it: the decoded image itself, so the
     image's bytes travel; ``()``: its models read no image). Required: a family that does not say
     what its models read would get no image at all (:func:`register` refuses it). ``env(cfg)``: the Ray
     runtime environment its models load in when it is not the job's own (None: the job's), e.g. the
-    ``lavis`` verifier backend's isolated environment (:mod:`adjcap.lavis_env`); ``parts``: what it runs
+    ``lavis`` verifier backend's isolated environment (:mod:`adjcap.models.lavis_env`); ``parts``: what it runs
     of other stages when it loads in an environment of its own, by stage name (the verifier half of stage
     4): a pool of its own runs that part before the stage's pool, which is handed None for this family
-    (:func:`adjcap.pools.layout`)."""
+    (:func:`adjcap.engine.pools.layout`)."""
 
     name: str
     load: Callable[["Config", Loading], Any]
@@ -103,9 +103,9 @@ class Family:
 
 @dataclass(frozen=True)
 class Stage:
-    """A stage, in pipeline order. ``pool``: the pool that runs it when pools are split (:mod:`adjcap.pools`);
+    """A stage, in pipeline order. ``pool``: the pool that runs it when pools are split (:mod:`adjcap.engine.pools`);
     ``families``: the models its batch function reads from ``models``; ``searches_index``: its identity
-    counts the searched corpus and index too (:func:`adjcap.identity.stage_settings`)."""
+    counts the searched corpus and index too (:func:`adjcap.engine.identity.stage_settings`)."""
 
     name: str
     pool: str

@@ -1,6 +1,6 @@
 """Arrow schemas of the feature table (one row per image) and of predictions.
 
-The feature row is the contract between the frozen stages (``adjcap.stages``), the Ray job that
+The feature row is the contract between the frozen stages (``adjcap.engine.stages``), the Ray job that
 writes Parquet parts, the rerankers (``adjcap.rerank``) and the evaluation. See docs/architecture.md,
 "Data flow of one image".
 """

@@ -11,7 +11,7 @@ through a ``TorchDispatchMode`` (every aten op the code runs passes through it).
   indexing, ``gather``, ``clone``) whose input or in-place target is the KV cache: the output's
   bytes for a functional op, the source's bytes for an in-place one. Attention *reading* the cache
   is not a move. Which tensors are the cache: those the decode announces through
-  :data:`adjcap.decoding.KV_HOOKS`; for code that announces nothing (e.g. the decode before
+  :data:`adjcap.models.decoding.KV_HOOKS`; for code that announces nothing (e.g. the decode before
   issue 38, on transformers' ``DynamicCache``), any ``[rows, heads, positions>1, head_dim]``
   tensor made by ``cat`` / ``index_select`` / indexing, which is exactly what that cache does.
 
@@ -31,7 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ["DispatchAudit", "audit_decode"]
 
-_ADJCAP_DIR = str(Path(__file__).resolve().parent)
+_ADJCAP_DIR = str(Path(__file__).resolve().parent.parent)
 aten = torch.ops.aten
 
 _SYNC_OPS = {aten._local_scalar_dense.default, aten.nonzero.default, aten.masked_select.default}
@@ -147,7 +147,7 @@ class DispatchAudit(TorchDispatchMode):
 
     # ---- Tensor methods that read without an aten op on a CPU tensor -------------------------
     def __enter__(self):
-        from adjcap import decoding
+        from adjcap.models import decoding
 
         hooks = getattr(decoding, "KV_HOOKS", None)
         if hooks is not None:
@@ -164,7 +164,7 @@ class DispatchAudit(TorchDispatchMode):
         return super().__enter__()
 
     def __exit__(self, *exc):
-        from adjcap import decoding
+        from adjcap.models import decoding
 
         for name, orig in self._patched:
             setattr(torch.Tensor, name, orig)
@@ -197,9 +197,9 @@ class DispatchAudit(TorchDispatchMode):
 def audit_decode(gpt, run: Callable[[], object], per_batch_sites: Sequence[str] | None = None) -> dict:
     """Run ``run()`` (a decode with ``gpt``) under a :class:`DispatchAudit`; one step per call of
     ``gpt.lm_head``. Returns :meth:`DispatchAudit.summary`; ``per_batch_sites`` defaults to the
-    decode's own list (:data:`adjcap.decoding.PER_BATCH_SITES`)."""
+    decode's own list (:data:`adjcap.models.decoding.PER_BATCH_SITES`)."""
     if per_batch_sites is None:
-        from adjcap import decoding
+        from adjcap.models import decoding
 
         per_batch_sites = getattr(decoding, "PER_BATCH_SITES", ())
     cfg = gpt.config

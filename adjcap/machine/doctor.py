@@ -8,10 +8,10 @@ import shutil
 import subprocess
 from importlib import metadata
 
-from adjcap import numerics
-from adjcap.accelerators import HIP, ROCR, Gpu, backend, mps_status, rocm_visible_env, visible_gpus
+from adjcap.machine import numerics
+from adjcap.machine.accelerators import HIP, ROCR, Gpu, backend, mps_status, rocm_visible_env, visible_gpus
 from adjcap.config import Config
-from adjcap.needs import DEMO_HINT, Need, missing, needs_of
+from adjcap.machine.needs import DEMO_HINT, Need, missing, needs_of
 
 
 def _version(pkg: str) -> str:
@@ -91,7 +91,7 @@ def report(cfg: Config, needed: list[Need] | None = None) -> str:
     lines.append("")
     needed = needs_of(cfg) if needed is None else needed
     lines.extend(needs_lines(cfg, needed))
-    from adjcap import lavis_env
+    from adjcap.models import lavis_env
 
     lines.append(f"  LAVIS environment  {lavis_env.status(cfg.paths.cache_dir)}"
                  f"{' (verifier.backend=lavis)' if cfg.verifier.backend == 'lavis' else ''}")
@@ -103,7 +103,7 @@ def report(cfg: Config, needed: list[Need] | None = None) -> str:
 def budget_lines(cfg: Config, gpus: list[Gpu]) -> list[str]:
     """Memory of each pool's models (``cfg`` resolved) and whether one actor of every pool fits on
     one of ``gpus`` (the default GPU shares put one actor of each pool on every GPU)."""
-    from adjcap.pools import pool_budget, pool_names
+    from adjcap.engine.pools import pool_budget, pool_names
 
     budget = pool_budget(cfg, gpu=bool(gpus))
     where = "on the GPU" if gpus else "on the CPU"

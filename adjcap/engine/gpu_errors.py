@@ -1,7 +1,7 @@
 """GPU failures made visible (issue 38 item 6): what counts as one, and the one line a job ends with.
 
 A stage batch that runs out of GPU memory is retried in halves down to one image
-(:func:`adjcap.stages.run_batch`); one image that still does not fit, and every other accelerator
+(:func:`adjcap.engine.stages.run_batch`); one image that still does not fit, and every other accelerator
 error (a CUDA / cuDNN / cuBLAS / HIP runtime error, ``torch.AcceleratorError``), is a
 :class:`GpuFailure`: never an image's error row (the next images would fail the same way, and a
 half-broken device poisons everything after it), but the job's end, in one line naming the stage,
@@ -117,7 +117,7 @@ def find(e: BaseException | None) -> GpuFailure | None:
 
 # how a GpuFailure reads in a traceback Ray kept only as text (an actor whose constructor raised it dies
 # with an ActorDiedError holding the creation task's traceback, not the exception)
-_TRACEBACK_LINE = re.compile(r"^(?:adjcap\.gpu_errors\.)?GpuFailure: (.+)$", re.M)
+_TRACEBACK_LINE = re.compile(r"^(?:adjcap\.engine\.gpu_errors\.)?GpuFailure: (.+)$", re.M)
 
 
 def _in_text(e: BaseException) -> GpuFailure | None:

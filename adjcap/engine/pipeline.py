@@ -8,7 +8,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any, Sequence
 
-from adjcap import pools, stage_registry
+from adjcap.engine import pools, stage_registry
 from adjcap.config import Config
 from adjcap.data.records import Record
 from adjcap.engine import executor
@@ -18,12 +18,12 @@ from adjcap.index import CaptionIndex, encode_shards_in_process, encoder_identit
 from adjcap.index.lifecycle import search_corpus
 from adjcap.index.nouns import ensure_nouns
 from adjcap.models import roles
-from adjcap.stage_cache import StageCache, stage_counts
+from adjcap.engine.stage_cache import StageCache, stage_counts
 
 
 class Models(SimpleNamespace):
     """Every model family's loaded model, by family name (``models.retrieval``, ``models.captioner``,
-    ...; the families are those of :mod:`adjcap.stage_registry`)."""
+    ...; the families are those of :mod:`adjcap.engine.stage_registry`)."""
 
 
 def load_models(cfg: Config, benchmark: str | None = None) -> Models:
@@ -62,7 +62,7 @@ def run_pipeline(records: Sequence[Record], cfg: Config, models: Models | None =
     stages as one fused pool, the batches handed on as the transport's Arrow tables, as on Ray. With a
     ``stage_cache`` stored stage outputs are reused and new ones stored; ``counts`` (when given)
     accumulates the images each stage processed. A batch size halved out of GPU memory carries to the
-    call's next batches (:class:`adjcap.stages.HalvedSizes`). An edge of its own (tests, notebooks):
+    call's next batches (:class:`adjcap.engine.stages.HalvedSizes`). An edge of its own (tests, notebooks):
     ``cfg`` as loaded, resolved here."""
     cfg = cfg.resolved()
     benchmark = benchmark or cfg.benchmark

@@ -16,7 +16,7 @@ Each pool's actor count, CPU / GPU share and batch size is data too: ``ray.pool.
 ``.gpus`` / ``.cpus`` / ``.batch_size``, defaulting to ``ray.workers``, ``ray.gpu_share`` (fused: the
 sum of the split pools' shares), ``ray.cpu_share`` and ``ray.batch_size`` (unset: 64 images with GPUs,
 16 without). Pure: reads the config and the stage registry (and whether an isolated environment is
-built), never imports Ray. The job reads all of it from its run plan (:class:`adjcap.cluster_plan.PoolPlan`).
+built), never imports Ray. The job reads all of it from its run plan (:class:`adjcap.engine.cluster_plan.PoolPlan`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from adjcap import gpu_errors, stage_registry
+from adjcap.engine import gpu_errors, stage_registry
 from adjcap.config import Config, ConfigError
 from adjcap.models import budget
 
@@ -37,7 +37,7 @@ class Pool:
     """A pool of identical actors (``actors`` of them, ``batch_size`` images a batch), as data: the stages
     they run (in order), the families they load, the actor's class name (what Ray shows:
     ``MapWorker(MapBatches(CaptionerActor))``) and the names it reports progress under (``meters``).
-    ``part``: the pool runs only that family's part of its stages (:attr:`adjcap.stage_registry.Family.parts`,
+    ``part``: the pool runs only that family's part of its stages (:attr:`adjcap.engine.stage_registry.Family.parts`,
     the verifier half of stage 4: meter ``score-verifier``, actor ``ScorerVerifierActor``), in the family's
     environment; ``given``: families whose part of these stages a pool before this one ran (handed None
     here); ``env``: the Ray runtime environment its workers start in (None: the job's own)."""
@@ -82,17 +82,17 @@ def pool_names() -> tuple[str, ...]:
 
 def mps_on(cfg: Config) -> bool:
     """Whether the GPU nodes run NVIDIA MPS: ``ray.mps``, else this machine's MPS control pipe
-    (:func:`adjcap.accelerators.mps_status`)."""
+    (:func:`adjcap.machine.accelerators.mps_status`)."""
     if cfg.ray.mps is not None:
         return bool(cfg.ray.mps)
-    from adjcap.accelerators import mps_status
+    from adjcap.machine.accelerators import mps_status
 
     return mps_status()[0]
 
 
 def isolated(cfg: Config, stage_names: Iterable[str] | None = None) -> dict[str, Mapping[str, Any]]:
     """{family: its Ray runtime environment} of the families of ``stage_names`` (default: every stage)
-    that load in an environment of their own (:attr:`adjcap.stage_registry.Family.env`: the ``lavis``
+    that load in an environment of their own (:attr:`adjcap.engine.stage_registry.Family.env`: the ``lavis``
     verifier backend's); a missing environment raises its own one-line error."""
     names = tuple(stage_names) if stage_names is not None else stage_registry.names()
     envs = {f: stage_registry.family(f).env(cfg) for f in stage_registry.families_of(names)}
@@ -113,7 +113,7 @@ def is_fused(cfg: Config, gpu: bool) -> bool:
 def layout(cfg: Config, gpu: bool, first: int = 0) -> list[Pool]:
     """The pools a job runs for images that need the stages from index ``first`` on, in order, each with
     its actors, batch size and environment. A family that loads in an environment of its own runs its
-    stages' pool there, and its part of another pool's stages (:attr:`adjcap.stage_registry.Family.parts`)
+    stages' pool there, and its part of another pool's stages (:attr:`adjcap.engine.stage_registry.Family.parts`)
     in a pool of its own just before that pool (same name, actors and resources), which is handed None
     for it."""
     names = stage_registry.names()[first:]
@@ -136,7 +136,7 @@ def layout(cfg: Config, gpu: bool, first: int = 0) -> list[Pool]:
 def read(cfg: Config) -> tuple[dict[tuple[bool, int], tuple[Pool, ...]], dict[str, "Share"], dict[bool, int]]:
     """Everything a job's pool plan holds, read from the (resolved) config in one pass: the layouts by (a
     cluster with GPUs?, the first stage index some image needs), every pool's :class:`Share`, and the
-    decode tasks' batch size with and without GPUs (:class:`adjcap.cluster_plan.PoolPlan`)."""
+    decode tasks' batch size with and without GPUs (:class:`adjcap.engine.cluster_plan.PoolPlan`)."""
     layouts = {(gpu, first): tuple(layout(cfg, gpu, first))
                for gpu in (False, True) for first in range(len(stage_registry.names()))}
     return layouts, shares(cfg), {gpu: batch_size(cfg, None, gpu) for gpu in (False, True)}
@@ -246,7 +246,7 @@ def shares(cfg: Config) -> dict[str, Share]:
 def check_gpu_memory(cfg: Any, pool: str, families: Iterable[str] | None = None) -> None:
     """In a pool's actor, before its models load (``cfg`` resolved): on a GPU, its models (``families``,
     default the pool's in :func:`pool_budget`; at the precision they load in) must fit in the device's free
-    memory, else :class:`adjcap.gpu_errors.GpuFailure` in one line naming the pool and the memory."""
+    memory, else :class:`adjcap.engine.gpu_errors.GpuFailure` in one line naming the pool and the memory."""
     import torch
 
     from adjcap.models.precision import pick_device

@@ -18,7 +18,7 @@ train differently and its numbers move by whole CIDEr points. A batch's shape mo
   starts itself again with them (:func:`enter`), Ray's workers get them through the job's runtime
   environment, and the tiny models are built in a fresh interpreter that has them (:func:`pinned_env`);
 * :func:`per_image`: every stage computes one image at a time, so an image's features do not depend on
-  the batch it came in (:func:`adjcap.stages._guarded`).
+  the batch it came in (:func:`adjcap.engine.stages._guarded`).
 
 ``numerics = "fast"`` (every other preset) uses the machine's best kernels and whole batches: what a
 GPU run or a run on real data wants. Measured costs are in docs/benchmarks/demo.md,
@@ -123,7 +123,7 @@ def enter(mode: Numerics, *, restart: bool) -> None:
         os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], pinned_env())
     if not _warned:
         _warned = True
-        warnings.warn("numerics=portable: this process was started without adjcap.numerics.PIN, so what it "
+        warnings.warn("numerics=portable: this process was started without adjcap.machine.numerics.PIN, so what it "
                       "computes itself (the heads' fit, the evaluation) uses this CPU's own kernels and may "
                       "differ in the last bits on another CPU; the adjcap command line sets it for you",
                       RuntimeWarning, stacklevel=2)

@@ -1,7 +1,7 @@
 """Where a pool's last actor puts a finished batch (docs/architecture.md, "Data flow of one image"): its
 feature rows as one part per split of the run directory, and the outputs of the stages it computed in
 the stage cache, both written atomically under names decided by the batch's content
-(:func:`adjcap.parts.content_part_name`), so a batch Ray computes again (a retried task, a restarted
+(:func:`adjcap.storage.parts.content_part_name`), so a batch Ray computes again (a retried task, a restarted
 actor) replaces its own parts instead of adding its images twice. What goes back to the driver is a
 few small columns per image (:func:`done_columns`), never the state."""
 
@@ -15,11 +15,11 @@ from typing import Any, Mapping
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from adjcap.features import rows_to_table
-from adjcap.image_state import ImageState
-from adjcap.parts import content_part_name
-from adjcap.rundir import RunDir
-from adjcap.stage_cache import StageCache
+from adjcap.engine.features import rows_to_table
+from adjcap.engine.image_state import ImageState
+from adjcap.storage.parts import content_part_name
+from adjcap.storage.rundir import RunDir
+from adjcap.engine.stage_cache import StageCache
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,18 @@
 """What made a stage's output: each stage's identity, built from what the stage reads.
 
 Which settings each stage reads is data: each stage's ``reads`` in the stage registry
-(:mod:`adjcap.stage_registry`, docs/architecture.md "Identity"); every identity derives from it:
+(:mod:`adjcap.engine.stage_registry`, docs/architecture.md "Identity"); every identity derives from it:
 
 * :func:`config_identity` - the settings that decide a feature row, flat ``dotted.key: value``
   (:func:`feature_identity`);
 * :func:`stage_settings` / :func:`stage_identities` - per stage, the same settings with paths replaced by
   their content, plus the inputs outside the config: the corpus searched (its fingerprint) and the index
   searched (its encoder, corpus and precision as its manifest records them, not its path);
-  the stage cache (:mod:`adjcap.stage_cache`), ``provenance.json`` and ``reproduce`` key by these;
+  the stage cache (:mod:`adjcap.engine.stage_cache`), ``provenance.json`` and ``reproduce`` key by these;
 * :func:`run_identity` - all of it flat, what a run directory records in ``features/identity.json`` and
   checks on resume.
 
-The corpus is never read here: callers pass its fingerprint (a job's :class:`adjcap.run_plan.RunPlan`
+The corpus is never read here: callers pass its fingerprint (a job's :class:`adjcap.engine.run_plan.RunPlan`
 holds it, read once).
 
 A setting a stage reads only for speed (batch sizes, the beam search implementation) is declared under
@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from adjcap.config import Config
-from adjcap.content_ids import file_content_id
+from adjcap.storage.content_ids import file_content_id
 from adjcap.nested import flatten
-from adjcap import stage_registry
+from adjcap.engine import stage_registry
 
 
 def config_view(cfg: Config) -> dict[str, Any]:

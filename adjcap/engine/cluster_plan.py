@@ -10,8 +10,8 @@ actors placed on it, so a GPU-less head's memory never counts for a GPU actor. A
 (:class:`ResourceError`); one that the cluster's node types can hold once the autoscaler adds them is
 returned with the nodes it needs (``ClusterPlan.waiting``).
 
-A job's run plan holds its :class:`PoolPlan`: the config read once (:func:`adjcap.pools.read`) into the
-layouts and each pool's :class:`adjcap.pools.Share`; the planning here reads that, never the config, and
+A job's run plan holds its :class:`PoolPlan`: the config read once (:func:`adjcap.engine.pools.read`) into the
+layouts and each pool's :class:`adjcap.engine.pools.Share`; the planning here reads that, never the config, and
 the job reaches it only through the plan (``PoolPlan.on_cluster``, ``PoolPlan.on_node``).
 """
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Mapping, Sequence
 
-from adjcap import pools as pool_layout
+from adjcap.engine import pools as pool_layout
 from adjcap.config import Config
 from adjcap.models.budget import human_bytes
 
@@ -436,8 +436,8 @@ class PoolPlan:
     nowhere after: a job's run plan holds it and the job reads its pools from it alone. ``layouts``: the
     pools, in stream order, by (a cluster with GPUs?, the first stage index some image needs): which GPU
     case runs is the connected cluster's to say (:attr:`ClusterPlan.gpu`); each pool's stages, actor
-    class name, actors, batch size and runtime environment (:class:`adjcap.pools.Pool`). ``shares``: what
-    one actor of each pool asks of a cluster (:class:`adjcap.pools.Share`); with the decode tasks' CPUs
+    class name, actors, batch size and runtime environment (:class:`adjcap.engine.pools.Pool`). ``shares``: what
+    one actor of each pool asks of a cluster (:class:`adjcap.engine.pools.Share`); with the decode tasks' CPUs
     and batch sizes, ``ray.workers`` and ``ray.cpu_share``, everything :func:`pool_plan` and
     :func:`plan_cluster` need to give each actor's Ray resources on the cluster's facts
     (:meth:`on_cluster`, :meth:`on_node`). Pure."""
@@ -468,7 +468,7 @@ class PoolPlan:
         return list(self.layouts[(gpu, first)])
 
     def decode_batch(self, gpu: bool) -> int:
-        """Images per batch of the decode tasks (:func:`adjcap.pools.batch_size`)."""
+        """Images per batch of the decode tasks (:func:`adjcap.engine.pools.batch_size`)."""
         return self.decode_batches[gpu]
 
     def on_cluster(self, types: Sequence[NodeType], first: int = 0) -> ClusterPlan:

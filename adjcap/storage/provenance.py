@@ -1,4 +1,4 @@
-"""Provenance: what made a run. ``provenance.json`` (:class:`adjcap.rundir.RunDir` owns its path) is
+"""Provenance: what made a run. ``provenance.json`` (:class:`adjcap.storage.rundir.RunDir` owns its path) is
 written when a job starts and completed when it ends: adjcap's version (and the git commit and dirty
 flag when run from a checkout), Python and the key libraries' versions, Java, OS, CPU model and
 instruction-set flags, GPUs (this node from torch; every node of a Ray cluster as the job gathered it),
@@ -25,7 +25,7 @@ from adjcap.nested import flatten
 
 if TYPE_CHECKING:
     from adjcap.config import Config
-    from adjcap.run_plan import RunPlan
+    from adjcap.engine.run_plan import RunPlan
 
 # the libraries whose versions decide the numbers (distribution names)
 KEY_LIBRARIES = (
@@ -57,7 +57,7 @@ def library_versions(names: Sequence[str] = KEY_LIBRARIES) -> dict[str, str | No
 
 
 def _source_root() -> Path:
-    return Path(__file__).resolve().parents[1]
+    return Path(__file__).resolve().parents[2]
 
 
 def git_info(root: Path | None = None) -> dict[str, Any] | None:
@@ -201,14 +201,14 @@ def config_digest(cfg: Config) -> str:
 
 
 # setting names that name a model or its files (tokenizer, vocabulary, ...); their values are tags/ids
-# or paths, recorded by content (adjcap.stage_cache.content_id)
+# or paths, recorded by content (adjcap.engine.stage_cache.content_id)
 MODEL_KEYS = ("model", "pretrained", "checkpoint", "tokenizer", "lm_config", "vocabulary", "tagger")
 
 
 def model_identities(cfg: Config) -> dict[str, Any]:
     """Every model setting of the (resolved) config: a tag or hub id as is, a local file or folder by
     its content digest."""
-    from adjcap.stage_cache import content_id
+    from adjcap.engine.stage_cache import content_id
 
     sections = {"retrieval": cfg.retrieval.model_dump(mode="json"),
                 "verifier": cfg.verifier.model_dump(mode="json"),
@@ -226,8 +226,8 @@ def model_identities(cfg: Config) -> dict[str, Any]:
 
 
 def data_digests(cfg: Config) -> dict[str, Any]:
-    """The benchmark's annotation files and corpus by content (:func:`adjcap.content_ids.file_content_id`)."""
-    from adjcap.content_ids import file_content_id
+    """The benchmark's annotation files and corpus by content (:func:`adjcap.storage.content_ids.file_content_id`)."""
+    from adjcap.storage.content_ids import file_content_id
 
     out: dict[str, Any] = {}
     try:
@@ -253,7 +253,7 @@ def feature_identities(plan: RunPlan) -> dict[str, Any]:
     resume and the stage cache key them: the run plan's, read once at the edge (the index's manifest
     digest is read here: it exists once the index is built)."""
     from adjcap.index.shards import MANIFEST
-    from adjcap.content_ids import file_content_id
+    from adjcap.storage.content_ids import file_content_id
 
     manifest = plan.index_path / MANIFEST  # written last; it holds every shard's sha256, so it stands for them all
     return {

@@ -1,5 +1,5 @@
 """The captioner families (``captioner.family``): one record each, the one list of them. Stage 3
-(``caption`` in :mod:`adjcap.stage_registry`) loads, sizes and runs the configured family through its
+(``caption`` in :mod:`adjcap.engine.stage_registry`) loads, sizes and runs the configured family through its
 record, and its identity counts the family's own settings only (:func:`unread`), so IFCap runs keep the
 identities they had before there were other families.
 
@@ -34,7 +34,7 @@ class CaptionerFamily:
     """``load(cfg, device)`` the model; ``size(cfg, gpu)`` its (parameters, bytes) without loading it;
     ``run(states, model, cfg)`` stage 3's batch function; ``settings``: the captioner section's keys it
     reads (its identity when it is the configured family; ``family`` counts unless it is ``ifcap``);
-    ``pixels(cfg)``: the image preprocessing its model wants, without loading it (:mod:`adjcap.pixel_prep`;
+    ``pixels(cfg)``: the image preprocessing its model wants, without loading it (:mod:`adjcap.engine.pixel_prep`;
     None: the decoded image itself; nothing: it reads no image)."""
 
     name: str
@@ -73,7 +73,7 @@ def _pixels_ifcap(cfg: "Config") -> tuple[Any, ...]:
 
 
 def _run_ifcap(states, c, cfg: "Config"):
-    from adjcap import stages
+    from adjcap.engine import stages
 
     return stages.caption(states, c.captioner, c.clip, cfg.captioner, c.vocabulary, getattr(c, "nouns", None))
 
@@ -92,7 +92,7 @@ def _size_hf(cfg: "Config", gpu: bool) -> tuple[int, int]:
 
 
 def _run_hf(states, model, cfg: "Config"):
-    from adjcap import stages
+    from adjcap.engine import stages
 
     return stages.caption_hf(states, model, cfg.captioner)
 
@@ -112,7 +112,7 @@ def _size_vlm(cfg: "Config", gpu: bool) -> tuple[int, int]:
 
 
 def _run_vlm(states, model, cfg: "Config"):
-    from adjcap import stages
+    from adjcap.engine import stages
 
     return stages.caption_vlm(states, model, cfg.captioner)
 
@@ -170,7 +170,7 @@ def _size_candidates(cfg: "Config", gpu: bool) -> tuple[int, int]:
 
 
 def _run_candidates(states, m: CandidatesModel, cfg: "Config"):
-    from adjcap import stages
+    from adjcap.engine import stages
 
     return stages.caption_candidates(states, m.table, m.judge, cfg.captioner)
 

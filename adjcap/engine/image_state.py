@@ -1,4 +1,4 @@
-"""The per-image state the stages fill (:mod:`adjcap.stages`; their list: :mod:`adjcap.stage_registry`),
+"""The per-image state the stages fill (:mod:`adjcap.engine.stages`; their list: :mod:`adjcap.engine.stage_registry`),
 from the decoded image to the scored beam, and how it is made from a record and carried between Ray pools.
 
 Apart from the stage functions so that the CPU tasks that decode images (``actors/decode.py``) and
@@ -13,8 +13,8 @@ from typing import Any, Iterable
 import numpy as np
 
 from adjcap.data.images import decode_image, read_image_file
-from adjcap.features import empty_row
-from adjcap.pixel_prep import PixelPrep
+from adjcap.engine.features import empty_row
+from adjcap.engine.pixel_prep import PixelPrep
 
 @dataclass
 class ImageState:
@@ -26,7 +26,7 @@ class ImageState:
     # the image as encoded bytes (see :func:`encode_for_transport`): what travels between pools
     encoded: bytes | None = None
     image: Any = None  # the decoded PIL.Image (RGB), cached in one process; not pickled when encoded is set
-    # the pixels the decode task prepared for the pools' models, by geometry (adjcap.pixel_prep): uint8 [H, W, 3]
+    # the pixels the decode task prepared for the pools' models, by geometry (adjcap.engine.pixel_prep): uint8 [H, W, 3]
     pixels: dict[str, np.ndarray] = field(default_factory=dict)
     retrieved: list[dict] = field(default_factory=list)
     verified: list[dict] = field(default_factory=list)

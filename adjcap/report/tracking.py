@@ -16,7 +16,7 @@ from typing import Any
 
 from adjcap.nested import flatten
 from adjcap.registry import unknown
-from adjcap.rundir import RunDir
+from adjcap.storage.rundir import RunDir
 
 # the metrics logged per protocol and picker (x100 as in the report; CLIPScore w=2.5; CHAIR in %)
 TAG_LIMIT = 5000  # characters of one tag value (MLflow allows 8000)

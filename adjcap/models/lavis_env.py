@@ -10,7 +10,7 @@ What goes in, and why:
 * **bridge packages at this environment's exact versions**: ray[data], torch, torchvision, numpy,
   pyarrow, pillow, pydantic. Ray workers of the two environments exchange pickled per-image states
   (PIL images, numpy arrays, torch tensors) and Arrow blocks, and the one pool actor runs adjcap's own
-  stage code (``adjcap.stages``: pydantic config, Arrow schema); a Ray worker must run the driver's Ray.
+  stage code (``adjcap.engine.stages``: pydantic config, Arrow schema); a Ray worker must run the driver's Ray.
 * ``salesforce-lavis==1.0.2`` with ``--no-deps``: its declared requirements include streamlit,
   plotly, opencv 4.5.5.64 (no wheel for Python 3.11), pre-commit and more that ITM never touches.
 * what the ITM path uses: transformers 4.26.1 (LAVIS pins < 4.27), tokenizers 0.13.3, a
@@ -44,7 +44,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from adjcap.file_lock import holding
+from adjcap.storage.file_lock import holding
 
 LAVIS_VERSION = "1.0.2"
 BRIDGE = ("ray", "torch", "torchvision", "numpy", "pyarrow", "pillow", "pydantic")
@@ -241,7 +241,7 @@ def code_dir(cache_dir: str | os.PathLike) -> Path:
     it, docs/architecture.md "One layout"), for the LAVIS workers' PYTHONPATH: wherever adjcap is
     installed, nothing else of this environment (transformers 5, ...) can shadow the LAVIS environment's
     packages."""
-    package = Path(__file__).resolve().parent  # this file is adjcap/lavis_env.py
+    package = Path(__file__).resolve().parent.parent  # this file is adjcap/models/lavis_env.py
     d = env_dir(cache_dir) / "adjcap-code"
     d.mkdir(parents=True, exist_ok=True)
     link = d / "adjcap"

@@ -1,15 +1,15 @@
 """The stage registry: the built-in stages and model families, registered on import (the one place they
-are), over the mechanism of :mod:`adjcap.stage_records` (the records, the table, the lookups), whose
+are), over the mechanism of :mod:`adjcap.engine.stage_records` (the records, the table, the lookups), whose
 lookups this module hands on, so everything that walks the stages imports this one module: identity
-(:mod:`adjcap.identity`), the stage cache (:mod:`adjcap.stage_cache`), the pools and their memory plan
-(:mod:`adjcap.pools`), progress, the in-process pipeline (:mod:`adjcap.pipeline`) and the one pool actor
+(:mod:`adjcap.engine.identity`), the stage cache (:mod:`adjcap.engine.stage_cache`), the pools and their memory plan
+(:mod:`adjcap.engine.pools`), progress, the in-process pipeline (:mod:`adjcap.engine.pipeline`) and the one pool actor
 (``actors/pool.py``). docs/architecture.md, "The stage registry".
 
 * the families: the retrieval encoder, the caption index, the verifier (the configured
-  :mod:`adjcap.verifier_families` record), the captioner (the configured :mod:`adjcap.captioners`
+  :mod:`adjcap.engine.verifier_families` record), the captioner (the configured :mod:`adjcap.engine.captioners`
   record) and the scorer (stage 4's encoders, reusing what its process holds);
 * the stages: retrieve, verify, caption, score, each with its output columns and batch function
-  (from :mod:`adjcap.stages`).
+  (from :mod:`adjcap.engine.stages`).
 
 Imports nothing heavy: PyTorch and the model libraries are imported by the loaders and batch
 functions when they run.
@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any, Mapping
 import numpy as np
 import pyarrow as pa
 
-from adjcap import captioners, verifier_families
-from adjcap.features import CANDIDATE, RETRIEVED, VERIFIED
-from adjcap.image_state import ImageState
+from adjcap.engine import captioners, verifier_families
+from adjcap.engine.features import CANDIDATE, RETRIEVED, VERIFIED
+from adjcap.engine.image_state import ImageState
 from adjcap.models import budget
-from adjcap.stage_records import (  # the mechanism, handed on: the lookups everything calls here
+from adjcap.engine.stage_records import (  # the mechanism, handed on: the lookups everything calls here
     Family, Loading, Reads, Stage, StageOutput, families_of, family, load_families, names, pixel_preps, register,
     registered, stage, stages,
 )
@@ -108,7 +108,7 @@ def _verifier_env(cfg: "Config") -> Mapping[str, Any] | None:
 
 def _score_verifier(states: list[ImageState], m: Mapping[str, Any], cfg: "Config") -> None:
     """The verifier half of stage 4, in the verifier's environment (the stage's cosines follow in its pool)."""
-    from adjcap import stages
+    from adjcap.engine import stages
 
     stages.score_verifier(states, m["verifier"], cfg.verifier.long_captions)
 
@@ -125,7 +125,7 @@ def _size_verifier(cfg: "Config", gpu: bool, holds: frozenset[str]) -> tuple[int
 
 
 def _load_captioner(cfg: "Config", ld: Loading):
-    """The configured captioner family's model (:mod:`adjcap.captioners`: ifcap, hf, candidates). IFCap
+    """The configured captioner family's model (:mod:`adjcap.engine.captioners`: ifcap, hf, candidates). IFCap
     also gets the corpus captions' nouns for the frequency entity filter (tagged once per corpus and kept
     with the index: :mod:`adjcap.index.nouns`; when they cannot be had, the stage tags each image's
     captions itself, as before)."""
@@ -236,13 +236,13 @@ def _give_score(s: ImageState, o: dict[str, Any]) -> None:
 
 
 def _retrieve(states: list[ImageState], m: Mapping[str, Any], cfg: "Config") -> None:
-    from adjcap import stages
+    from adjcap.engine import stages
 
     stages.retrieve(states, m["retrieval"], m["index"], m["index"].texts, cfg.retrieval.top_l)
 
 
 def _verify(states: list[ImageState], m: Mapping[str, Any], cfg: "Config") -> None:
-    from adjcap import stages
+    from adjcap.engine import stages
 
     stages.verify(states, m["verifier"], cfg.verifier.keep)
 
@@ -252,7 +252,7 @@ def _caption(states: list[ImageState], m: Mapping[str, Any], cfg: "Config") -> N
 
 
 def _score(states: list[ImageState], m: Mapping[str, Any], cfg: "Config") -> None:
-    from adjcap import stages
+    from adjcap.engine import stages
 
     sc = m["scorer"]
     stages.score(states, sc.output, sc.verifier, sc.clipscore, reuse_image_embedding=sc.reuse_stage1,
@@ -263,7 +263,7 @@ _ENC_SPEED = ("image_batch_size", "text_batch_size")
 
 
 def _verifier_unread(cfg: "Config") -> tuple[str, ...]:
-    """The verifier keys its family does not read (its record's ``unread``: :mod:`adjcap.verifier_families`),
+    """The verifier keys its family does not read (its record's ``unread``: :mod:`adjcap.engine.verifier_families`),
     and ``long_captions``, which stage 4 reads (the candidates, not the retrieved corpus captions)."""
     return verifier_families.unread(cfg.verifier) + ("verifier.long_captions",)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from adjcap.captioners import judge_needs
+from adjcap.engine.captioners import judge_needs
 from adjcap.models.sources import Weights, looks_like_path, weights_of
 
 # the benchmark steps of `adjcap prepare` by the folder they lay out under {data}
@@ -129,7 +129,7 @@ def nltk_data(cfg: Any) -> list[Need]:
     e = cfg.captioner.entities
     if cfg.captioner.family != "ifcap" or e.mode != "frequency" or e.tagger != "nltk":
         return []
-    from adjcap.entities import NLTK_RESOURCES, missing_nltk_resources
+    from adjcap.models.entities import NLTK_RESOURCES, missing_nltk_resources
 
     missing = set(missing_nltk_resources())  # also puts ADJCAP_NLTK_DATA / {data}/nltk_data on NLTK's path
     return [Need("nltk", f"NLTK data {name} (entity filter)", None if name in missing else _nltk_where(paths),

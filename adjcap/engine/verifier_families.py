@@ -70,9 +70,9 @@ FAMILIES: dict[str, VerifierFamily] = {f.name: f for f in (
         load="adjcap.models.blip:load_verifier_from_config", params="adjcap.models.budget:blip_itm_params",
         pixels="adjcap.models.blip:verifier_pixel_prep", unread=("family", "pretrained"),
         backends=("transformers", "lavis"), hub="Salesforce/blip-itm", example="Salesforce/blip-itm-large-coco",
-        # salesforce-lavis's own BLIP ITM, in its environment (it cannot share this one: adjcap.lavis_env)
+        # salesforce-lavis's own BLIP ITM, in its environment (it cannot share this one: adjcap.models.lavis_env)
         isolated={"lavis": Isolated(load="adjcap.models.lavis_itm:load_from_config",
-                                    env="adjcap.lavis_env:runtime_env")}),
+                                    env="adjcap.models.lavis_env:runtime_env")}),
     VerifierFamily(
         "blip2_itm", "BLIP-2 ITM verifier",
         load="adjcap.models.blip2:load_blip2_from_config", params="adjcap.models.budget:blip2_itm_params",

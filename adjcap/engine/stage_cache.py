@@ -1,6 +1,6 @@
 """Per-stage outputs shared between runs, content-addressed in the cache.
 
-A stage's output for an image (its columns: the stage's ``output`` in :mod:`adjcap.stage_registry`) is
+A stage's output for an image (its columns: the stage's ``output`` in :mod:`adjcap.engine.stage_registry`) is
 decided by the stage's own settings and its inputs' identity, for the four stages:
 
     retrieve : benchmark images, retrieval encoder (a local checkpoint by content), corpus fingerprint, L
@@ -9,7 +9,7 @@ decided by the stage's own settings and its inputs' identity, for the four stage
     score    : caption identity + the scorer section
 
 Each identity is a hash over its parent's identity and the settings and inputs the stage reads
-(:mod:`adjcap.identity`: speed-only settings never count, paths count by content, retrieval counts the
+(:mod:`adjcap.engine.identity`: speed-only settings never count, paths count by content, retrieval counts the
 searched corpus and index by content). Outputs live in
 
     {cache}/stages/<stage>/<identity>/part-*.parquet    image_id + that stage's output columns (cache.stages_dir)
@@ -32,11 +32,11 @@ from typing import Any, Iterable, Mapping
 import pyarrow as pa
 
 from adjcap.config import Config
-from adjcap.identity import content_id, stage_identities, stage_settings  # noqa: F401 - identities live there
-from adjcap import stage_registry
-from adjcap.io import atomic_write_json
-from adjcap.image_state import ImageState
-from adjcap.parts import content_part_name, part_paths, read_part, write_part
+from adjcap.engine.identity import content_id, stage_identities, stage_settings  # noqa: F401 - identities live there
+from adjcap.engine import stage_registry
+from adjcap.storage.io import atomic_write_json
+from adjcap.engine.image_state import ImageState
+from adjcap.storage.parts import content_part_name, part_paths, read_part, write_part
 
 
 def apply_outputs(state: ImageState, outputs: Mapping[str, dict[str, Any]]) -> ImageState:
@@ -148,7 +148,7 @@ class StageCache:
 
     def write_batch(self, states: Iterable[ImageState]) -> None:
         """The outputs of the stages each state computed, now, one part per stage named for its images
-        (:func:`adjcap.parts.content_part_name`): what a pool's last actor writes for its batch, so a
+        (:func:`adjcap.storage.parts.content_part_name`): what a pool's last actor writes for its batch, so a
         batch computed again replaces its own parts. Nothing is buffered."""
         batch: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for stage, row in self._computed_rows(states):

@@ -1,5 +1,5 @@
 """The per-sample table of a run: ``samples.parquet`` (one row per image and split) and its dataset
-card ``samples.md`` (:class:`adjcap.rundir.RunDir` owns both paths).
+card ``samples.md`` (:class:`adjcap.storage.rundir.RunDir` owns both paths).
 
 A row holds everything the run knows about one image: its id, split, path under the benchmark's image
 root, references, the stages' outputs (retrieved and verified captions, entities, prompt), every beam
@@ -21,9 +21,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from adjcap.features import CANDIDATE, RETRIEVED, VERIFIED
-from adjcap.io import atomic_write_parquet, atomic_write_text
-from adjcap.rundir import RunDir
+from adjcap.engine.features import CANDIDATE, RETRIEVED, VERIFIED
+from adjcap.storage.io import atomic_write_parquet, atomic_write_text
+from adjcap.storage.rundir import RunDir
 
 # per-image metric columns of a pick: (field, key in metrics/<protocol>.json per_image)
 PICK_METRICS = (("cider", "CIDEr"), ("bleu_4", "B-4"), ("meteor", "METEOR"), ("rouge_l", "ROUGE-L"),

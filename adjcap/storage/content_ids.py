@@ -26,7 +26,7 @@ import os
 import time
 from pathlib import Path
 
-from adjcap.io import atomic_write_text
+from adjcap.storage.io import atomic_write_text
 
 MIB = 1 << 20
 SAMPLED_ABOVE = 64 * MIB  # the old ids sampled files larger than this (first, middle, last MiB)

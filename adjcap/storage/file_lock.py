@@ -1,7 +1,7 @@
 """The one file lock: one writer at a time per folder, an ``flock`` on a small file that names its
 holder (pid, host, since when). The OS releases it when the holder dies, so a killed writer never
 blocks the next one, and what it left behind belongs to whoever takes the lock next. Used for a run
-directory (:meth:`adjcap.rundir.RunDir.lock`), `adjcap prepare`'s data folders
+directory (:meth:`adjcap.storage.rundir.RunDir.lock`), `adjcap prepare`'s data folders
 (:mod:`adjcap.prepare.runlock`) and the LAVIS environment's build."""
 
 from __future__ import annotations

@@ -11,15 +11,15 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from adjcap.cluster_plan import PoolPlan
+from adjcap.engine.cluster_plan import PoolPlan
 from adjcap.config import Config
 from adjcap.data.benchmarks import read_benchmark, split_annotations
 from adjcap.data.corpus import Corpus
 from adjcap.data.records import Record
-from adjcap.identity import flat_identity, identities_of, searched_index, stage_settings
+from adjcap.engine.identity import flat_identity, identities_of, searched_index, stage_settings
 from adjcap.index.lifecycle import encoder_identity, index_location, search_corpus
-from adjcap.rundir import RunDir
-from adjcap.stage_cache import StageCache
+from adjcap.storage.rundir import RunDir
+from adjcap.engine.stage_cache import StageCache
 
 
 def read_records(cfg: Config) -> dict[str, list[Record]]:
@@ -87,7 +87,7 @@ class RunPlan:
 
     @property
     def identity(self) -> dict[str, Any]:
-        """The run identity (:func:`adjcap.identity.run_identity`): what the run directory records and
+        """The run identity (:func:`adjcap.engine.identity.run_identity`): what the run directory records and
         compares on resume."""
         return flat_identity({s: dict(d) for s, d in self.stage_settings.items()})
 

@@ -90,7 +90,7 @@ class Candidate:
     token_ids: tuple[int, ...] = field(default=(), repr=False)
 
     def to_row(self) -> dict:
-        """The LM fields of a feature-table candidate (adjcap.features.CANDIDATE)."""
+        """The LM fields of a feature-table candidate (adjcap.engine.features.CANDIDATE)."""
         return {
             "text": self.text,
             "lm_logprob_sum": self.lm_logprob_sum,
@@ -300,7 +300,7 @@ def _chunks(prompts: Sequence[torch.Tensor], batch_size: int | None) -> list[lis
 
 KV_HOOKS: list[Callable[[Sequence[torch.Tensor]], None]] = []
 """Called with all of the fast beam search's KV-cache tensors each time it allocates them (once per
-call, or once per shape when the rows are kept, :class:`_Rows`); :mod:`adjcap.dispatch_audit` listens here."""
+call, or once per shape when the rows are kept, :class:`_Rows`); :mod:`adjcap.models.dispatch_audit` listens here."""
 
 CHECK_EVERY = 4
 """The fast beam search asks the device whether anything is left to decode once every this many

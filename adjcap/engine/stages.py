@@ -5,7 +5,7 @@ never raises for one bad image: the batch is retried image by image and the fail
 ``error`` set (its row is still written, so reports count it). Images whose ``error`` is already set
 are passed through untouched. Out of GPU memory a batch is retried in halves (the halved size carries
 to the stage's next batches in the process: :class:`HalvedSizes`); a GPU failure is never an image's
-error but the job's end (:mod:`adjcap.gpu_errors`).
+error but the job's end (:mod:`adjcap.engine.gpu_errors`).
 
     retrieve  : retrieval-encoder image tower + caption index   -> retrieved (L), retrieval image embedding
     verify    : BLIP ITM on the L retrieved                     -> verified (k), verifier image memo
@@ -13,8 +13,8 @@ error but the job's end (:mod:`adjcap.gpu_errors`).
     score     : output-scorer encoder + BLIP ITM (+ CLIPScore encoder) -> per-candidate retrieval cosine,
                 verifier, CLIPScore cosine
 
-Each is a stage's batch function in the stage registry (:mod:`adjcap.stage_registry`), through which
-the pool actor (``actors/pool.py``) and :func:`adjcap.pipeline.run_pipeline` call exactly these functions.
+Each is a stage's batch function in the stage registry (:mod:`adjcap.engine.stage_registry`), through which
+the pool actor (``actors/pool.py``) and :func:`adjcap.engine.pipeline.run_pipeline` call exactly these functions.
 """
 
 from __future__ import annotations
@@ -30,10 +30,11 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from adjcap import entities as ent
-from adjcap import gpu_errors, numerics
+from adjcap.models import entities as ent
+from adjcap.engine import gpu_errors
+from adjcap.machine import numerics
 from adjcap.config import CaptionerCfg
-from adjcap.image_state import ImageState
+from adjcap.engine.image_state import ImageState
 from adjcap.models.judge_window import judge
 from adjcap.models.pixels import Pixels, stacked
 
@@ -48,8 +49,8 @@ def _guarded(stage: str, fn: Callable[[list[ImageState]], None], states: list[Im
              completes: bool = True) -> list[ImageState]:
     """Run ``fn`` on the ok states that do not hold the stage's output yet (filled from the stage
     cache: ``done``), the whole batch at once or, with portable numerics, one image at a time
-    (:func:`adjcap.numerics.per_image`); out of GPU memory, in halves (:func:`run_batch`). If the batch
-    fails otherwise, retry one image at a time. A GPU failure (:mod:`adjcap.gpu_errors`) is never an
+    (:func:`adjcap.machine.numerics.per_image`); out of GPU memory, in halves (:func:`run_batch`). If the batch
+    fails otherwise, retry one image at a time. A GPU failure (:mod:`adjcap.engine.gpu_errors`) is never an
     image's error: it ends the job. Marks the stage done/computed unless ``fn`` is only part of the
     stage (``completes=False``: a later pool finishes it)."""
     live = [s for s in states if s.ok and stage not in s.done]
@@ -83,7 +84,7 @@ def _guarded(stage: str, fn: Callable[[list[ImageState]], None], states: list[Im
 
 class HalvedSizes:
     """Per stage, the batch size an out-of-memory halved a batch to, carried to the next batches of the
-    process that holds it (a pool actor, for its whole life; :func:`adjcap.pipeline.run_pipeline`, for
+    process that holds it (a pool actor, for its whole life; :func:`adjcap.engine.pipeline.run_pipeline`, for
     its call): without it every next batch would fail once again at full size, each failure costing a
     forward pass and an allocator flush. A carried size never grows back: what ran out of memory once
     (long prompts, a full beam) can come again in any later batch, and a job restarts at full size."""
@@ -121,7 +122,7 @@ def run_batch(stage: str, fn: Callable[[list[ImageState]], None], batch: list[Im
     """``fn(batch)``; out of GPU memory, the rest of the batch again in halves, down to one image; the
     halved size holds for the rest of this batch and, inside :func:`carrying`, for the next batches of
     the stage (they start at it). One image that still does not fit, or any other GPU error, raises
-    :class:`adjcap.gpu_errors.GpuFailure`. Other errors pass through."""
+    :class:`adjcap.engine.gpu_errors.GpuFailure`. Other errors pass through."""
     carried = _CARRIED.get()
     size, i = (carried.cap(stage, len(batch)) if carried is not None else len(batch)), 0
     while i < len(batch):
@@ -151,7 +152,7 @@ def _free_gpu_cache() -> None:
 
 def _images(states: Sequence[ImageState], model) -> list | Pixels:
     """What ``model.encode_images`` takes for these images: the pixels the decode tasks prepared for its
-    geometry (:mod:`adjcap.pixel_prep`; normalised on its device), else the decoded images."""
+    geometry (:mod:`adjcap.engine.pixel_prep`; normalised on its device), else the decoded images."""
     prep = getattr(model, "pixel_prep", None)
     if prep is not None and states and all(prep.key in s.pixels for s in states):
         return Pixels(stacked([s.pixels[prep.key] for s in states]), prep.key)
@@ -356,7 +357,7 @@ def caption_candidates(states: list[ImageState], table, judge, ccfg: CaptionerCf
     order; log-prob sum, token count and mean from the file where it gives them, else from the LM judge
     (``judge``, :class:`adjcap.models.text_lm.TextLM`; its tokenizer alone counts tokens). An image's
     error names the file and line its candidates came from."""
-    from adjcap.decoding import Candidate
+    from adjcap.models.decoding import Candidate
 
     def run(batch: list[ImageState]) -> None:
         try:

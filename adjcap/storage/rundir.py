@@ -6,14 +6,14 @@
       config.toml                                   the config that produced the run (placeholders kept;
                                                     re-runs as is with --config)
       provenance.json                               what made the run: versions, hardware, command, times,
-                                                    config digest, model and data identities (adjcap/provenance.py)
+                                                    config digest, model and data identities (adjcap/storage/provenance.py)
       run.lock                                      held (flock) by the one job writing the run; names its pid/host
       features/identity.json                        the settings that produced the features; a rerun with
                                                     other feature settings is refused (--fresh starts over)
       references/<benchmark>-<split>.json           {image_id: [reference captions]}
       references/<benchmark>-<split>.domains.json   {image_id: domain} (NoCaps)
       references/<benchmark>-<split>.coco_ids.json  {image_id: COCO id} (when the layout has one)
-      features/<benchmark>-<split>/part-*.parquet   one row per image (schema: adjcap/features.py); a part
+      features/<benchmark>-<split>/part-*.parquet   one row per image (schema: adjcap/engine/features.py); a part
                                                     is written to a temp name and renamed: complete or absent
       features/summary.json                         per split: images, done, failed, skipped; seconds
       fit/<protocol>.json                           what the protocol chose: alpha, beta, losses, fit images
@@ -45,9 +45,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from adjcap.config import Config, load_config
-from adjcap.file_lock import holding
-from adjcap.io import atomic_write_json, atomic_write_text, is_temp_name
-from adjcap.parts import PART_GLOB, new_part_name, part_paths, read_part, write_part
+from adjcap.storage.file_lock import holding
+from adjcap.storage.io import atomic_write_json, atomic_write_text, is_temp_name
+from adjcap.storage.parts import PART_GLOB, new_part_name, part_paths, read_part, write_part
 
 
 class RunDirError(RuntimeError):
@@ -117,7 +117,7 @@ class RunDir:
             yield
 
     def remove_leftovers(self) -> list[Path]:
-        """Delete the temp files of atomic writes (:func:`adjcap.io.is_temp_name`) that a killed writer
+        """Delete the temp files of atomic writes (:func:`adjcap.storage.io.is_temp_name`) that a killed writer
         left in this run directory. Called with the run lock held: no live job writes here then."""
         gone = []
         for p in self.path.rglob(".*.tmp"):
@@ -208,7 +208,7 @@ class RunDir:
         return self.path / "features" / f"{benchmark}-{split}"
 
     def parts(self, benchmark: str, split: str) -> list[Path]:
-        """Complete feature parts, sorted by name (:mod:`adjcap.parts`)."""
+        """Complete feature parts, sorted by name (:mod:`adjcap.storage.parts`)."""
         return part_paths(self.features_dir(benchmark, split))
 
     def has_features(self, benchmark: str, split: str) -> bool:
@@ -230,11 +230,11 @@ class RunDir:
                 if read_part(p, columns=["image_id"]) is None]
 
     def new_part_path(self, benchmark: str, split: str) -> Path:
-        """A part name no other writer can take (:func:`adjcap.parts.new_part_name`)."""
+        """A part name no other writer can take (:func:`adjcap.storage.parts.new_part_name`)."""
         return self.features_dir(benchmark, split) / new_part_name()
 
     def write_part(self, benchmark: str, split: str, table: pa.Table, name: str | None = None) -> Path:
-        """``table`` as a feature part, atomically; ``name`` (:func:`adjcap.parts.content_part_name`)
+        """``table`` as a feature part, atomically; ``name`` (:func:`adjcap.storage.parts.content_part_name`)
         makes a batch written again replace its own part."""
         return write_part(self.features_dir(benchmark, split), table, name)
 

@@ -3,8 +3,8 @@ under a name no other writer takes (time-ordered: read in the order they were wr
 derived from its content (:func:`content_part_name`: a batch written again replaces its part; these
 sort after the time-ordered ones, by hash); a part that cannot be read
 is set aside as ``<name>.corrupt`` (kept for inspection, never read again) so that its images are
-recomputed. The one part writer of a run's feature parts (:class:`adjcap.rundir.RunDir`) and of the
-stage cache (:mod:`adjcap.stage_cache`)."""
+recomputed. The one part writer of a run's feature parts (:class:`adjcap.storage.rundir.RunDir`) and of the
+stage cache (:mod:`adjcap.engine.stage_cache`)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from adjcap.io import atomic_write_parquet, is_temp_name
+from adjcap.storage.io import atomic_write_parquet, is_temp_name
 
 PART_GLOB = "part-*.parquet"
 
