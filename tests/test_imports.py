@@ -201,15 +201,18 @@ def test_actors_import_no_model_math_from_elsewhere():
 # layers below it, never one above, counting imports inside functions. A module's layer is the
 # entry with the longest prefix of its name; every module has one (a new module is added here).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    # helpers that know nothing of a run: files written atomically and their digests (content ids), "did you mean",
-    # numerics, the accelerators, the LAVIS environment, beam search, the entity filter, the feature
-    # row's schema, the pickers' names and needs and the verifier families' records (what the config checks
-    # without torch), the one deep merge and flattener of nested settings, the one file lock and the one Parquet part writer, the
-    # dispatch audit (host reads and KV bytes per decode step, for tests and benchmarks), the CPU half of
-    # an image transform (pixel_prep: the decode tasks resize and crop for the pools' models)
-    ("foundations", ("adjcap.storage.io", "adjcap.storage.content_ids", "adjcap.registry", "adjcap.machine.numerics", "adjcap.machine.accelerators", "adjcap.models.lavis_env",
-                     "adjcap.models.decoding", "adjcap.models.entities", "adjcap.engine.features", "adjcap.picker_needs", "adjcap.engine.verifier_families",
-                     "adjcap.nested", "adjcap.storage.file_lock", "adjcap.storage.parts", "adjcap.models.dispatch_audit", "adjcap.engine.gpu_errors",
+    # helpers that know nothing of a run: "did you mean", the one deep merge and flattener of nested
+    # settings, the pickers' names and needs (what the config checks without torch); storage's files
+    # written atomically, their content ids, the one file lock and the one Parquet part writer; the
+    # machine's numerics and accelerators; of the models, the LAVIS environment, beam search, the entity
+    # filter and the dispatch audit (host reads and KV bytes per decode step); of the engine, the
+    # feature row's schema, the verifier families' records (the config reads them without torch), what
+    # counts as a GPU failure and the CPU half of an image transform
+    # (pixel_prep: the decode tasks resize and crop for the pools' models). A package's entry here
+    # holds its __init__ and those of its modules that no longer entry below names.
+    ("foundations", ("adjcap.registry", "adjcap.nested", "adjcap.picker_needs", "adjcap.storage", "adjcap.machine",
+                     "adjcap.models.lavis_env", "adjcap.models.decoding", "adjcap.models.entities",
+                     "adjcap.models.dispatch_audit", "adjcap.engine.features", "adjcap.engine.gpu_errors", "adjcap.engine.verifier_families",
                      "adjcap.engine.pixel_prep")),
     # reading benchmarks and corpora: files in, records out (knows no configuration)
     ("data", ("adjcap.data",)),
@@ -221,20 +224,12 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # the frozen models and the caption corpus index they search
     ("models", ("adjcap.models",)),
     ("index", ("adjcap.index",)),
-    # one image through the stages: its state, the stage functions, the stage registry's mechanism (its records
-    # and lookups: stage_records) and its built-in entries (stages and model families as data: stage_registry)
-    # and the pools it lays out, identities, the stage cache
-    # and what made a run (provenance), where a pool's last actor writes its batch (batch_sink), a
-    # job's run plan (records, corpus, identities, pools, run directory: built once at the edge), and the
-    # captioner families stage 3 picks from (captioners)
-    ("stages", ("adjcap.engine.image_state", "adjcap.engine.stages", "adjcap.engine.stage_records", "adjcap.engine.stage_registry", "adjcap.engine.pools", "adjcap.engine.cluster_plan", "adjcap.engine.identity",
-                "adjcap.engine.stage_cache", "adjcap.storage.provenance", "adjcap.engine.batch_sink", "adjcap.engine.run_plan",
-                "adjcap.engine.captioners")),
-    # the engine: one executor interface over the stages (executor), its in-process backend (local), the
-    # batch functions both backends run (decode_task, pool_batch) and the Arrow transport between them;
-    # the Ray backend is the application layer's (jobs/ray_backend.py); the in-process pipeline over the
-    # local backend (tests, notebooks)
-    ("engine", ("adjcap.engine", "adjcap.engine.pipeline")),
+    # the engine (adjcap/engine/): one image through the stages, its state, the stage functions, the
+    # stage registry (stages and model families as data, the captioner families stage 3 picks from) and
+    # the pools it lays out, identities, the stage cache, the transport between pools, where a pool's
+    # last actor writes its batch (batch_sink), the in-process pipeline, a job's run plan (records,
+    # corpus, identities, pools, run directory: built once at the edge); and what made a run (provenance)
+    ("stages", ("adjcap.engine", "adjcap.storage.provenance")),
     # the learned rerankers over the feature table
     ("rerank", ("adjcap.rerank",)),
     # Java and the jars it runs: found and trusted, shared by needs, prepare and the metrics
@@ -250,7 +245,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # the per-image samples table (metrics per image, CHAIR objects)
     ("samples", ("adjcap.storage.samples",)),
     # what a user reads of runs: reports, reproduced tables, the doctor, tracking
-    ("views", ("adjcap.report", "adjcap.machine.doctor", "adjcap.report.tracking")),
+    ("views", ("adjcap.report", "adjcap.machine.doctor")),
     # the demo world and its tiny models (reads everything below to build and check itself)
     ("demo", ("adjcap.demo",)),
     # the application layer: thin actors, the Ray jobs and the Python API facade, the console script
@@ -291,6 +286,13 @@ def _located_edges(mods: dict[str, Path]):
                 for t in targets:
                     if t != m and not t.startswith(m + "."):  # a package importing its own submodules
                         yield m, t, path, node.lineno
+
+
+def test_the_package_root_keeps_few_modules():
+    """The package root keeps the few modules a user imports (at most 15, the links counted); the rest
+    live in the subpackages named for what they hold (adjcap/engine, storage, machine, models, ...)."""
+    root = sorted(p.name for p in (ROOT / "adjcap").glob("*.py"))
+    assert len(root) <= 15, f"{len(root)} modules in adjcap/ (at most 15: move one into its subpackage): {root}"
 
 
 def test_every_module_has_a_layer():
