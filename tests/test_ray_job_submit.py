@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -38,10 +39,17 @@ def test_a_job_submitted_with_its_working_dir_runs_through_the_links(demo_cfg, t
              "print('CODE', adjcap.jobs.run.__file__, adjcap.actors.pool.__file__, s.ROOT)")
     entry = (f"{sys.executable} cli.py run-job demo --limit 2 --workers 1 --no-evaluate --run-dir {run_dir} "
              f"--set paths.cache_dir={demo_cfg.paths.cache_dir} && {sys.executable} -c \"{probe}\"")
+    cmd = [str(Path(sys.executable).parent / "ray"), "job", "submit", "--address", f"http://127.0.0.1:{port}",
+           "--working-dir", str(src), "--", "bash", "-c", entry]
     try:
-        res = subprocess.run([str(Path(sys.executable).parent / "ray"), "job", "submit", "--address",
-                              f"http://127.0.0.1:{port}", "--working-dir", str(src), "--", "bash", "-c", entry],
-                             capture_output=True, text=True, timeout=600)
+        # the head's job agent registers a while after the dashboard answers (longer on a loaded machine):
+        # until it has, the submission is refused before any job exists, and is sent again
+        deadline = time.time() + 180
+        while True:
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            if "No available agent to submit job" not in res.stderr + res.stdout or time.time() > deadline:
+                break
+            time.sleep(3)
     finally:
         cluster.shutdown()
     out = res.stdout + res.stderr
