@@ -2,6 +2,7 @@
 the per-node memory check, the nodes a plan waits for, ``ray.pools=auto``'s MPS rule, and every recipe in
 deploy/ holding its documented job (`run-job coco --workers 8`) with the node shapes it names."""
 
+import os
 import re
 import shlex
 from pathlib import Path
@@ -76,7 +77,10 @@ def test_auto_pools_follow_mps_on_gpus(tmp_path):
     pipe = tmp_path / "mps"
     pipe.mkdir()
     assert mps_status({"CUDA_MPS_PIPE_DIRECTORY": str(pipe)}, which=lambda _: "/usr/bin/x")[0] is False
-    (pipe / "control").touch()
+    (pipe / "control").touch()  # a plain file (anyone can plant one in /tmp) is not the daemon's pipe
+    assert mps_status({"CUDA_MPS_PIPE_DIRECTORY": str(pipe)}, which=lambda _: None)[0] is False
+    (pipe / "control").unlink()
+    os.mkfifo(pipe / "control")
     on_now, line = mps_status({"CUDA_MPS_PIPE_DIRECTORY": str(pipe)}, which=lambda _: None)
     assert on_now and str(pipe / "control") in line
     off_now, line = mps_status({"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "none")}, which=lambda _: None)

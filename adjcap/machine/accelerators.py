@@ -61,9 +61,22 @@ MPS_PIPE = "CUDA_MPS_PIPE_DIRECTORY"
 MPS_DEFAULT_PIPE = "/tmp/nvidia-mps"  # where nvidia-cuda-mps-control listens unless told otherwise
 
 
+def _daemon_pipe(path: str) -> bool:
+    """``path`` is a named pipe owned by root or by this process's user."""
+    import stat
+
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISFIFO(st.st_mode) and st.st_uid in (0, os.getuid())
+
+
 def mps_status(environ: Mapping[str, str] | None = None, which=None) -> tuple[bool, str]:
     """(whether NVIDIA MPS serves this machine's CUDA processes, one line saying why): its control pipe
-    (``$CUDA_MPS_PIPE_DIRECTORY/control``, else /tmp/nvidia-mps/control) exists. A machine without NVIDIA's
+    (``$CUDA_MPS_PIPE_DIRECTORY/control``, else /tmp/nvidia-mps/control) is a named pipe owned by root or
+    by this user, as the daemon makes it (the default lies in the shared /tmp: a plain file anyone planted
+    there does not turn split pools on). A machine without NVIDIA's
     tools (no ``nvidia-smi`` / ``nvidia-cuda-mps-control``) says so."""
     import shutil
 
@@ -71,7 +84,7 @@ def mps_status(environ: Mapping[str, str] | None = None, which=None) -> tuple[bo
     which = shutil.which if which is None else which
     pipe = env.get(MPS_PIPE) or MPS_DEFAULT_PIPE
     control = os.path.join(pipe, "control")
-    if os.path.exists(control):
+    if _daemon_pipe(control):
         return True, f"on (control pipe {control})"
     if not which("nvidia-cuda-mps-control") and not which("nvidia-smi"):
         return False, "off: no NVIDIA driver tools on this machine (nvidia-smi, nvidia-cuda-mps-control)"
