@@ -8,7 +8,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -53,12 +53,12 @@ def _naming(e: OSError, path: Path) -> OSError:
     return OSError(errno_, e.strerror or str(e), str(path))
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+def _atomically(path: str | Path, write: Callable[[Path], None]) -> Path:
+    """``write(tmp)`` to a temp name beside ``path``, then renamed onto it (complete or absent)."""
     path = Path(path)
     tmp = _tmp_beside(path)
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
+        write(tmp)
         _commit(tmp, path)
     except OSError as e:
         raise _naming(e, path) from e
@@ -66,6 +66,10 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
         if tmp.exists():
             tmp.unlink()
     return path
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+    return _atomically(path, lambda tmp: tmp.write_bytes(data))
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:
@@ -77,17 +81,7 @@ def atomic_write_json(path: str | Path, obj: Any, indent: int | None = 2) -> Pat
 
 
 def atomic_write_parquet(path: str | Path, table: pa.Table) -> Path:
-    path = Path(path)
-    tmp = _tmp_beside(path)
-    try:
-        pq.write_table(table, tmp)
-        _commit(tmp, path)
-    except OSError as e:
-        raise _naming(e, path) from e
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return path
+    return _atomically(path, lambda tmp: pq.write_table(table, tmp))
 
 
 def is_temp_name(name: str) -> bool:
