@@ -14,7 +14,7 @@ from adjcap.engine import gpu_errors, pools, stage_registry
 from adjcap.actors.progress import StageMeter
 from adjcap.engine.batch_sink import Sink
 from adjcap.config import Config
-from adjcap.engine.pool_batch import PoolBatch
+from adjcap.engine.pool_batch import PoolBatch, families_for
 from adjcap.engine.transport import Keep
 
 
@@ -28,8 +28,7 @@ class PoolActor(PoolBatch):
         given = {k: ray.get(v) if isinstance(v, ray.ObjectRef) else v for k, v in (given or {}).items()}
         name = pool or stage_registry.stage(stages[0]).pool
         gpu_errors.check_gpu_seen(ray.get_gpu_ids(), cfg.device, name, ray.util.get_node_ip_address())
-        families = (part,) if part else stage_registry.families_of(stages)
-        pools.check_gpu_memory(cfg, name, families)  # before any model loads: one line when they cannot fit
+        pools.check_gpu_memory(cfg, name, families_for(stages, part))  # before any model loads: one line when they cannot fit
         super().__init__(cfg, stages, given, last, sink, name, keep, meter=lambda s: StageMeter(s, board),
                          part=part)
 

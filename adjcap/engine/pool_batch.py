@@ -20,6 +20,11 @@ from adjcap.engine.transport import Keep, columns, pack, unpack
 from adjcap.engine.stages import HalvedSizes, carrying
 
 
+def families_for(stages: tuple[str, ...], part: str | None = None) -> tuple[str, ...]:
+    """The model families a pool of ``stages`` loads: their own, or the one family whose ``part`` it runs."""
+    return (part,) if part else tuple(stage_registry.families_of(stages))
+
+
 class _Unmetered:
     def batch(self, states):
         return contextlib.nullcontext()
@@ -44,7 +49,7 @@ class PoolBatch:
         self.cache = sink.cache() if sink is not None else None
         self.stages = [stage_registry.stage(s) for s in stages]
         self.pool = pool or self.stages[0].pool  # its name in the memory plan and in a GPU failure's line
-        self.families = (part,) if part else stage_registry.families_of(stages)
+        self.families = families_for(stages, part)
         self.runs = [stage_registry.family(part).parts[s.name] if part else s.run for s in self.stages]
         if models is None:
             models = stage_registry.load_families(cfg, self.families, given or {})
