@@ -67,9 +67,9 @@ def _size_ifcap(cfg: "Config", gpu: bool) -> tuple[int, int]:
 
 
 def _pixels_ifcap(cfg: "Config") -> tuple[Any, ...]:
-    from adjcap.models.clip import pixel_prep_for
+    from adjcap.engine.pixel_memo import clip_pixels
 
-    return (pixel_prep_for(cfg.captioner.clip),)
+    return (clip_pixels(cfg.captioner.clip, cfg.paths.cache_dir),)
 
 
 def _run_ifcap(states, c, cfg: "Config"):

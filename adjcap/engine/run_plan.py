@@ -12,6 +12,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from adjcap.engine.cluster_plan import PoolPlan
+from adjcap.engine import stage_registry
 from adjcap.config import Config
 from adjcap.data.benchmarks import read_benchmark, split_annotations
 from adjcap.data.corpus import Corpus
@@ -76,6 +77,8 @@ class RunPlan:
         where = index_location(cfg.retrieval, cfg.paths.cache_dir, encoder_identity(cfg.retrieval.encoder),
                                corpus.fingerprint)
         run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir) if run_dir else default_run_dir(cfg)
+        if cfg.ray.prepare_pixels:  # the models' pixel geometries found out here, once, not while images stream
+            stage_registry.pixel_preps(cfg, stage_registry.names())  # (remembered: adjcap.engine.pixel_memo)
         return cls(
             given=given, cfg=cfg,
             records=MappingProxyType({split: tuple(recs) for split, recs in records.items()}),

@@ -28,6 +28,7 @@ import pyarrow as pa
 from adjcap.engine import captioners, verifier_families
 from adjcap.engine.features import CANDIDATE, RETRIEVED, VERIFIED
 from adjcap.engine.image_state import ImageState
+from adjcap.engine.pixel_memo import clip_pixels, verifier_pixels
 from adjcap.models import budget
 from adjcap.engine.stage_records import (  # the mechanism, handed on: the lookups everything calls here
     Family, Loading, Reads, Stage, StageOutput, families_of, family, load_families, names, pixel_preps, register,
@@ -62,9 +63,7 @@ def _load_retrieval(cfg: "Config", ld: Loading):
 
 
 def _pixels_retrieval(cfg: "Config") -> tuple[Any, ...]:
-    from adjcap.models.clip import pixel_prep_for
-
-    return (pixel_prep_for(cfg.retrieval.encoder),)
+    return (clip_pixels(cfg.retrieval.encoder, cfg.paths.cache_dir),)
 
 
 def _size_retrieval(cfg: "Config", gpu: bool, holds: frozenset[str]) -> tuple[int, int]:
@@ -114,9 +113,7 @@ def _score_verifier(states: list[ImageState], m: Mapping[str, Any], cfg: "Config
 
 
 def _pixels_verifier(cfg: "Config") -> tuple[Any, ...]:
-    from adjcap.models.roles import verifier_pixel_prep
-
-    return (verifier_pixel_prep(cfg.verifier),) if cfg.verifier.enabled else ()
+    return (verifier_pixels(cfg.verifier, cfg.paths.cache_dir),) if cfg.verifier.enabled else ()
 
 
 def _size_verifier(cfg: "Config", gpu: bool, holds: frozenset[str]) -> tuple[int, int]:
@@ -175,9 +172,8 @@ def _load_scorer(cfg: "Config", ld: Loading):
 def _pixels_scorer(cfg: "Config") -> tuple[Any, ...]:
     """Every image tower stage 4 may run: the output and CLIPScore encoders (when an image lost its
     stage-1 embedding) and the verifier (when it lost its stage-2 encoding)."""
-    from adjcap.models.clip import pixel_prep_for
-
-    encs = (pixel_prep_for(cfg.scorer_encoder()), pixel_prep_for(cfg.eval.clipscore))
+    cache = cfg.paths.cache_dir
+    encs = (clip_pixels(cfg.scorer_encoder(), cache), clip_pixels(cfg.eval.clipscore, cache))
     return encs + _pixels_verifier(cfg)  # the lavis backend's: None (its pools decode the bytes)
 
 
