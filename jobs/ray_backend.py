@@ -6,6 +6,7 @@ object store once per job."""
 
 from __future__ import annotations
 
+import time
 from typing import Any, Iterator
 
 import pyarrow as pa
@@ -19,7 +20,7 @@ from adjcap.engine.cluster_plan import PoolPlan
 from adjcap.config import Config
 from adjcap.engine.executor import Executor, Stream
 from adjcap.jobs.encode_corpus import index_for
-from adjcap.jobs.ray_session import check_pools
+from adjcap.jobs.ray_session import check_pools, data_poll
 
 
 def decode_tasks(cfg: Config) -> int:
@@ -62,7 +63,13 @@ class RayExecutor(Executor):
         return ds
 
     def run(self, stream: Stream) -> Iterator[pa.Table]:
-        yield from self.dataset(stream).iter_batches(batch_format="pyarrow", batch_size=None)
+        poll = PollPace(stream.cfg.ray.data_poll_s)
+        try:
+            for table in self.dataset(stream).iter_batches(batch_format="pyarrow", batch_size=None):
+                poll.output()
+                yield table
+        finally:  # the next job in this process (a reproduce table's next row) starts from its own
+            data_poll(poll.base)
 
     def _index(self, cfg: Config, refs: dict):
         # once per job; each node's retriever actors share one read-only copy (adjcap.index.shared), read
@@ -80,6 +87,32 @@ class RayExecutor(Executor):
         if "nouns" not in refs:
             refs["nouns"] = ray.put(corpus_nouns(cfg, self.corpus))
         return refs["nouns"]
+
+
+class PollPace:
+    """Ray Data's scheduler looks at its running tasks every ``ray.data_poll_s`` (:func:`jobs.ray_session.data_poll`),
+    and each look costs the driver about the same CPU whatever the images. Where a block takes many times
+    that to come back (a CPU-bound job: ~8 s per 128-image block on 2 cores), the scheduler looks up to a
+    quarter of the time between the blocks coming back, at most :data:`LONGEST` s: the pools' actors
+    meanwhile work on the tasks queued on them. Never shorter than the configured poll (a GPU job, whose
+    blocks come back faster, keeps it)."""
+
+    LONGEST = 2.0
+
+    def __init__(self, base: float):
+        self.base, self.last, self.gap = base, None, None
+
+    def output(self) -> None:
+        """A block came back (the gaps are counted from the first one: the models' loading is not one)."""
+        now = time.monotonic()
+        if self.last is not None:
+            gap = now - self.last
+            self.gap = gap if self.gap is None else 0.7 * self.gap + 0.3 * gap
+            data_poll(self.seconds())
+        self.last = now
+
+    def seconds(self) -> float:
+        return self.base if self.gap is None else max(self.base, min(self.LONGEST, self.gap / 4))
 
 
 def needs_nouns(cfg: Config) -> bool:

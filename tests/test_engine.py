@@ -61,3 +61,23 @@ def _agree(ray_rows: pa.Table, local_rows: pa.Table, rows: bool = True) -> None:
     else:  # a stage's stored columns: the same images (the part names above: the same batches)
         assert ray_rows.column("image_id").equals(local_rows.column("image_id"))
 
+
+
+def test_the_scheduler_looks_less_often_only_where_blocks_come_back_slowly(monkeypatch):
+    """The Ray backend's poll pace (jobs/ray_backend.PollPace): the configured poll until two blocks came
+    back, then a quarter of the gap between blocks, never under the configured poll nor over LONGEST."""
+    from jobs import ray_backend
+
+    set_to: list[float] = []
+    monkeypatch.setattr(ray_backend, "data_poll", set_to.append)
+    clock = iter([100.0, 108.0, 116.0, *(116.0 + 0.2 * i for i in range(1, 7))])
+    monkeypatch.setattr(ray_backend.time, "monotonic", lambda: next(clock))
+    pace = ray_backend.PollPace(0.5)
+    pace.output()  # the first block, after the models loaded: no gap yet
+    assert set_to == [] and pace.seconds() == 0.5
+    pace.output()
+    pace.output()  # blocks 8 s apart (a CPU-bound job): a quarter of that, capped
+    assert set_to == [pace.LONGEST, pace.LONGEST]
+    for _ in range(6):  # then 0.2 s apart (a GPU job): back down to the configured poll, not below
+        pace.output()
+    assert set_to[-1] == 0.5 and all(0.5 <= s <= pace.LONGEST for s in set_to)
