@@ -91,7 +91,7 @@ def _cand(text, cos, rank):
             "retrieval_cosine": cos, "verifier": 0.5}
 
 
-def test_evaluate_run_writes_metrics_per_protocol(tmp_path):
+def test_evaluate_run_writes_metrics_per_protocol(tmp_path, monkeypatch):
     rows = json.loads((FIX / "viecap_coco_test_100.json").read_text())[:30]
     run = tmp_path / "run"
     (run / "references").mkdir(parents=True)
@@ -115,9 +115,21 @@ def test_evaluate_run_writes_metrics_per_protocol(tmp_path):
     for name, data in (("lm", lm), ("trifuse", tri), ("memattend", mem)):
         (pred / f"{name}.json").write_text(json.dumps(data))
 
+    from adjcap.metrics import evaluate as evaluate_mod
+
+    javas = []  # the PTB tokeniser's Java processes: one for the run's references and every file's captions
+    real = evaluate_mod.ptb_tokenize
+    monkeypatch.setattr(evaluate_mod, "ptb_tokenize", lambda caps, **kw: javas.append(len(caps)) or real(caps, **kw))
     out = evaluate_run(run)
+    assert len(javas) == 1, javas
     doc = json.loads((run / "metrics" / "inductive.json").read_text())
     assert set(out) == {"inductive"} and set(doc["pickers"]) == {"lm", "trifuse", "memattend"}
+    refs = {r["image_name"]: r["captions"] for r in rows}
+    for name, data in (("lm", lm), ("trifuse", tri), ("memattend", mem)):  # as each file scored on its own
+        alone = coco_metrics({e["image_id"]: e["caption"] for e in data}, refs)
+        for k, v in alone.scores.items():
+            got = doc["pickers"][name]["metrics"][k]
+            assert got == pytest.approx(v, abs=1e-9) if v is not None else got is None, (name, k)
     lm_m, tri_m = doc["pickers"]["lm"], doc["pickers"]["trifuse"]
     assert tri_m["metrics"]["CIDEr"] > lm_m["metrics"]["CIDEr"]  # a reference caption scores higher
     assert lm_m["clipscore"]["CLIPScore"] == pytest.approx(2.5 * 0.30)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -81,15 +81,23 @@ class Evaluator:
     # ---- shared state ------------------------------------------------------------------------
     def _refs_tokenized(self) -> dict[Hashable, list[str]]:
         if self._ref_tok is None:
-            self._ref_tok = ptb_tokenize(self.references, java=self.java, tmp_dir=self.tmp_dir)
+            self.tokenize_ahead(())
         return self._ref_tok
 
-    def _tokenize_captions(self, captions: Sequence[str]) -> None:
+    def tokenize_ahead(self, captions: Iterable[str]) -> None:
+        """PTB-tokenise ``captions`` not tokenised yet, with the references when they are not yet: one
+        Java process for all of them (a caller scoring many prediction sets hands every caption here
+        first, e.g. each picker's and each seed's picks of a run). Each line is tokenised on its own
+        (``-preserveLines``), so the tokens are those of one call per set."""
         new = sorted({c for c in captions if c not in self._cap_tok})
-        if new:
-            tok = ptb_tokenize({k: [c] for k, c in enumerate(new)}, java=self.java, tmp_dir=self.tmp_dir)
-            for k, c in enumerate(new):
-                self._cap_tok[c] = tok[k][0]
+        batch: dict[Hashable, list[str]] = {("caption", k): [c] for k, c in enumerate(new)}
+        if self._ref_tok is None:
+            batch.update({("reference", k): v for k, v in self.references.items()})
+        tok = ptb_tokenize(batch, java=self.java, tmp_dir=self.tmp_dir) if batch else {}
+        for k, c in enumerate(new):
+            self._cap_tok[c] = tok[("caption", k)][0]
+        if self._ref_tok is None:
+            self._ref_tok = {k: tok[("reference", k)] for k in self.references}
 
     def _spice(
         self, preds: Mapping[Hashable, str], refs: Mapping[Hashable, Sequence[str]]
@@ -132,8 +140,8 @@ class Evaluator:
         "notes", "per_image" {id: {metric: x100}}}."""
         preds, refs, notes = align(predictions, self.references, on_missing or self.on_missing)
         self._meteor_proc()  # starts the JVM (if not up) while the captions are tokenised
+        self.tokenize_ahead(preds.values())  # with the references on the first call: one Java process
         gts_all = self._refs_tokenized()
-        self._tokenize_captions(list(preds.values()))
         ids = list(preds)
         gts = {i: gts_all[i] for i in ids}
         res = {i: [self._cap_tok[preds[i]]] for i in ids}

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from adjcap.metrics.clipscore import CLIPSCORE_W, clipscore_from_features
+from adjcap.java.runtime import MetricError
 from adjcap.metrics.coco import OnMissing
 from adjcap.metrics.evaluate import Evaluator, instance_objects_for, load_predictions, resolve_predictions, spice_from
 from adjcap.metrics.ranks import pick_disagreement, retrieval_verifier_spearman, top1_agreement
@@ -118,6 +119,8 @@ def evaluate_run(
         refs_obj.captions, domains, spice=spice, java=java, tmp_dir=tmp_dir, on_missing=on_missing,
         instance_objects=objects, chair_ground_truth=ground_truth,
     ) as ev:
+        # every picker's and seed's captions tokenised at once (one Java process for the run, not one per file)
+        ev.tokenize_ahead(_captions_of(run, proto_names, refs_obj, on_missing))
         for proto in proto_names:
             files = list(run.prediction_files(proto).values())
             if not files:
@@ -157,6 +160,22 @@ def _run_inputs(run: RunDir, references: Any, domains: Any, features: Any) -> tu
     if failed:
         references = {k: v for k, v in references.items() if str(k) not in failed}
     return references, domains, features, failed
+
+
+def _captions_of(run: RunDir, protocols: Sequence[str], refs_obj: Any, on_missing: OnMissing) -> set[str]:
+    """The captions of every predictions file (each picker's and each seed's) of ``protocols``, as
+    :func:`_score_file` resolves them. A file that cannot be read is left to :func:`_score_file` to
+    report in its turn (the protocols scored before it are still written)."""
+    out: set[str] = set()
+    for proto in protocols:
+        for f in [*run.prediction_files(proto).values(), *run.seed_prediction_files(proto).values()]:
+            try:
+                preds, _, _ = resolve_predictions(load_predictions(f), refs_obj.resolve, on_missing=on_missing,
+                                                  source=str(f))
+            except (OSError, ValueError, MetricError):
+                continue
+            out.update(preds.values())
+    return out
 
 
 def _score_file(f: Path, ev: Any, refs_obj: Any, features: Any, eval_cfg: Any, w: float, on_missing: OnMissing,
