@@ -101,6 +101,9 @@ def test_on_demo_world_keeps_the_method_and_swaps_the_models(demo_cfg):
     assert gpu.retrieval.encoder.text_token_budget == load_config("gpu").retrieval.encoder.text_token_budget > 0
 
 
+# every preset's end-to-end run (features, fit, evaluation with its Java, report): make test runs them,
+# make test-fast (everyday work, no end-to-end job) does not
+@pytest.mark.slow
 @pytest.mark.parametrize("name", PRESETS)
 def test_preset_finishes_fit_evaluate_and_report(name, demo_cfg, store, tmp_path_factory):
     cfg = preset_on_demo(name, demo_cfg)

@@ -72,6 +72,7 @@ def test_a_full_disk_leaves_complete_parts_only(small_fs):
     assert run.done_ids("demo", "test") == {"a", "b"}
 
 
+@pytest.mark.slow  # a whole `adjcap evaluate` in a child (its Java tokeniser and METEOR): make test only
 def test_evaluate_onto_a_full_disk_is_one_line_and_writes_nothing(small_fs, small_coco):
     d, how = small_fs
     pred, refs, _ = small_coco
