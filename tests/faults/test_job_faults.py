@@ -1,17 +1,20 @@
 """Faults injected into real `python cli.py run-job demo` drivers on one run directory, in one
-sequence (three Ray launches in all, to keep the suite short):
+sequence (four Ray launches in all, to keep the suite short):
 
 1. driver A starts (split pools: its scorer's own actor is killed); a second job on the same run
    directory is refused at once, naming A's pid and host; after its first feature part a Ray actor of A
    is SIGKILLed (Ray restarts it) and, while the new actor starts, A gets SIGINT: exit 130, one line,
    completed parts kept;
-2. driver C resumes and is SIGKILLed (no chance to clean up) after writing more parts: every process
+2. driver S resumes and gets SIGTERM after its first new part (a scheduler's stop: SLURM, Kubernetes,
+   `kill`): the same one-line stop as Ctrl-C with exit code 143, no Ray stack dump, parts kept;
+3. driver C resumes and is SIGKILLed (no chance to clean up) after writing more parts: every process
    of its embedded Ray is gone within 10 s;
-3. a part is corrupted and a half-written temp part is left behind; driver D resumes to the end:
-   the corrupt part is moved aside and its images recomputed, only missing images are computed, and
-   the run ends with every image exactly once; a truncated image is a counted failure in the metrics.
+4. a part is corrupted and a half-written temp part is left behind; driver D resumes to the end:
+   the corrupt part is moved aside and its images recomputed, the temp part removed, only missing
+   images are computed, and the run ends with every image exactly once; a truncated image is a counted
+   failure in the metrics.
 
-C and D kill no named pool's actor: they run one fused pool (one actor process instead of four; the
+S, C and D kill no named pool's actor: they run one fused pool (one actor process instead of four; the
 pools are a speed setting, not part of the features' identity, so they resume A's run as it is).
 """
 
@@ -41,7 +44,7 @@ from adjcap.jobs.failures import EXIT_FAILED_IMAGES
 pytestmark = [pytest.mark.alone, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 ROOT = Path(__file__).resolve().parents[2]
-LIMIT = 10  # per split: A (~3 parts), C (+2 or a few more: a fused actor is fast once loaded) leave D work
+LIMIT = 10  # per split: A (~3 parts), S and C (+1 / +2 or a few more: a fused actor is fast once loaded) leave D work
 BENCH = "demo"
 
 
@@ -167,7 +170,7 @@ def scenario(demo_cfg, tmp_path_factory):
     for s in sets:
         args += ["--set", s]
     # split pools for A (auto would fuse them on this GPU-less machine): the scorer's own actor is killed
-    # below; C and D kill no pool's actor: one fused actor each
+    # below; S, C and D kill no pool's actor: one fused actor each
     return {"cfg": cfg, "records": records, "victim": victim.image_id, "run": RunDir(run_dir),
             "args": args + ["--set", "ray.pools=split"], "fused_args": args + ["--set", "ray.pools=fused"],
             "logs": base, "events": {}}
@@ -210,11 +213,29 @@ def interrupted(scenario):
 
 
 @pytest.fixture(scope="module")
-def killed(interrupted):
-    """Driver C: resumes, SIGKILLed after more parts."""
+def terminated(interrupted):
+    """Driver S: resumes, SIGTERM after its first new part (Ray is up and the pool has processed a batch)."""
     run, ev = interrupted["run"], interrupted["events"]
     before = _n_parts(run)
-    c = Driver(interrupted["fused_args"], interrupted["logs"], "C")
+    s = Driver(interrupted["fused_args"], interrupted["logs"], "S")
+    try:
+        _wait_for(lambda: _n_parts(run) >= before + 1, 400, "S's first new part", s)
+        s.track()
+        s.proc.send_signal(signal.SIGTERM)
+        ev["s_rc"] = s.wait(180)
+    finally:
+        s.reap()
+    ev["s_err"] = s.stderr()
+    ev["after_s"] = _part_ids(run)
+    return interrupted
+
+
+@pytest.fixture(scope="module")
+def killed(terminated):
+    """Driver C: resumes, SIGKILLed after more parts."""
+    run, ev = terminated["run"], terminated["events"]
+    before = _n_parts(run)
+    c = Driver(terminated["fused_args"], terminated["logs"], "C")
     try:
         _wait_for(lambda: _n_parts(run) >= before + 2, 400, "C's new parts", c)
         tree = c.track() - {c.pid}  # its embedded Ray: servers, agents, workers (and the reaper)
@@ -227,7 +248,7 @@ def killed(interrupted):
     finally:
         c.reap()
     ev["after_c"] = _part_ids(run)
-    return interrupted
+    return terminated
 
 
 @pytest.fixture(scope="module")
@@ -241,6 +262,7 @@ def finished(killed):
     tmp = run.features_dir(BENCH, "test") / ".part-00000000000000000001-h-1-deadbeef.parquet.x1y2z3.tmp"
     tmp.parent.mkdir(parents=True, exist_ok=True)
     tmp.write_bytes(b"PAR1 half")  # what a killed writer may leave: a temp name, never read as a part
+    ev["leftover"] = tmp
     ev["have_before_d"] = {s: set(ids) - (set(ev["corrupt_ids"]) if s == "val" else set())
                            for s, ids in _part_ids(run).items()}
     d = Driver(killed["fused_args"], killed["logs"], "D")
@@ -268,12 +290,26 @@ def test_sigint_stops_the_driver_with_one_line_and_keeps_parts(interrupted):
     assert ids and len(ids) == len(set(ids))  # kept parts, no image twice (even with an actor killed)
 
 
+def test_sigterm_is_the_same_clean_stop_with_exit_143(terminated):
+    ev = terminated["events"]
+    err = ev["s_err"]
+    assert ev["s_rc"] == 143, err[-3000:]
+    line = _one_line_error(err)
+    assert line.startswith("interrupted:") and "resume" in line
+    assert "Aborted" not in err and "SIGTERM" not in err and "Fatal Python error" not in err, err[-3000:]
+    for split, ids in ev["after_s"].items():
+        assert len(ids) == len(set(ids)), split
+        assert set(ev["after_a"][split]) <= set(ids)  # S only added
+    n = sum(len(ids) for ids in ev["after_s"].values())
+    assert sum(len(ids) for ids in ev["after_a"].values()) < n < 2 * LIMIT  # S wrote a part and stopped mid-job
+
+
 def test_sigkill_keeps_complete_parts_only(killed):
     ev = killed["events"]
     assert ev["c_rc"] == -signal.SIGKILL
     for split, ids in ev["after_c"].items():
         assert len(ids) == len(set(ids)), split
-        assert set(ev["after_a"][split]) <= set(ids)  # C only added
+        assert set(ev["after_s"][split]) <= set(ids)  # C only added
 
 
 def test_the_embedded_ray_does_not_outlive_a_killed_driver(killed):
@@ -292,6 +328,8 @@ def test_resume_after_everything_has_every_image_exactly_once(finished):
     # the corrupt part was moved aside (kept for inspection) and said so
     corrupt = run.features_dir(BENCH, "val") / (ev["corrupt_name"] + ".corrupt")
     assert corrupt.exists() and "moved to" in ev["d_err"] and ev["corrupt_name"] in ev["d_err"]
+    assert not ev["leftover"].exists()  # the temp part a killed writer left was removed
+    assert "already written" in ev["d_out"]
     final = _part_ids(run)
     summary = run.summary()["splits"]
     for split, recs in records.items():
