@@ -20,6 +20,7 @@ pools are a speed setting, not part of the features' identity, so they resume A'
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -27,6 +28,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -212,19 +214,28 @@ def interrupted(scenario):
     return scenario
 
 
+@contextlib.contextmanager
+def _resumed(scenario, name: str, new_parts: int) -> Iterator[Driver]:
+    """Driver ``name`` resuming the run on one fused pool, given once it wrote ``new_parts`` more parts;
+    what is left of its processes is stopped after."""
+    run = scenario["run"]
+    before = _n_parts(run)
+    d = Driver(scenario["fused_args"], scenario["logs"], name)
+    try:
+        _wait_for(lambda: _n_parts(run) >= before + new_parts, 400, f"{name}'s new parts", d)
+        yield d
+    finally:
+        d.reap()
+
+
 @pytest.fixture(scope="module")
 def terminated(interrupted):
     """Driver S: resumes, SIGTERM after its first new part (Ray is up and the pool has processed a batch)."""
     run, ev = interrupted["run"], interrupted["events"]
-    before = _n_parts(run)
-    s = Driver(interrupted["fused_args"], interrupted["logs"], "S")
-    try:
-        _wait_for(lambda: _n_parts(run) >= before + 1, 400, "S's first new part", s)
+    with _resumed(interrupted, "S", 1) as s:
         s.track()
         s.proc.send_signal(signal.SIGTERM)
         ev["s_rc"] = s.wait(180)
-    finally:
-        s.reap()
     ev["s_err"] = s.stderr()
     ev["after_s"] = _part_ids(run)
     return interrupted
@@ -234,10 +245,7 @@ def terminated(interrupted):
 def killed(terminated):
     """Driver C: resumes, SIGKILLed after more parts."""
     run, ev = terminated["run"], terminated["events"]
-    before = _n_parts(run)
-    c = Driver(terminated["fused_args"], terminated["logs"], "C")
-    try:
-        _wait_for(lambda: _n_parts(run) >= before + 2, 400, "C's new parts", c)
+    with _resumed(terminated, "C", 2) as c:
         tree = c.track() - {c.pid}  # its embedded Ray: servers, agents, workers (and the reaper)
         os.kill(c.pid, signal.SIGKILL)
         ev["c_rc"] = c.wait(60)
@@ -245,8 +253,6 @@ def killed(terminated):
         while (alive := {p for p in tree if _alive(p)}) and time.time() < end:
             time.sleep(0.2)
         ev["c_tree"], ev["c_left"] = len(tree), {p: _cmdline(p) for p in alive}
-    finally:
-        c.reap()
     ev["after_c"] = _part_ids(run)
     return terminated
 
