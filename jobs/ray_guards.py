@@ -80,17 +80,34 @@ def kill_session(session_dir: str | os.PathLike, exclude: set[int], within_s: fl
     return killed
 
 
-def reap_with_driver(session_dir: str, code_root: str | os.PathLike) -> object:
+class Lifeline:
+    """The driver's end of the reaper's pipe (:func:`reap_with_driver`)."""
+
+    def __init__(self, pipe, reaper: subprocess.Popen):
+        self.pipe, self.reaper = pipe, reaper
+
+    def close(self, wait_s: float = 15.0) -> None:
+        """Close the pipe (after ``ray.shutdown()``) and wait until the reaper has ended what was left of
+        the session: a process the driver starts next (Java for the metrics) is forked with the driver's
+        open files, among them Ray's session logs, and the reaper would take it for one of Ray's."""
+        self.pipe.close()
+        try:
+            self.reaper.wait(wait_s)  # kill_session gives up after 10 s
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def reap_with_driver(session_dir: str, code_root: str | os.PathLike) -> Lifeline:
     """Start the reaper of the embedded Ray whose session directory is ``session_dir``; returns the
     pipe's write end, which the driver keeps open while Ray runs and closes after ``ray.shutdown()``
     (an exit or a kill closes it too). ``code_root``: the folder holding the ``adjcap`` package."""
     r, w = os.pipe()  # not inherited by the processes the driver starts later (PEP 446)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(code_root), os.environ.get("PYTHONPATH")])))
-    subprocess.Popen([sys.executable, "-m", "adjcap.jobs.ray_guards", str(r), str(os.getpid()), session_dir],
-                     pass_fds=(r,), env=env, start_new_session=True,  # a terminal's Ctrl-C does not reach it
-                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    reaper = subprocess.Popen([sys.executable, "-m", "adjcap.jobs.ray_guards", str(r), str(os.getpid()), session_dir],
+                              pass_fds=(r,), env=env, start_new_session=True,  # a terminal's Ctrl-C does not reach it
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     os.close(r)
-    return os.fdopen(w, "wb", buffering=0)
+    return Lifeline(os.fdopen(w, "wb", buffering=0), reaper)
 
 
 def _reaper(fd: int, driver: int, session_dir: str) -> None:

@@ -4,7 +4,7 @@ nodes with 8 logical CPUs and ``gpus`` logical GPUs each (ray.cluster_utils.Clus
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
 
 @contextlib.contextmanager
@@ -30,3 +30,30 @@ def simulated_cluster(gpu_nodes: int = 2, gpus: int = 2) -> Iterator[tuple[objec
             os.environ.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
         else:
             os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = old[1]
+
+
+def raylet_pid(node) -> int:
+    """The process id of ``node``'s raylet (a ray.cluster_utils node)."""
+    from ray._private import ray_constants
+
+    return node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
+
+
+def node_workers(raylets: Collection[int]) -> Iterator[tuple[int, int, str]]:
+    """(pid, its raylet's pid, process title) of each worker process of the nodes whose raylets are
+    ``raylets``: every node of the simulated cluster is a raylet on this machine and a node's workers are
+    its raylet's children; a worker's title, ``ray::MapWorker(MapBatches(RetrieverActor))`` or
+    ``ray::MapBatches(decode_batch)`` while it runs a task, names its work."""
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid not in raylets:
+                continue
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                title = f.read().decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue
+        yield int(d), ppid, title

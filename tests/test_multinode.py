@@ -9,14 +9,13 @@ one-node job against).
 The GPUs are logical (Ray resources only): the actors are scheduled as on GPU machines, torch sees
 no CUDA device and runs on the CPU."""
 
-import os
 import threading
 from collections import Counter
 
 import pytest
 from rows_agree import assert_rows_agree
 
-from sim_cluster import simulated_cluster
+from sim_cluster import node_workers, raylet_pid, simulated_cluster
 
 from adjcap.engine.pipeline import load_models, run_pipeline
 from adjcap.engine.pools import split_pools
@@ -54,17 +53,9 @@ def _run_job(cluster, demo_cfg, run_dir, workers: int) -> str:
     return res.output
 
 
-def raylet_pid(node) -> int:
-    from ray._private import ray_constants
-
-    return node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
-
-
 class ActorPlacement(threading.Thread):
     """While a job runs: which node each pool actor lives on, and the most image-decoding tasks seen
-    running at once. Every node of the simulated cluster is a raylet on this machine and a node's
-    workers are its raylet's children; a worker's process title, ``ray::MapWorker(MapBatches(RetrieverActor))``
-    or ``ray::MapBatches(decode_batch)`` while it runs a task, names its work."""
+    running at once (:func:`sim_cluster.node_workers`)."""
 
     def __init__(self, nodes: dict[int, str]):
         super().__init__(daemon=True)
@@ -74,22 +65,11 @@ class ActorPlacement(threading.Thread):
     def run(self) -> None:
         while not self.halt.is_set():
             decoding = 0
-            for d in os.listdir("/proc"):
-                if not d.isdigit():
-                    continue
-                try:
-                    with open(f"/proc/{d}/stat") as f:
-                        ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-                    if ppid not in self.nodes:
-                        continue
-                    with open(f"/proc/{d}/cmdline", "rb") as f:
-                        title = f.read().decode(errors="replace")
-                except (OSError, ValueError, IndexError):
-                    continue
+            for pid, ppid, title in node_workers(self.nodes):
                 decoding += "MapBatches(decode_batch)" in title
                 pool = next((p for p in POOLS if f"MapBatches({p})" in title), None)
-                if pool and int(d) not in self.seen:
-                    self.seen[int(d)] = (pool, self.nodes[ppid])
+                if pool and pid not in self.seen:
+                    self.seen[pid] = (pool, self.nodes[ppid])
             self.decoding = max(self.decoding, decoding)
             self.halt.wait(0.2)
 

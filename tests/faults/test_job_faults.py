@@ -1,18 +1,26 @@
 """Faults injected into real `python cli.py run-job demo` drivers on one run directory, in one
-sequence (three Ray launches in all, to keep the suite short):
+sequence (four Ray launches in all, to keep the suite short):
 
-1. driver A starts; a second job on the same run directory is refused at once, naming A's pid and
-   host; after its first feature part a Ray actor of A is SIGKILLed (Ray restarts it) and, while the
-   new actor starts, A gets SIGINT: exit 130, one line, completed parts kept;
-2. driver C resumes and is SIGKILLed (no chance to clean up) after writing more parts: every process
+1. driver A starts (split pools: its scorer's own actor is killed); a second job on the same run
+   directory is refused at once, naming A's pid and host; after its first feature part a Ray actor of A
+   is SIGKILLed (Ray restarts it) and, while the new actor starts, A gets SIGINT: exit 130, one line,
+   completed parts kept;
+2. driver S resumes and gets SIGTERM after its first new part (a scheduler's stop: SLURM, Kubernetes,
+   `kill`): the same one-line stop as Ctrl-C with exit code 143, no Ray stack dump, parts kept;
+3. driver C resumes and is SIGKILLed (no chance to clean up) after writing more parts: every process
    of its embedded Ray is gone within 10 s;
-3. a part is corrupted and a half-written temp part is left behind; driver D resumes to the end:
-   the corrupt part is moved aside and its images recomputed, only missing images are computed, and
-   the run ends with every image exactly once; a truncated image is a counted failure in the metrics.
+4. a part is corrupted and a half-written temp part is left behind; driver D resumes to the end:
+   the corrupt part is moved aside and its images recomputed, the temp part removed, only missing
+   images are computed, and the run ends with every image exactly once; a truncated image is a counted
+   failure in the metrics.
+
+S, C and D kill no named pool's actor: they run one fused pool (one actor process instead of four; the
+pools are a speed setting, not part of the features' identity, so they resume A's run as it is).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -20,6 +28,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -37,7 +46,7 @@ from adjcap.jobs.failures import EXIT_FAILED_IMAGES
 pytestmark = [pytest.mark.alone, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 ROOT = Path(__file__).resolve().parents[2]
-LIMIT = 10
+LIMIT = 10  # per split: A (~3 parts), S and C (+1 / +2 or a few more: a fused actor is fast once loaded) leave D work
 BENCH = "demo"
 
 
@@ -159,12 +168,13 @@ def scenario(demo_cfg, tmp_path_factory):
     data = Path(victim.image_path).read_bytes()
     Path(victim.image_path).write_bytes(data[: len(data) // 3])
     run_dir = base / "run"
-    # split pools (auto would fuse them on this GPU-less machine): the scorer's own actor is killed below
-    args = ["run-job", BENCH, "--workers", "1", "--limit", str(LIMIT), "--run-dir", str(run_dir),
-            "--set", "ray.pools=split"]
+    args = ["run-job", BENCH, "--workers", "1", "--limit", str(LIMIT), "--run-dir", str(run_dir)]
     for s in sets:
         args += ["--set", s]
-    return {"cfg": cfg, "records": records, "victim": victim.image_id, "run": RunDir(run_dir), "args": args,
+    # split pools for A (auto would fuse them on this GPU-less machine): the scorer's own actor is killed
+    # below; S, C and D kill no pool's actor: one fused actor each
+    return {"cfg": cfg, "records": records, "victim": victim.image_id, "run": RunDir(run_dir),
+            "args": args + ["--set", "ray.pools=split"], "fused_args": args + ["--set", "ray.pools=fused"],
             "logs": base, "events": {}}
 
 
@@ -204,14 +214,38 @@ def interrupted(scenario):
     return scenario
 
 
-@pytest.fixture(scope="module")
-def killed(interrupted):
-    """Driver C: resumes, SIGKILLed after more parts."""
-    run, ev = interrupted["run"], interrupted["events"]
+@contextlib.contextmanager
+def _resumed(scenario, name: str, new_parts: int) -> Iterator[Driver]:
+    """Driver ``name`` resuming the run on one fused pool, given once it wrote ``new_parts`` more parts;
+    what is left of its processes is stopped after."""
+    run = scenario["run"]
     before = _n_parts(run)
-    c = Driver(interrupted["args"], interrupted["logs"], "C")
+    d = Driver(scenario["fused_args"], scenario["logs"], name)
     try:
-        _wait_for(lambda: _n_parts(run) >= before + 2, 400, "C's new parts", c)
+        _wait_for(lambda: _n_parts(run) >= before + new_parts, 400, f"{name}'s new parts", d)
+        yield d
+    finally:
+        d.reap()
+
+
+@pytest.fixture(scope="module")
+def terminated(interrupted):
+    """Driver S: resumes, SIGTERM after its first new part (Ray is up and the pool has processed a batch)."""
+    run, ev = interrupted["run"], interrupted["events"]
+    with _resumed(interrupted, "S", 1) as s:
+        s.track()
+        s.proc.send_signal(signal.SIGTERM)
+        ev["s_rc"] = s.wait(180)
+    ev["s_err"] = s.stderr()
+    ev["after_s"] = _part_ids(run)
+    return interrupted
+
+
+@pytest.fixture(scope="module")
+def killed(terminated):
+    """Driver C: resumes, SIGKILLed after more parts."""
+    run, ev = terminated["run"], terminated["events"]
+    with _resumed(terminated, "C", 2) as c:
         tree = c.track() - {c.pid}  # its embedded Ray: servers, agents, workers (and the reaper)
         os.kill(c.pid, signal.SIGKILL)
         ev["c_rc"] = c.wait(60)
@@ -219,10 +253,8 @@ def killed(interrupted):
         while (alive := {p for p in tree if _alive(p)}) and time.time() < end:
             time.sleep(0.2)
         ev["c_tree"], ev["c_left"] = len(tree), {p: _cmdline(p) for p in alive}
-    finally:
-        c.reap()
     ev["after_c"] = _part_ids(run)
-    return interrupted
+    return terminated
 
 
 @pytest.fixture(scope="module")
@@ -236,9 +268,10 @@ def finished(killed):
     tmp = run.features_dir(BENCH, "test") / ".part-00000000000000000001-h-1-deadbeef.parquet.x1y2z3.tmp"
     tmp.parent.mkdir(parents=True, exist_ok=True)
     tmp.write_bytes(b"PAR1 half")  # what a killed writer may leave: a temp name, never read as a part
+    ev["leftover"] = tmp
     ev["have_before_d"] = {s: set(ids) - (set(ev["corrupt_ids"]) if s == "val" else set())
                            for s, ids in _part_ids(run).items()}
-    d = Driver(killed["args"], killed["logs"], "D")
+    d = Driver(killed["fused_args"], killed["logs"], "D")
     try:
         ev["d_rc"] = d.wait(900)
     finally:
@@ -263,12 +296,26 @@ def test_sigint_stops_the_driver_with_one_line_and_keeps_parts(interrupted):
     assert ids and len(ids) == len(set(ids))  # kept parts, no image twice (even with an actor killed)
 
 
+def test_sigterm_is_the_same_clean_stop_with_exit_143(terminated):
+    ev = terminated["events"]
+    err = ev["s_err"]
+    assert ev["s_rc"] == 143, err[-3000:]
+    line = _one_line_error(err)
+    assert line.startswith("interrupted:") and "resume" in line
+    assert "Aborted" not in err and "SIGTERM" not in err and "Fatal Python error" not in err, err[-3000:]
+    for split, ids in ev["after_s"].items():
+        assert len(ids) == len(set(ids)), split
+        assert set(ev["after_a"][split]) <= set(ids)  # S only added
+    n = sum(len(ids) for ids in ev["after_s"].values())
+    assert sum(len(ids) for ids in ev["after_a"].values()) < n < 2 * LIMIT  # S wrote a part and stopped mid-job
+
+
 def test_sigkill_keeps_complete_parts_only(killed):
     ev = killed["events"]
     assert ev["c_rc"] == -signal.SIGKILL
     for split, ids in ev["after_c"].items():
         assert len(ids) == len(set(ids)), split
-        assert set(ev["after_a"][split]) <= set(ids)  # C only added
+        assert set(ev["after_s"][split]) <= set(ids)  # C only added
 
 
 def test_the_embedded_ray_does_not_outlive_a_killed_driver(killed):
@@ -283,10 +330,12 @@ def test_resume_after_everything_has_every_image_exactly_once(finished):
     # the world's one truncated image (the victim) failed: the job still writes everything, then says so
     # in one line and exits EXIT_FAILED_IMAGES (jobs/failures.py)
     assert ev["d_rc"] == EXIT_FAILED_IMAGES, ev["d_err"][-4000:]
-    assert sum("1 of 20 images failed; first: " in ln for ln in ev["d_err"].splitlines()) == 1, ev["d_err"][-4000:]
+    assert sum(f"1 of {2 * LIMIT} images failed; first: " in ln for ln in ev["d_err"].splitlines()) == 1, ev["d_err"][-4000:]
     # the corrupt part was moved aside (kept for inspection) and said so
     corrupt = run.features_dir(BENCH, "val") / (ev["corrupt_name"] + ".corrupt")
     assert corrupt.exists() and "moved to" in ev["d_err"] and ev["corrupt_name"] in ev["d_err"]
+    assert not ev["leftover"].exists()  # the temp part a killed writer left was removed
+    assert "already written" in ev["d_out"]
     final = _part_ids(run)
     summary = run.summary()["splits"]
     for split, recs in records.items():
