@@ -419,7 +419,8 @@ class RayCfg(_Strict):
                                     "exits 65, after everything is written)")
     data_poll_s: float = Field(0.5, gt=0.0, le=5.0, description="seconds Ray Data's scheduler on the driver waits "
                                "for running tasks before it looks again (Ray's own: 0.1); each look costs the "
-                               "driver CPU, whatever the images")
+                               "driver CPU, whatever the images; where blocks come back slowly the job looks up to "
+                               "a quarter of the gap between them, at most 2 s")
     verbose: bool = Field(False, description="Ray's own console output: Ray Data's operator progress and Ray's "
                           "INFO log lines, and the workers' output forwarded to the driver (--verbose)")
     progress_interval: float = Field(10.0, gt=0.0, description="seconds between progress lines when the output "
