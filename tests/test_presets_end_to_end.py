@@ -158,6 +158,7 @@ def finished(name: str, demo_cfg: Config, store: FeatureStore, tmp_path_factory)
     return FINISHED[name]
 
 
+@pytest.mark.slow  # two presets end to end (make test-fast runs no end-to-end job)
 def test_heads_fitted_on_one_run_apply_to_another(demo_cfg, store, tmp_path_factory):
     """`adjcap fit --run B --heads A/heads`: fit on one benchmark, apply to another."""
     from adjcap.cli import app
