@@ -83,6 +83,9 @@ def test_auto_pools_follow_mps_on_gpus(tmp_path):
     os.mkfifo(pipe / "control")
     on_now, line = mps_status({"CUDA_MPS_PIPE_DIRECTORY": str(pipe)}, which=lambda _: None)
     assert on_now and str(pipe / "control") in line
+    link = tmp_path / "planted"  # a link in /tmp to a folder holding a pipe is not the daemon's folder
+    link.symlink_to(pipe, target_is_directory=True)
+    assert mps_status({"CUDA_MPS_PIPE_DIRECTORY": str(link)}, which=lambda _: None)[0] is False
     off_now, line = mps_status({"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "none")}, which=lambda _: None)
     assert not off_now and "no NVIDIA driver tools" in line
 

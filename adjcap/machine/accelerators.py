@@ -62,14 +62,17 @@ MPS_DEFAULT_PIPE = "/tmp/nvidia-mps"  # where nvidia-cuda-mps-control listens un
 
 
 def _daemon_pipe(path: str) -> bool:
-    """``path`` is a named pipe owned by root or by this process's user."""
+    """``path`` is a named pipe owned by root or by this process's user, in a folder (not a link to one)
+    owned by root or by this user: the default folder lies in the shared /tmp, where anyone may plant one."""
     import stat
 
     try:
-        st = os.lstat(path)
+        st, folder = os.lstat(path), os.lstat(os.path.dirname(path))
     except OSError:
         return False
-    return stat.S_ISFIFO(st.st_mode) and st.st_uid in (0, os.getuid())
+    mine = (0, os.getuid())
+    return (stat.S_ISFIFO(st.st_mode) and st.st_uid in mine
+            and stat.S_ISDIR(folder.st_mode) and folder.st_uid in mine)
 
 
 def mps_status(environ: Mapping[str, str] | None = None, which=None) -> tuple[bool, str]:
