@@ -8,6 +8,11 @@ export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export RAY_USAGE_STATS_ENABLED ?= 0
 export TOKENIZERS_PARALLELISM ?= false
+# Python writes the bytecode of what it imports into .venv (and __pycache__/) on first use. With
+# PYTHONDONTWRITEBYTECODE set (some sandboxes and CI images set it), every process -- each Ray worker
+# and pool actor, each CLI call -- compiled torch, transformers and ray from source again: ~24 s of CPU
+# to import open_clip, ray and transformers against ~8 s with bytecode (2-core Xeon).
+unexport PYTHONDONTWRITEBYTECODE
 # the demo world + tiny models the tests read, built once and shared by test sessions (tests/conftest.py)
 export ADJCAP_TEST_WORLD ?= $(CURDIR)/.cache/test-world
 
