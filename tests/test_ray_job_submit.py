@@ -33,7 +33,10 @@ def test_a_job_submitted_with_its_working_dir_runs_through_the_links(demo_cfg, t
     port = _free_port()
     cluster = Cluster(initialize_head=True, head_node_args={
         "node_ip_address": "127.0.0.1", "num_cpus": 2, "num_gpus": 0, "object_store_memory": 150 << 20,
-        "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": port})
+        "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": port,
+        # not Ray's fixed default (52365): a Ray another test module runs meanwhile may hold that one, and
+        # a head whose job agent cannot bind its port never takes a submission
+        "dashboard_agent_listen_port": _free_port()})
     run_dir = tmp_path / "runs" / "submitted"
     probe = ("import adjcap.jobs.run, adjcap.actors.pool, adjcap.jobs.ray_session as s; "
              "print('CODE', adjcap.jobs.run.__file__, adjcap.actors.pool.__file__, s.ROOT)")
