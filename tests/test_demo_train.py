@@ -83,13 +83,16 @@ def test_two_builds_with_one_seed_are_identical(tmp_path, small_corpus, seven):
     assert cap.dims.clip_dim == 32
 
 
-def test_settings_are_part_of_the_cache_key(small_corpus, seven):
+def test_settings_are_part_of_the_cache_key(world, demo_cfg):
+    """On the session's demo world (the demo's settings and seed): ready for those only."""
     from adjcap.demo.tiny import tiny_world_ready
 
-    root = seven[0] / "tiny"
-    assert tiny_world_ready(root, small_corpus, 7, SMALL)
-    assert not tiny_world_ready(root, small_corpus, 7, SMALL.scaled(2.0))
-    assert not tiny_world_ready(root, small_corpus, 7)  # the demo's default settings
+    root, corpus, seed = world["root"], world["corpus"], demo_cfg.seed
+    assert tiny_world_ready(root, corpus, seed) and tiny_world_ready(root, corpus, seed, TinyTrainSettings())
+    assert not tiny_world_ready(root, corpus, seed, TinyTrainSettings().scaled(2.0))
+    assert not tiny_world_ready(root, corpus, seed, SMALL)
+    assert not tiny_world_ready(root, corpus, seed + 1)
+    assert not tiny_world_ready(root, corpus[:-1], seed)  # another corpus
 
 
 def test_deterministic_context_restores_the_global_state():
