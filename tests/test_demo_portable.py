@@ -84,11 +84,11 @@ def test_per_image_features_do_not_depend_on_the_batch(demo_cfg, monkeypatch):
     from adjcap.engine.run_plan import read_records
 
     cfg = demo_cfg.resolved()
-    records = read_records(cfg)["test"][:5]
+    records = read_records(cfg)["test"][:3]
     models = load_models(cfg)
     monkeypatch.setenv("ADJCAP_NUMERICS", "portable")
     assert numerics.per_image()
-    together = rows_to_table(run_pipeline(records, cfg, models, batch_size=5))
+    together = rows_to_table(run_pipeline(records, cfg, models, batch_size=3))
     alone = rows_to_table(run_pipeline(records, cfg, models, batch_size=1))
     assert together.equals(alone)
 
