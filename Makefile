@@ -35,16 +35,20 @@ demo: $(STAMP)
 # First, what the modules would wait on is built side by side: the demo world (CPU) and the LAVIS
 # environment (pip) (tests/prebuild.py).
 TEST_WORKERS ?= 2
+# one compute thread per test process: with torch's default (a thread per core) the two workers' threads
+# outnumbered the two cores and waited on each other (make test-fast 3:26 against 2:52 with one, 2-core Xeon);
+# the Ray workers of a portable-numerics job are pinned to one thread anyway (adjcap.machine.numerics.PIN)
+TEST_THREADS ?= 1
 
 test: $(STAMP)
 	$(BIN)/python tests/prebuild.py
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not alone" --durations=25 tests
-	$(BIN)/python -m pytest -q -m alone --durations=10 tests
+	OMP_NUM_THREADS=$(TEST_THREADS) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not alone" --durations=25 tests
+	OMP_NUM_THREADS=$(TEST_THREADS) $(BIN)/python -m pytest -q -m alone --durations=10 tests
 
 # everyday work: no Ray cluster, no LAVIS environment, no end-to-end job, no repeated training of the
 # tiny models (make test runs everything)
 test-fast: $(STAMP)
-	ADJCAP_TEST_FAST=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow and not lavis and not training" --durations=10 tests
+	ADJCAP_TEST_FAST=1 OMP_NUM_THREADS=$(TEST_THREADS) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow and not lavis and not training" --durations=10 tests
 
 clean-demo:
 	rm -rf runs/demo
