@@ -13,5 +13,13 @@ if ! nvidia-smi -L >/dev/null 2>&1; then echo "MPS: not started (no NVIDIA GPU v
 export CUDA_MPS_PIPE_DIRECTORY="${CUDA_MPS_PIPE_DIRECTORY:-/tmp/nvidia-mps}"
 export CUDA_MPS_LOG_DIRECTORY="${CUDA_MPS_LOG_DIRECTORY:-/tmp/nvidia-log}"
 mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+# the defaults lie in the shared /tmp: a folder someone else planted there (or a link) would hold the daemon's
+# control pipe and its logs; such a folder is refused (MPS off, Ray still starts), never written into
+for d in "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"; do
+  if [ -L "$d" ] || { [ ! -O "$d" ] && [ "$(stat -c %u "$d")" != 0 ]; }; then
+    echo "MPS: not started ($d is a link or another user's folder; point CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_LOG_DIRECTORY at folders of yours)"
+    exit 0
+  fi
+done
 if echo get_server_list | nvidia-cuda-mps-control >/dev/null 2>&1; then echo "MPS: already on"; exit 0; fi
 nvidia-cuda-mps-control -d && echo "MPS: on (pipe directory $CUDA_MPS_PIPE_DIRECTORY)"

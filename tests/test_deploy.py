@@ -244,6 +244,11 @@ def test_mps_start_script_starts_the_daemon_once_and_never_blocks_ray(tmp_path):
     assert run() == "MPS: already on"  # a second start (a restarted Ray) leaves the daemon as it is
     assert log.read_text().split() == ["-d"]
     assert run(ADJCAP_MPS="0") == "MPS: off (ADJCAP_MPS=0)"
+    # a planted folder (here a link in place of the pipe folder) is refused, and nothing is started in it
+    (tmp_path / "planted").symlink_to(tmp_path / "pipe", target_is_directory=True)
+    line = run(CUDA_MPS_PIPE_DIRECTORY=str(tmp_path / "planted"))
+    assert line.startswith(f"MPS: not started ({tmp_path / 'planted'} is a link or another user's folder"), line
+    assert log.read_text().split() == ["-d"]
     # the images carry it where the recipes call it
     assert "COPY deploy/mps-start.sh /usr/local/bin/adjcap-mps-start" in (DEPLOY / "Dockerfile").read_text()
 

@@ -77,10 +77,10 @@ def _daemon_pipe(path: str) -> bool:
 
 def mps_status(environ: Mapping[str, str] | None = None, which=None) -> tuple[bool, str]:
     """(whether NVIDIA MPS serves this machine's CUDA processes, one line saying why): its control pipe
-    (``$CUDA_MPS_PIPE_DIRECTORY/control``, else /tmp/nvidia-mps/control) is a named pipe owned by root or
-    by this user, as the daemon makes it (the default lies in the shared /tmp: a plain file anyone planted
-    there does not turn split pools on). A machine without NVIDIA's
-    tools (no ``nvidia-smi`` / ``nvidia-cuda-mps-control``) says so."""
+    (``$CUDA_MPS_PIPE_DIRECTORY/control``, else NVIDIA's fixed default /tmp/nvidia-mps/control, only read here)
+    is a named pipe owned by root or by this user in a folder of theirs, as the daemon makes it (the default
+    lies in the shared /tmp: anything another user planted there does not turn split pools on). A machine
+    without NVIDIA's tools (no ``nvidia-smi`` / ``nvidia-cuda-mps-control``) says so."""
     import shutil
 
     env = os.environ if environ is None else environ
