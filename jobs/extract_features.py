@@ -4,7 +4,8 @@ pools (retriever -> verifier -> captioner -> scorer, or one fused pool, as the r
 feature parts in the run directory, written by the last pool's actors (:mod:`adjcap.engine.batch_sink`); the
 driver gets back only each image's id, split, error and computed stages (docs/architecture.md, "Data
 flow of one image"). Images that need no model (every stage stored, or refused by the reader) never
-enter Ray: the driver writes them.
+enter Ray: the driver writes them. With ``executor = local`` the same stream runs in the driver's
+process (:mod:`adjcap.jobs.executors`).
 
 Resume: image ids already written (in complete part files) are skipped; parts are written to a temp
 name and renamed, so a crash never leaves a part that looks complete."""
@@ -32,8 +33,8 @@ from adjcap.engine.image_state import ImageState, decode_state
 from adjcap.jobs.driver_threads import ThreadCPU
 from adjcap.jobs.failures import FailureWatch
 from adjcap.jobs.progress_display import tracked
-from adjcap.jobs.ray_backend import RayExecutor, decode_tasks
-from adjcap.jobs.ray_session import check_pools, has_gpus
+from adjcap.jobs import executors
+from adjcap.jobs.ray_backend import decode_tasks
 
 
 def pools(plan: PoolPlan, first: int = 0, gpu: bool = False) -> list[PoolRun]:
@@ -64,8 +65,9 @@ def write_references(run: RunDir, benchmark: str, records: Mapping[str, Sequence
 
 def extract_features(plan: RunPlan, resume: bool = True, stage_stats: dict | None = None,
                      executor: Executor | None = None) -> dict:
-    """Inside a Ray session: the features of the plan's records in its run directory (its resolved
-    config, corpus, stage identities). Returns {split: {images, skipped, done, failed}}.
+    """Inside the job's session (:func:`adjcap.jobs.executors.job_session`): the features of the plan's
+    records in its run directory (its resolved config, corpus, stage identities). Returns {split: {images,
+    skipped, done, failed}}.
 
     With ``cache.share_stages`` every image starts from its deepest stage prefix stored in the stage
     cache (:mod:`adjcap.engine.stage_cache`): an image with every stage stored is written without any
@@ -73,7 +75,7 @@ def extract_features(plan: RunPlan, resume: bool = True, stage_stats: dict | Non
     Stops (:class:`adjcap.jobs.failures.TooManyFailures`, what was written kept) once more than
     ``ray.max_failed_share`` of the images back failed. ``stage_stats`` (when given) receives
     {"computed": {stage: images}, "reused": {stage: images}}. ``executor``: the backend that runs the
-    stream (:mod:`adjcap.engine.executor`; default the Ray pools, ``jobs/ray_backend.py``)."""
+    stream (:mod:`adjcap.engine.executor`; default the config's ``executor``: :func:`adjcap.jobs.executors.executor_for`)."""
     cfg, run = plan.cfg, plan.run
     todo: list[Record] = []
     summary: dict[str, dict[str, int]] = {}
@@ -92,7 +94,7 @@ def extract_features(plan: RunPlan, resume: bool = True, stage_stats: dict | Non
     if not todo:
         return summary
 
-    check_pools(plan.pools)  # an impossible --workers / memory request is refused before any model loads
+    executors.check_pools(plan)  # an impossible --workers / memory request is refused before any model loads
     cache = plan.stage_cache()
     found = cache.lookup(r.image_id for r in todo if not r.error) if cache else {}
     for outs in found.values():
@@ -132,7 +134,7 @@ def _extract(plan: RunPlan, todo: list[Record], found: dict, cache, emit, watch:
              computed: dict, executor: Executor | None = None) -> None:
     """The driver's half of :func:`extract_features`: ``emit`` the images that need no model, stream the
     others through the pools and count what comes back."""
-    cfg, run, corpus = plan.cfg, plan.run, plan.corpus
+    cfg, run = plan.cfg, plan.run
     names = stage_registry.names()
     rest = []
     for r in todo:  # images that need no model: every stage stored, or refused by the reader
@@ -144,15 +146,16 @@ def _extract(plan: RunPlan, todo: list[Record], found: dict, cache, emit, watch:
             rest.append(r)
     if rest:
         first = min(len(found.get(r.image_id, ())) for r in rest)  # the first stage some image needs
-        gpu = has_gpus()
+        gpu = executors.gpu_present(cfg)
         layout = pools(plan.pools, first, gpu)
         print("pools: " + ", ".join(f"{p.pool} x{p.actors} ({' + '.join(p.meters)})" for p in layout))
         slots = max(decode_tasks(cfg), sum(p.actors for p in layout))
         s = engine.stream(cfg, rest, found, layout, gpu, first, Sink.for_run(run, cfg.benchmark, cache), slots,
                           decode_size=plan.pools.decode_batch(gpu))
-        with tracked(cfg.ray, "features", stream_stages(plan.pools, first, gpu, layout), len(rest)) as board:
+        with tracked(cfg.ray, "features", stream_stages(plan.pools, first, gpu, layout), len(rest),
+                     local=not executors.on_ray(cfg)) as board:
             # the workers wrote the parts and the stage cache; the driver only counts, with Arrow
-            for table in (executor or RayExecutor(plan.pools, corpus, board)).run(s):
+            for table in (executor or executors.executor_for(plan, board)).run(s):
                 count_done(table, summary, computed)
                 watch.add_table(table)
 
@@ -178,7 +181,7 @@ def corpus_exposure(plan: RunPlan) -> dict:
 
 
 def main(plan: RunPlan, resume: bool = True) -> dict:
-    """Inside a Ray session: extract what is missing, write and print the summary."""
+    """Inside the job's session: extract what is missing, write and print the summary."""
     t0, cpu0, main0 = time.time(), time.process_time(), time.thread_time()
     stage_stats: dict = {}
     cfg, run = plan.cfg, plan.run

@@ -34,6 +34,7 @@ from adjcap.storage.rundir import RunDir
 from adjcap.report.tracking import log_run, parse_log_specs
 from adjcap.jobs.evaluate import write_samples
 from adjcap.jobs.provenance_record import note_step
+from adjcap.jobs.executors import on_ray
 from adjcap.jobs.ray_session import has_gpus
 
 
@@ -63,7 +64,7 @@ def fit_protocol(cfg: Config, tables: dict[str, Any], heads: Heads | None = None
     apply them instead of fitting."""
     if heads is not None:
         return run_protocol(cfg, tables, heads=heads, device="cpu")
-    in_ray = ray.is_initialized()
+    in_ray = on_ray(cfg) and ray.is_initialized()  # executor=local: this process's own GPU, if any
     device = fit_device(cfg.rerank.device, has_gpus() if in_ray else torch.cuda.is_available())
     if device == "cuda" and in_ray:
         print("fit: in a Ray task holding one GPU")

@@ -14,6 +14,7 @@ from adjcap.config import Config
 from adjcap.machine.needs import Need, missing, needs_of, steps_for
 from adjcap.prepare.steps import STEPS
 from adjcap.engine.cluster_plan import PoolPlan, ResourceError
+from adjcap.jobs.executors import executor_problem, on_ray
 from adjcap.models.lavis_env import LavisEnvError
 
 # what a job cannot start without; one that evaluates also needs Java (the PTB tokenizer and METEOR of
@@ -49,15 +50,17 @@ smallest visible GPU's memory (``gpu_memory``)."""
 def memory_problem(cfg: Config) -> str | None:
     """Why the pools cannot be placed (``cfg`` resolved), or None: on a connected cluster against its node
     types node by node (:func:`adjcap.engine.cluster_plan.plan_cluster`), else against the local Ray this machine
-    would start. On an existing cluster not yet connected (``--address``) the job checks after connecting."""
+    would start (or, with ``executor = local``, this machine). On an existing cluster not yet connected
+    (``--address``) the job checks after connecting."""
     import ray
 
     try:
-        if ray.is_initialized():  # a connected cluster: its node types, node by node (adjcap.engine.cluster_plan)
+        ray_job = on_ray(cfg)  # executor=local: the stages run on this machine, whatever Ray is up
+        if ray_job and ray.is_initialized():  # a connected cluster: its node types, node by node (adjcap.engine.cluster_plan)
             from adjcap.jobs.ray_session import cluster_facts
 
             PoolPlan.of(cfg).on_cluster(cluster_facts(cfg)[0])
-        elif cfg.ray.address or os.environ.get("RAY_ADDRESS"):
+        elif ray_job and (cfg.ray.address or os.environ.get("RAY_ADDRESS")):
             return None
         else:
             PoolPlan.of(cfg).on_node(local_cluster())
@@ -131,7 +134,7 @@ def problems(cfg: Config, evaluates: bool = True) -> str | None:
     its captions (Java is then needed too)."""
     gone = missing(needs_of(cfg, PREFLIGHT_GROUPS + (EVALUATION_GROUPS if evaluates else ())))
     parts = []
-    parts += [p for p in (candidates_problem(cfg), instances_problem(cfg), vlm_problem(cfg)) if p]
+    parts += [p for p in (candidates_problem(cfg), instances_problem(cfg), vlm_problem(cfg), executor_problem(cfg)) if p]
     if gone:
         fetchable = [n for n in gone if n.step]
         other = [n for n in gone if not n.step]

@@ -16,7 +16,7 @@ from typing import Any, TextIO
 import ray
 
 from adjcap.actors import metrics
-from adjcap.actors.progress import start_board
+from adjcap.actors.progress import ProgressBoard, start_board
 from adjcap.config import RayCfg
 
 POLL_S = 0.5  # how often a terminal's bar is refreshed from the board
@@ -127,27 +127,30 @@ class Bar:
 
 @contextlib.contextmanager
 def tracked(ray_cfg: RayCfg, phase: str, stages: Sequence[str], total: int, unit: str = "images",
-            out: TextIO | None = None) -> Iterator[Any]:
+            out: TextIO | None = None, local: bool = False) -> Iterator[Any]:
     """Inside a Ray session: yields the phase's progress board (hand it to the stage actors); shows
-    the progress until the block ends, then the final counts (always one line or a finished bar)."""
+    the progress until the block ends, then the final counts (always one line or a finished bar).
+    ``local``: the stages run in this process (``executor = local``): the board is a plain object
+    here, and no Ray metric is set."""
     out = out or sys.stdout
-    board = start_board()
+    board = ProgressBoard() if local else start_board()
     tally = Tally(stages, total)
     view = Bar(out, stages, total, phase) if out.isatty() else Lines(out, ray_cfg.progress_interval)
-    remaining, eta = metrics.gauge(metrics.REMAINING), metrics.gauge(metrics.ETA)
+    remaining, eta = (None, None) if local else (metrics.gauge(metrics.REMAINING), metrics.gauge(metrics.ETA))
     tags = {"phase": phase}
     stop = threading.Event()
     t0 = time.monotonic()
 
     def poll(final: bool = False) -> None:
-        snap = ray.get(board.snapshot.remote())
+        snap = board.snapshot() if local else ray.get(board.snapshot.remote())
         tally.done, tally.failed, tally.elapsed = snap["done"], snap["failed"], time.monotonic() - t0
         if tally.first_done_at is None and tally.finished:
             tally.first_done_at, tally.first_done = tally.elapsed, tally.finished
-        remaining.set(tally.remaining, tags=tags)
         e = tally.eta()
-        if e is not None:
-            eta.set(e, tags=tags)
+        if not local:
+            remaining.set(tally.remaining, tags=tags)
+            if e is not None:
+                eta.set(e, tags=tags)
         view.show(tally, phase, unit, final=final)
 
     def loop() -> None:
@@ -167,5 +170,6 @@ def tracked(ray_cfg: RayCfg, phase: str, stages: Sequence[str], total: int, unit
             thread.join()
             with contextlib.suppress(Exception):  # the final counts; a failing job keeps its own error
                 poll(final=True)
-            with contextlib.suppress(Exception):
-                ray.kill(board)
+            if not local:
+                with contextlib.suppress(Exception):
+                    ray.kill(board)

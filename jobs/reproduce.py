@@ -25,7 +25,7 @@ from adjcap.reproduce.plan import DEMO, RowPlan
 from adjcap.storage.rundir import RunDir
 from adjcap.engine import stage_registry
 from adjcap.jobs import preflight, run
-from adjcap.jobs.ray_session import ray_session
+from adjcap.jobs.executors import job_session
 
 
 def _measure(plan: RowPlan, failed: dict[Path, str]) -> RowResult:
@@ -113,8 +113,9 @@ def _preflight(runs: list[RowPlan]) -> dict[Path, str]:
 
 
 def _run_rows(table: TableDef, ready: list[RowPlan], failed: dict[Path, str]) -> None:
-    """Each ready row's run on one Ray session; a failing row is recorded in ``failed`` and the others run."""
-    with ray_session(ready[0].resolved):
+    """Each ready row's run in one session (one Ray session for the table; none with ``executor = local``);
+    a failing row is recorded in ``failed`` and the others run."""
+    with job_session(ready[0].resolved):
         for i, p in enumerate(ready, 1):
             print(f"== {table.key} run {i}/{len(ready)}: {p.row.preset} on {p.benchmark} -> {p.run_dir}"
                   + (f" (heads of {p.heads_from.name})" if p.heads_from is not None else ""))

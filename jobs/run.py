@@ -1,4 +1,5 @@
-"""The main job, ``adjcap run-job BENCHMARK``: extract features (Ray pools) -> fit and predict ->
+"""The main job, ``adjcap run-job BENCHMARK``: extract features (Ray pools, or in process with
+``executor = local``: :mod:`adjcap.jobs.executors`) -> fit and predict ->
 evaluate -> report, all in one run directory (:class:`adjcap.storage.rundir.RunDir`)."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from adjcap.engine.run_plan import RunPlan
 from adjcap.report.tracking import log_run, parse_log_specs
 from adjcap.jobs import evaluate, failures, fit, preflight, extract_features
 from adjcap.jobs.provenance_record import recorded
-from adjcap.jobs.ray_session import ray_session
+from adjcap.jobs.executors import job_session, on_ray
 
 
 def main(cfg: Config, run_dir: str | Path | None = None, resume: bool = True, evaluate_after: bool = True,
@@ -54,8 +55,9 @@ def execute(plan: RunPlan, resume: bool = True, evaluate_after: bool = True, tra
         run.write_config(plan.given.to_toml())
         extract_features.write_references(run, rcfg.benchmark, plan.records)
         with recorded(plan) as prov:
-            with ray_session(rcfg):
-                prov.add_cluster()
+            with job_session(rcfg):
+                if on_ray(rcfg):
+                    prov.add_cluster()
                 extract_features.main(plan, resume=resume)
                 if evaluate_after:
                     fit.main(rcfg, run, heads_dir=heads_dir)

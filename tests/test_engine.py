@@ -12,9 +12,7 @@ from rows_agree import assert_rows_agree
 
 from adjcap.machine import numerics
 from adjcap.config import load_config
-from adjcap.engine.local import LocalExecutor
 from adjcap.jobs.extract_features import extract_features
-from adjcap.engine.pipeline import load_models
 from adjcap.engine.run_plan import RunPlan
 
 pytestmark = pytest.mark.slow
@@ -25,15 +23,15 @@ def _sorted(table: pa.Table) -> pa.Table:
 
 
 def test_both_backends_write_the_same_features_and_stage_outputs(demo_cfg, one_local_ray, tmp_path):
+    """The job's own choice of backend (``executor``): Ray Data pools, or this process (the models loaded
+    by the job, its progress counted on an in-process board)."""
     plans = {}
     for backend in ("ray", "local"):
         cfg = load_config("demo", [f"paths.cache_dir={demo_cfg.paths.cache_dir}", f"paths.runs_dir={tmp_path / 'runs'}",
-                                   f"cache.stages_dir={tmp_path / backend / 'stages'}", "limit=6",
+                                   f"cache.stages_dir={tmp_path / backend / 'stages'}", "limit=6", f"executor={backend}",
                                    "ray.include_dashboard=false", "ray.batch_size=4", "ray.rows_per_part=4"])
         plans[backend] = RunPlan.build(cfg, cfg.resolved(), tmp_path / backend / "run")
-    # the models loaded in this process first (the corpus index built here once, when missing)
-    local = LocalExecutor(vars(load_models(plans["local"].given)))
-    summaries = {"ray": extract_features(plans["ray"]), "local": extract_features(plans["local"], executor=local)}
+    summaries = {b: extract_features(plans[b]) for b in ("local", "ray")}  # local first: it builds the index here
     assert summaries["ray"] == summaries["local"]
     assert all(s["done"] == 6 and s["failed"] == 0 for s in summaries["ray"].values()), summaries
     cfg = plans["ray"].cfg
@@ -81,3 +79,35 @@ def test_the_scheduler_looks_less_often_only_where_blocks_come_back_slowly(monke
     for _ in range(6):  # then 0.2 s apart (a GPU job): back down to the configured poll, not below
         pace.output()
     assert set_to[-1] == 0.5 and all(0.5 <= s <= pace.LONGEST for s in set_to)
+
+
+def test_a_job_run_with_executor_local_starts_no_ray(demo_cfg, tmp_path, monkeypatch, capsys):
+    """``adjcap run-job demo --set executor=local``: the whole job (features, fit, evaluation, report) in the
+    command's own process, no Ray session and no Ray call; its progress on the driver's own board; a rerun
+    resumes (nothing computed again)."""
+    import ray
+    from typer.testing import CliRunner
+
+    from adjcap.cli import app
+    from adjcap.jobs import ray_session
+    from adjcap.storage.rundir import RunDir
+
+    def no_ray(*a, **k):
+        raise AssertionError("Ray was used by a job with executor=local")
+
+    for name in ("init", "get", "put", "remote", "kill"):
+        monkeypatch.setattr(ray, name, no_ray)
+    monkeypatch.setattr(ray_session, "ray_session", no_ray)
+    args = ["run-job", "demo", "--limit", "3", "--run-dir", str(tmp_path / "run"),
+            "--set", f"paths.cache_dir={demo_cfg.paths.cache_dir}", "--set", f"cache.stages_dir={tmp_path / 'stages'}",
+            "--set", "executor=local"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert "features: decode 6/6, retrieve 6/6, verify 6/6, caption 6/6, score 6/6" in res.output, res.output
+    run = RunDir(tmp_path / "run")
+    proto = load_config(config_file=run.path / "config.toml").rerank.protocol
+    assert run.predictions(proto, "ensemble") and (run.path / "report.md").is_file()
+    assert load_config(config_file=run.path / "config.toml").executor == "local"
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 0, again.output
+    assert "3 already written" in again.output and "features: decode" not in again.output, again.output

@@ -138,7 +138,8 @@ def test_judge_windows_and_cut_counts(tmp_path):
 def test_lvlm_chair_on_the_demo_world_end_to_end(demo_cfg, tmp_path):
     """`adjcap reproduce lvlm-chair --benchmark demo --limit 4`: the tiny LLaVA built on first use, every
     row run, the table written with the proxy CHAIR, recall, length and CIDEr (no instance annotations on the
-    demo world: n/a), each row's paired intervals against greedy, the judge's cut counts and the sample."""
+    demo world: n/a), each row's paired intervals against greedy, the judge's cut counts and the sample.
+    The rows run in this process (``executor=local``; the protocol is the subject, not Ray)."""
     import json
 
     from typer.testing import CliRunner
@@ -148,7 +149,7 @@ def test_lvlm_chair_on_the_demo_world_end_to_end(demo_cfg, tmp_path):
     runs = tmp_path / "runs"
     args = ["reproduce", "lvlm-chair", "--benchmark", "demo", "--limit", "4", "--runs-dir", str(runs), "--workers", "1",
             "--set", f"paths.cache_dir={demo_cfg.paths.cache_dir}", "--set", "ray.include_dashboard=false",
-            "--set", f"cache.stages_dir={tmp_path / 'stages'}"]
+            "--set", f"cache.stages_dir={tmp_path / 'stages'}", "--set", "executor=local"]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     assert (Path(demo_cfg.paths.cache_dir) / "tiny" / "vlm-llava" / "READY.json").is_file()
@@ -186,7 +187,7 @@ def test_a_hostile_vlm_setting_is_one_line_before_ray_starts(tmp_path, monkeypat
     def no_ray(*a, **k):
         raise AssertionError("Ray started")
 
-    monkeypatch.setattr(run, "ray_session", no_ray)
+    monkeypatch.setattr(run, "job_session", no_ray)
     llava = build_tiny_vlm(tmp_path / "llava", "llava", ["a dog on a bench."], seed=1)
     GPT2Config(n_layer=1, n_embd=8, n_head=2).save_pretrained(tmp_path / "gpt2")
     sets = {"prompt": [f"captioner.vlm.model={llava}", "captioner.vlm.chat_template=false",

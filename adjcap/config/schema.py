@@ -495,6 +495,11 @@ class Config(_Strict):
         "fast", description="fast: this machine's best kernels, whole batches. portable: the same bits on every "
         "x86-64 CPU (one kernel level, one thread, one image at a time; slower; the demo's). See adjcap.machine.numerics"
     )
+    executor: Literal["ray", "local"] = Field(
+        "ray", description="what runs the stages: ray (Ray Data pools on the embedded local Ray or ray.address) or "
+        "local (this process, no Ray: one machine, a notebook; the same stage functions, the same outputs; not "
+        "with a family that runs in an environment of its own, such as verifier.backend=lavis)"
+    )
     paths: PathsCfg = Field(default_factory=PathsCfg)
     retrieval: RetrievalCfg = Field(default_factory=RetrievalCfg)
     verifier: VerifierCfg = Field(default_factory=VerifierCfg)
