@@ -19,6 +19,8 @@ from adjcap.demo.tiny_vlm import FOLDER as TINY_VLM, ensure_tiny_vlm
 from adjcap.demo.world import build_demo_world, demo_corpus_texts
 from adjcap.storage.rundir import RunDir
 from adjcap.jobs import run
+from adjcap.jobs.executors import executor_problem
+from adjcap.jobs.preflight import PreflightError
 
 
 # the demo preset's model and data keys: what `on_demo_world` swaps into another preset
@@ -66,6 +68,9 @@ def prepare(cfg: Config) -> Config:
     with the tiny LAVIS judge as its verifier when it asks for the ``lavis`` backend on the demo's own
     (transformers) judge."""
     rcfg = cfg.resolved()  # an edge of its own: the world is built before any job plans its run
+    why = executor_problem(rcfg)  # a setting no build below can mend: refused before building anything
+    if why:
+        raise PreflightError(f"preset '{cfg.name}' cannot run here: {why}")
     cache = Path(rcfg.paths.cache_dir)
     with _step("demo world"):
         build_demo_world(cache / "demo", seed=cfg.seed)

@@ -111,3 +111,19 @@ def test_a_job_run_with_executor_local_starts_no_ray(demo_cfg, tmp_path, monkeyp
     again = CliRunner().invoke(app, args)
     assert again.exit_code == 0, again.output
     assert "3 already written" in again.output and "features: decode" not in again.output, again.output
+
+
+def test_executor_local_refuses_a_family_that_runs_only_on_ray(demo_cfg, tmp_path):
+    """The ``lavis`` verifier backend loads in an environment of its own (a Ray runtime environment):
+    ``executor=local`` with it is one line naming the setting to change, before anything is read or written."""
+    from typer.testing import CliRunner
+
+    from adjcap.cli import app
+
+    res = CliRunner().invoke(app, ["run-job", "demo", "--limit", "2", "--run-dir", str(tmp_path / "run"),
+                                   "--set", f"paths.cache_dir={demo_cfg.paths.cache_dir}",
+                                   "--set", "executor=local", "--set", "verifier.backend=lavis"])
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert res.exit_code == 2 and len(lines) == 1, res.output
+    assert "verifier.backend=lavis" in lines[0] and "set executor=ray" in lines[0], lines[0]
+    assert not (tmp_path / "run").exists()
