@@ -74,11 +74,11 @@ def test_evaluate_in_memory_predictions_and_references():
 @pytest.fixture(scope="module")
 def sets(demo_cfg, tmp_path_factory):
     return [f"paths.cache_dir={demo_cfg.paths.cache_dir}", f"paths.runs_dir={tmp_path_factory.mktemp('runs')}",
-            "ray.include_dashboard=false"]
+            "ray.include_dashboard=false", "executor=local"]  # in process, as in a notebook: the API is the subject
 
 
 @pytest.mark.slow
-def test_caption_a_list_of_demo_images(demo_cfg, sets, one_local_ray, tmp_path):
+def test_caption_a_list_of_demo_images(demo_cfg, sets, tmp_path):
     images = sorted((Path(demo_cfg.resolved().paths.cache_dir) / "demo" / "images").glob("demo-test-000*.png"))[:3]
     assert len(images) == 3
     result = adjcap.caption(images, preset="demo", overrides=sets, run_dir=tmp_path / "run")
@@ -95,7 +95,7 @@ def test_caption_a_list_of_demo_images(demo_cfg, sets, one_local_ray, tmp_path):
 
 
 @pytest.mark.slow
-def test_run_then_load_run(demo_cfg, sets, one_local_ray, tmp_path):
+def test_run_then_load_run(demo_cfg, sets, tmp_path):
     run = adjcap.run("demo", preset="demo", overrides=[*sets, "rerank.beta=0.6"], limit=8,
                      run_dir=tmp_path / "demo")
     assert isinstance(run, adjcap.Run) and run.config.rerank.beta == 0.6 and run.config.limit == 8
