@@ -1,5 +1,5 @@
-"""Which backend runs a job's stages, by the config's ``executor`` (docs/architecture.md, "One engine, two
-backends"): ``ray`` (the default) connects to Ray for the job (:func:`adjcap.jobs.ray_session.ray_session`)
+"""Which backend runs a job's stages, by the config's ``executor`` (docs/architecture.md, "Data flow
+of one image": one engine, two backends): ``ray`` (the default) connects to Ray for the job (:func:`adjcap.jobs.ray_session.ray_session`)
 and streams the images through Ray Data pools (:class:`adjcap.jobs.ray_backend.RayExecutor`); ``local``
 starts no Ray and runs the same decode and pool batch functions in the job's own process
 (:class:`adjcap.engine.local.LocalExecutor`), the models loaded once per job by the same family loaders.
