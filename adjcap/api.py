@@ -281,8 +281,8 @@ def run(benchmark: str, preset: str | None = None, overrides: Sequence[str] | Ma
         workers: int | None = None, limit: int | None = None, run_dir: str | Path | None = None,
         resume: bool = True, evaluate: bool = True, config_file: str | Path | None = None,
         address: str | None = None) -> Run:
-    """Run a benchmark end to end (``adjcap run-job``): features on the Ray pools, fit, predict,
-    evaluate, report. ``preset``: default ``headline`` (``demo`` for the demo benchmark).
+    """Run a benchmark end to end (``adjcap run-job``): features on the Ray pools (or in this process
+    with the override ``executor=local``), fit, predict, evaluate, report. ``preset``: default ``headline`` (``demo`` for the demo benchmark).
     Returns the finished run directory read back (:func:`load_run`)."""
     from adjcap.jobs import demo, run as run_job  # here, not at the top: accessing adjcap.run loads no Ray
 
