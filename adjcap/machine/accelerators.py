@@ -58,7 +58,10 @@ def rocm_visible_env(environ: Mapping[str, str] | None = None) -> dict[str, str]
 
 
 MPS_PIPE = "CUDA_MPS_PIPE_DIRECTORY"
-MPS_DEFAULT_PIPE = "/tmp/nvidia-mps"  # where nvidia-cuda-mps-control listens unless told otherwise
+# where nvidia-cuda-mps-control listens unless told otherwise: NVIDIA's fixed default, which adjcap never creates
+# nor writes; it is only read, through _daemon_pipe's checks (a pipe and folder owned by root or this user),
+# so what another user planted there turns nothing on (deploy/mps-start.sh refuses such a folder too)
+MPS_DEFAULT_PIPE = "/tmp/nvidia-mps"
 
 
 def _daemon_pipe(path: str) -> bool:
