@@ -60,7 +60,7 @@ def executor_for(plan: RunPlan, board: Any) -> Executor:
     from adjcap.engine.local import LocalExecutor
     from adjcap.engine.pipeline import load_models
 
-    return LocalExecutor(vars(load_models(plan.cfg)), board)
+    return LocalExecutor(vars(load_models(plan.cfg, corpus=plan.corpus)), board)  # the plan's corpus, read once
 
 
 def executor_problem(cfg: Config) -> str | None:

@@ -26,16 +26,18 @@ class Models(SimpleNamespace):
     ...; the families are those of :mod:`adjcap.engine.stage_registry`)."""
 
 
-def load_models(cfg: Config, benchmark: str | None = None) -> Models:
+def load_models(cfg: Config, benchmark: str | None = None, corpus=None) -> Models:
     """Every family's models in this process, and the corpus index (built here when missing). An edge
-    of its own (tests, notebooks): ``cfg`` as loaded, resolved here."""
-    return _load_models(cfg.resolved(), benchmark)
+    of its own (tests, notebooks): ``cfg`` as loaded, resolved here. ``corpus``: the one retrieval
+    searches when the caller has read it already (a job's run plan), else read here."""
+    return _load_models(cfg.resolved(), benchmark, corpus)
 
 
-def _load_models(cfg: Config, benchmark: str | None = None) -> Models:
+def _load_models(cfg: Config, benchmark: str | None = None, corpus=None) -> Models:
     name = benchmark or cfg.benchmark
     bench = cfg.benchmark_cfg(name)
-    corpus = search_corpus(cfg.retrieval, bench, name, cfg.paths.cache_dir)
+    if corpus is None:
+        corpus = search_corpus(cfg.retrieval, bench, name, cfg.paths.cache_dir)
     families = stage_registry.families_of(stage_registry.names())
     # the retrieval encoder first: it encodes the corpus when the index is missing
     retrieval = roles.load_retrieval_encoder(cfg.retrieval.encoder, cfg.device)
