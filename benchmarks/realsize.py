@@ -541,6 +541,10 @@ def run_ray(sets: list[str], run_dir: Path, env: dict, preset: str = "headline",
     m = re.search(r"throughput: ([\d.]+) images/s over ([\d.]+)s", out)
     if m:
         figures["features_images_per_s"], figures["features_s"] = float(m.group(1)), float(m.group(2))
+    m = re.search(r"streaming: ([\d.]+) images/s \((\d+) images after the first batch, in ([\d.]+)s\)", out)
+    if m:
+        figures["streaming_images_per_s"] = float(m.group(1))
+        figures["streaming_images"], figures["streaming_s"] = int(m.group(2)), float(m.group(3))
     m = re.search(r"index: \d+ shards \((\d+) captions\) encoded in ([\d.]+)s", out)
     if m:
         figures["corpus_captions"], figures["corpus_encode_s"] = int(m.group(1)), float(m.group(2))

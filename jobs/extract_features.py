@@ -74,7 +74,8 @@ def extract_features(plan: RunPlan, resume: bool = True, stage_stats: dict | Non
     model, the pools of stages no image needs are not started, and new stage outputs are stored.
     Stops (:class:`adjcap.jobs.failures.TooManyFailures`, what was written kept) once more than
     ``ray.max_failed_share`` of the images back failed. ``stage_stats`` (when given) receives
-    {"computed": {stage: images}, "reused": {stage: images}}. ``executor``: the backend that runs the
+    {"computed": {stage: images}, "reused": {stage: images}} and, once two batches came back from the pools,
+    "streaming": {"images", "seconds"} (:class:`StreamClock`). ``executor``: the backend that runs the
     stream (:mod:`adjcap.engine.executor`; default the config's ``executor``: :func:`adjcap.jobs.executors.executor_for`)."""
     cfg, run = plan.cfg, plan.run
     todo: list[Record] = []
@@ -120,7 +121,7 @@ def extract_features(plan: RunPlan, resume: bool = True, stage_stats: dict | Non
         watch.add([state.image_id], [state.error])
 
     try:
-        _extract(plan, todo, found, cache, emit, watch, summary, computed, executor)
+        _extract(plan, todo, found, cache, emit, watch, summary, computed, executor, stage_stats)
         watch.check()  # every image back
     finally:  # what was computed is kept, also when the job stops
         for split in list(buffers):
@@ -131,7 +132,7 @@ def extract_features(plan: RunPlan, resume: bool = True, stage_stats: dict | Non
 
 
 def _extract(plan: RunPlan, todo: list[Record], found: dict, cache, emit, watch: FailureWatch, summary: dict,
-             computed: dict, executor: Executor | None = None) -> None:
+             computed: dict, executor: Executor | None = None, stage_stats: dict | None = None) -> None:
     """The driver's half of :func:`extract_features`: ``emit`` the images that need no model, stream the
     others through the pools and count what comes back."""
     cfg, run = plan.cfg, plan.run
@@ -155,9 +156,38 @@ def _extract(plan: RunPlan, todo: list[Record], found: dict, cache, emit, watch:
         with tracked(cfg.ray, "features", stream_stages(plan.pools, first, gpu, layout), len(rest),
                      local=not executors.on_ray(cfg)) as board:
             # the workers wrote the parts and the stage cache; the driver only counts, with Arrow
+            clock = StreamClock()
             for table in (executor or executors.executor_for(plan, board)).run(s):
                 count_done(table, summary, computed)
                 watch.add_table(table)
+                clock.add(table.num_rows)
+                if stage_stats is not None and clock.figures():
+                    stage_stats["streaming"] = clock.figures()
+
+
+class StreamClock:
+    """The pools' pace once streaming: the images of every batch back after the first, over the time from
+    the first batch back to the last. Model loading, the index and the pipeline's filling are before the
+    first batch, so this is the rate a longer job approaches (the job's overall rate counts them)."""
+
+    def __init__(self) -> None:
+        self.first: float | None = None
+        self.last = 0.0
+        self.images = 0
+
+    def add(self, n: int) -> None:
+        now = time.perf_counter()
+        if self.first is None:
+            self.first = now
+        else:
+            self.images += n
+        self.last = now
+
+    def figures(self) -> dict | None:
+        """{"images", "seconds"} once a batch came back after the first, else None."""
+        if not self.images or self.last <= (self.first or 0.0):
+            return None
+        return {"images": self.images, "seconds": round(self.last - self.first, 3)}
 
 
 def stream_stages(plan: PoolPlan, first: int, gpu: bool = False, layout: Sequence[PoolRun] | None = None
@@ -202,5 +232,8 @@ def main(plan: RunPlan, resume: bool = True) -> dict:
         print("stages: images computed " + ", ".join(f"{k} {v}" for k, v in stage_stats["computed"].items())
               + "; reused from the stage cache " + ", ".join(f"{k} {v}" for k, v in stage_stats["reused"].items()))
     if n_new:
-        print(f"throughput: {n_new / dt:.2f} images/s over {dt:.1f}s (incl. model loading)")
+        stream = stage_stats.get("streaming")
+        print(f"throughput: {n_new / dt:.2f} images/s over {dt:.1f}s (incl. model loading)"
+              + (f"; streaming: {stream['images'] / stream['seconds']:.2f} images/s ({stream['images']} images "
+                 f"after the first batch, in {stream['seconds']:.1f}s)" if stream else ""))
     return summary

@@ -35,8 +35,9 @@ def test_dry_run_runs_every_section(demo_cfg, tmp_path):
     c = res["corpus"]
     assert c["captions"] == gpu_probe.DRY.corpus and c["tokenizer"] == "FastClipTokenizer"
     job = res["ray_job"]
-    assert set(job["layouts"]) == {"split-mps", "fused"} and "dry run" in job["skipped"]
+    assert set(job["layouts"]) == {"split-mps", "fused", "fused-x2"} and "dry run" in job["skipped"]
     assert {v["pools"] for v in job["layouts"].values()} == {"split", "fused"}
+    assert (job["layouts"]["fused-x2"]["fused_actors"], job["layouts"]["fused-x2"]["fused_gpus"]) == (2, 0.5)
     assert job["layouts"]["fused"]["precision"] == "bf16"  # the gpu preset's
     assert set(res["decode"]) == {f"batch{b}_fp32" for b in gpu_probe.DRY.decode_batches}
     assert {"image_fp32", "image_bf16", "text_fp32_len1x"} <= set(res["clip"])

@@ -71,6 +71,10 @@ def job(demo_cfg, tmp_path_factory):
     assert res.exit_code == 0, res.output
     stages = RunDir(run_dir).summary()["stages"]
     assert all(n == 20 for n in stages["computed"].values()) and not any(stages["reused"].values()), stages
+    # batches of 8 (the demo's ray.batch_size): the pools' pace is timed from the first batch back to the last
+    streaming = stages["streaming"]
+    assert 0 < streaming["images"] <= 20 - 1 and streaming["seconds"] > 0, streaming
+    assert f"streaming: {streaming['images'] / streaming['seconds']:.2f} images/s" in res.stdout, res.stdout
     cfg = load_config(config_file=run_dir / "config.toml")  # the saved config re-runs as is
     return cfg, run_dir, res.stdout  # the job's own lines (Ray forwards worker logs to stderr)
 
