@@ -1,8 +1,9 @@
 """Encode a caption corpus with the retrieval encoder into its content-addressed index.
 
 The index lifecycle (address, readiness, shard ranges, finalize) is :func:`adjcap.index.ensure_index`;
-this job only supplies its ``encode_missing`` step: a fixed-size pool of corpus-encoder actors, one
-shard per call, each shard written atomically (a rerun verifies finished shards and skips them)."""
+this job only supplies its ``encode_missing`` step: CPU tasks tokenise each shard's captions, and a fixed-size
+pool of corpus-encoder actors encodes them, one shard per call, each shard written atomically (a rerun
+verifies finished shards and skips them)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import ray
 from ray.data import ActorPoolStrategy
 
-from adjcap.actors.encoder import CorpusEncoderActor
+from adjcap.actors.encoder import CorpusEncoderActor, tokenize_shard
 from adjcap.engine.cluster_plan import PoolPlan
 from adjcap.config import Config
 from adjcap.data.corpus import Corpus
@@ -41,21 +43,24 @@ def encode_with_pool(cfg: Config):
     def run(plan: IndexPlan) -> None:
         t0 = time.time()
         n = sum(b - a for _, a, b in plan.todo)
-        corpus_ref = ray.put((plan.corpus.texts, plan.corpus.ids))
+        texts_ref, ids_ref = ray.put(list(plan.corpus.texts)), ray.put(np.asarray(plan.corpus.ids))
         with tracked(cfg.ray, "encode-corpus", ["encode"], n, unit="captions") as board:
             ds = ray.data.from_items([{"shard": s, "start": a, "end": b} for s, a, b in plan.todo],
                                      override_num_blocks=len(plan.todo))
+            # the captions' token ids made in CPU tasks, beside the encoder pool (not in its GPU's thread)
+            ds = ds.map_batches(tokenize_shard, fn_kwargs={"encoder": cfg.retrieval.encoder, "texts_ref": texts_ref},
+                                batch_size=1, batch_format="numpy", num_cpus=1)
             ds = ds.map_batches(
                 CorpusEncoderActor,
-                fn_constructor_kwargs={"cfg": cfg, "out_dir": str(plan.out), "corpus_ref": corpus_ref,
+                fn_constructor_kwargs={"cfg": cfg, "out_dir": str(plan.out), "ids_ref": ids_ref,
                                        "board": board},
                 batch_size=1,
                 batch_format="numpy",
                 compute=ActorPoolStrategy(size=min(cfg.ray.workers, len(plan.todo))),
-                # the model plus the corpus it holds and one shard's embeddings (Ray's issue detector
-                # otherwise warns that the actor uses more than it asked for)
+                # the model plus the corpus ids it holds and one shard's tokens and embeddings (Ray's issue
+                # detector otherwise warns that the actor uses more than it asked for)
                 **pool_resources(PoolPlan.of(cfg), "encoder", corpus_encode_bytes(
-                    plan.corpus.texts, cfg.retrieval.shard_size, embed_width(cfg.retrieval.encoder))),
+                    len(plan.corpus.texts), cfg.retrieval.shard_size, embed_width(cfg.retrieval.encoder))),
             )
             ds.materialize()
         dt = time.time() - t0

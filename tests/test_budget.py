@@ -111,11 +111,12 @@ def test_cpu_16gb_preset_fits_a_16_gb_machine_where_the_headline_does_not():
 
 
 def test_the_corpus_encoder_asks_for_its_corpus_and_one_shard():
-    """An encode-corpus actor holds the corpus texts and one shard's embeddings beyond its model: the
-    request grows by them (with the working factor), so Ray's issue detector sees no under-declared pool."""
-    texts = [f"a caption number {i}" for i in range(1000)]
-    extra = budget.corpus_encode_bytes(texts, shard_size=16384, width=1280)
-    assert extra >= 10 * 16384 * 1280 + sum(len(t) for t in texts)
+    """An encode-corpus actor holds the corpus ids and one shard's tokens and embeddings beyond its model
+    (the texts stay in the CPU tasks that tokenise them): the request grows by them (with the working
+    factor), so Ray's issue detector sees no under-declared pool."""
+    extra = budget.corpus_encode_bytes(1000, shard_size=16384, width=1280)
+    assert extra >= 8 * 1000 + 16384 * (10 * 1280 + 8 * 77)
+    assert budget.corpus_encode_bytes(2000, 16384, 1280) - extra == 8 * 1000  # grows with the corpus's ids
     cfg = _cfg(1)
     cluster = {"CPU": 16.0, "memory": 100 * GiB}
     plain = pool_plan(cfg, cluster, ("encoder",))["encoder"]["memory"]

@@ -34,3 +34,18 @@ def test_ray_output_with_verbose(demo_cfg, tmp_path):
                    "--set", f"retrieval.index_dir={tmp_path / 'index'}")
     assert RAY_INFO.search(verbose), verbose  # Ray's INFO lines (Ray Data's execution plan, progress) are back
     assert "Execution plan of Dataset" in verbose or "Running Dataset" in verbose, verbose
+    # the CPU tasks tokenised, the encoder pool encoded: the index holds the corpus's captions as the
+    # retrieval encoder encodes them in this process (Ray's workers run pinned numerics: last bits may differ)
+    import numpy as np
+
+    from adjcap.config import load_config
+    from adjcap.index import benchmark_corpus, read_arrays
+    from adjcap.models.roles import load_retrieval_encoder
+
+    (manifest,) = (tmp_path / "index").rglob("manifest.json")
+    vectors, ids, precision = read_arrays(manifest.parent)
+    cfg = load_config("demo", [f"paths.cache_dir={demo_cfg.paths.cache_dir}"]).resolved()
+    corpus = benchmark_corpus(cfg.benchmark_cfg(), "demo")
+    here = load_retrieval_encoder(cfg.retrieval.encoder, "cpu", towers=("text",)).encode_texts(corpus.texts).numpy()
+    assert precision == "fp32" and np.array_equal(ids, np.asarray(corpus.ids)), (precision, ids[:5])
+    assert vectors.shape == here.shape and np.abs(vectors - here).max() < 1e-5, np.abs(vectors - here).max()

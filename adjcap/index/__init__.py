@@ -6,6 +6,7 @@ and its one lifecycle owner, corpus to finished index (:mod:`adjcap.index.lifecy
 from adjcap.index.lifecycle import (
     IndexPlan,
     benchmark_corpus,
+    encode_ids_range,
     encode_range,
     encode_shards_in_process,
     encoder_identity,
@@ -14,6 +15,7 @@ from adjcap.index.lifecycle import (
     index_location,
     index_ready,
     shard_ranges,
+    tokenize_range,
 )
 from adjcap.index.search import CaptionIndex, brute_force_topk
 from adjcap.index.shards import (
@@ -36,7 +38,8 @@ from adjcap.index.shared import SharedIndex, TextTable, shared_index
 __all__ = [
     "FORMAT_VERSION", "MANIFEST", "CaptionIndex", "CaptionIndexError", "IndexManifest", "IndexPlan", "ShardInfo",
     "SharedIndex", "TextTable", "read_arrays", "shared_index",
-    "benchmark_corpus", "brute_force_topk", "build_index", "check_shard", "encode_range", "encode_shards_in_process",
+    "benchmark_corpus", "brute_force_topk", "build_index", "check_shard", "encode_ids_range", "encode_range",
+    "encode_shards_in_process",
     "encoder_identity", "ensure_index", "finalize_index", "index_arrays", "index_location", "index_ready",
-    "shard_files", "shard_ranges", "unit_rows", "verify_shard", "write_shard",
+    "shard_files", "shard_ranges", "tokenize_range", "unit_rows", "verify_shard", "write_shard",
 ]

@@ -4,7 +4,8 @@ readiness -> missing shard ranges -> encode (in this process, or by the Ray enco
 
 :func:`ensure_index` is the only entry point that builds an index; how the missing shards are encoded
 is the caller's ``encode_missing(plan)``: :func:`encode_shards_in_process` (notebooks, tests, the
-single-process pipeline) or the Ray job's actor pool, which calls :func:`encode_range` per shard.
+single-process pipeline) or the Ray job's CPU tasks (:func:`tokenize_range` per shard) feeding its actor pool
+(:func:`encode_ids_range` per shard).
 """
 
 from __future__ import annotations
@@ -168,13 +169,33 @@ def ensure_index(retrieval: RetrievalCfg, cache_dir: str | Path, corpus: Corpus,
     return out
 
 
+def tokenize_range(tokenizer, texts: Sequence[str], start: int, end: int) -> np.ndarray:
+    """Corpus captions [start, end) as the encoder's token ids, int32 [n, context]: what
+    :func:`encode_ids_range` encodes (the Ray job tokenises in CPU tasks, off the GPU actor's thread)."""
+    ids = tokenizer(list(texts[start:end]))
+    ids = ids.numpy() if isinstance(ids, torch.Tensor) else np.asarray(ids)
+    if ids.size and (ids.min() < 0 or ids.max() > np.iinfo(np.int32).max):
+        raise ValueError(f"token ids outside int32 ({ids.min()}..{ids.max()})")
+    return ids.astype(np.int32, copy=False)
+
+
+def encode_ids_range(encoder, token_ids: np.ndarray, ids: np.ndarray, shard: int, start: int, end: int, out: Path,
+                     precision: str) -> None:
+    """Encode the token ids of corpus captions [start, end) (:func:`tokenize_range`) and write them as shard
+    ``shard`` (atomic)."""
+    if token_ids.shape[0] != end - start:
+        raise ValueError(f"shard {shard}: {token_ids.shape[0]} tokenised captions for the range [{start}, {end})")
+    with torch.inference_mode():
+        vecs = encoder.encode_tokens(torch.from_numpy(np.ascontiguousarray(token_ids)).long(), normalize=True)
+    write_shard(out, shard, vecs.float().cpu().numpy().astype(np.float32), ids[start:end], precision=precision)
+
+
 def encode_range(encoder, texts: Sequence[str], ids: np.ndarray, shard: int, start: int, end: int, out: Path,
                  precision: str) -> None:
-    """Encode corpus captions [start, end) and write them as shard ``shard`` (atomic)."""
-    with torch.inference_mode():
-        vecs = encoder.encode_texts(list(texts[start:end]), normalize=True)
-    vecs = vecs.float().cpu().numpy() if isinstance(vecs, torch.Tensor) else np.asarray(vecs, dtype=np.float32)
-    write_shard(out, shard, vecs.astype(np.float32), ids[start:end], precision=precision)
+    """Encode corpus captions [start, end) and write them as shard ``shard`` (atomic): tokenised here, then
+    :func:`encode_ids_range`, the one encode both the in-process and the Ray path run."""
+    encode_ids_range(encoder, tokenize_range(encoder.tokenizer, texts, start, end), ids, shard, start, end, out,
+                     precision)
 
 
 def encode_shards_in_process(encoder) -> EncodeMissing:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import pkgutil
 import struct
-import sys
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -191,11 +190,12 @@ def precision_bytes(precision: str, gpu: bool, auto_half: bool = True) -> int:
     return BYTES_PER_PARAM[precision]
 
 
-def corpus_encode_bytes(texts: Any, shard_size: int, width: int) -> int:
-    """What a corpus-encoder actor holds beyond its model: the corpus texts and ids it gets once, and one
-    shard's embeddings (fp32, their normalised copy and the written precision: 10 bytes a value)."""
-    text_bytes = sum(sys.getsizeof(t) for t in texts) + 8 * len(texts) * 2  # the strings, the list, the ids
-    return int(text_bytes + 10 * shard_size * width)
+def corpus_encode_bytes(captions: int, shard_size: int, width: int, context: int = 77) -> int:
+    """What a corpus-encoder actor holds beyond its model: the corpus ids it gets once (8 bytes a caption),
+    one shard's token ids (int32 as they come, int64 on the device: 12 bytes a token) and its embeddings
+    (fp32, their normalised copy and the written precision: 10 bytes a value). The captions' texts stay in
+    the CPU tasks that tokenise them."""
+    return int(8 * captions + shard_size * (12 * context + 10 * width))
 
 
 def human_bytes(n: float) -> str:

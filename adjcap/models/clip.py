@@ -525,6 +525,12 @@ def _build_towers(src, keep: set[str], dtype: torch.dtype, dev: torch.device):
     return net, pp_cfg
 
 
+def tokenizer_for(cfg: EncoderCfg) -> Any:
+    """The tokenizer :func:`load_encoder_from_config`'s encoder tokenises with, without loading any weights
+    (the corpus encode tokenises in CPU tasks: :func:`adjcap.index.lifecycle.tokenize_range`)."""
+    return _tokenizer(clip_source(cfg.model, None if cfg.pretrained in (None, "") else str(cfg.pretrained)).model)
+
+
 def load_encoder_from_config(cfg: EncoderCfg, *, towers: Iterable[str] = ("image", "text"),
                              device: str = "auto") -> DualEncoder:
     """Load from a resolved ``EncoderCfg`` (``model``, ``pretrained``, ``precision``, batch sizes, the
