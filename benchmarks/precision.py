@@ -6,6 +6,11 @@ change with a paired 95% bootstrap interval over the images (adjcap.metrics.boot
     python benchmarks/precision.py --limit 8                 # the demo world on this machine (CPU: slow in bf16)
     python benchmarks/precision.py --limit 200 --device cuda # on a GPU
     python benchmarks/precision.py --preset gpu --limit 8    # the gpu speed preset against the headline's fp32
+    python benchmarks/precision.py --preset gpu --limit 8 --set precision=none \
+        --set retrieval.encoder.precision=bf16 --set verifier.precision=bf16 --set eval.clipscore.precision=bf16 \
+        --set captioner.clip.precision=fp32
+                                 # one setting's share: the gpu preset as is against it with the captioner's
+                                 # CLIP in fp32 (the root precision would override a section's: refused)
 
 bf16 here is the root switch: the retrieval, output-scorer and CLIPScore encoders, the verifier and the
 captioner's CLIP; the captioner's GPT-2 stays fp32 (``captioner.precision``). With ``--preset gpu`` the
@@ -27,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from adjcap.config import load_config  # noqa: E402
+from adjcap.config import apply_override, load_config, validate_config  # noqa: E402
 from adjcap.engine.features import rows_to_table  # noqa: E402
 from adjcap.metrics.bootstrap import paired_bootstrap, resample_indices, statistic_matrices  # noqa: E402
 from adjcap.metrics.evaluate import Evaluator  # noqa: E402
@@ -84,7 +89,14 @@ def main() -> None:
     ap.add_argument("--preset", default=None, choices=["gpu"],
                     help="compare this speed preset with the headline's fp32 on the demo world (default: the demo "
                          "preset with precision=bf16 against fp32)")
+    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                    help="with --preset: compare the preset as is (first) with the preset and these settings "
+                         "(second), e.g. the captioner's CLIP in fp32 (see the module's docstring): what that model in bf16 moves")
     args = ap.parse_args()
+    if args.sets and args.preset is None:
+        ap.error("--set needs --preset (the preset as is is the first run)")
+    # the two runs' names: fp32 against bf16, or the preset against the preset with --set
+    first, second = ("fp32", "bf16") if not args.sets else (args.preset, f"{args.preset}+" + ",".join(args.sets))
     cache = args.cache or os.environ.get("ADJCAP_CACHE") or tempfile.mkdtemp(prefix="adjcap-precision-")
     sets = [f"paths.cache_dir={cache}", f"device={args.device}", f"limit={args.limit}"]
     base = load_config("demo", sets)
@@ -93,18 +105,23 @@ def main() -> None:
     def config(prec: str):
         if args.preset is None:
             return load_config("demo", [*sets, f"precision={prec}"]).resolved()
+        if args.sets:  # the preset as is, then with --set (after the demo world's sections); both on the demo world
+            data = on_demo_world(load_config(args.preset, sets)).model_dump(mode="json")
+            for assignment in args.sets if prec == second else []:
+                apply_override(data, assignment)
+            return validate_config(data).resolved()
         # "fp32": the headline's fidelity settings; "bf16": the speed preset's; both on the demo world
         return on_demo_world(load_config("headline" if prec == "fp32" else args.preset, sets)).resolved()
 
     runs = {}
-    for prec in ("fp32", "bf16"):
+    for prec in (first, second):
         cfg = config(prec)
         records = read_records(cfg)
         tables, seconds = extract(cfg, records)
         runs[prec] = {"cfg": cfg, "records": records, "tables": tables, "seconds": seconds, "picks": picks(cfg, tables)}
         print(f"{prec}: features for {sum(len(r) for r in records.values())} images in {seconds:.1f}s")
 
-    a, b = runs["fp32"], runs["bf16"]
+    a, b = runs[first], runs[second]
     split = a["cfg"].rerank.apply_split
     ra, rb = a["tables"][split].to_pylist(), b["tables"][split].to_pylist()
     n = len(ra)
@@ -119,31 +136,32 @@ def main() -> None:
     refs = {r.image_id: list(r.references) for r in a["records"][split]}
     texts = {prec: {row["image_id"]: [c["text"] for c in row["candidates"]] for row in runs[prec]["tables"][split].to_pylist()}
              for prec in runs}
-    result = {"images": n, "device": args.device, "stage_changes": stage, "max_abs_cosine_diff_same_beam": max_cos,
+    result = {"images": n, "device": args.device, "runs": [first, second], "stage_changes": stage, "max_abs_cosine_diff_same_beam": max_cos,
               "seconds": {p: runs[p]["seconds"] for p in runs}, "pickers": {}}
     with Evaluator(refs) as ev:
         for name in sorted(set(a["picks"]) & set(b["picks"])):
             pa_, pb_ = a["picks"][name], b["picks"][name]
-            cap_a = {i: texts["fp32"][i][k] for i, k in pa_.items()}
-            cap_b = {i: texts["bf16"][i][k] for i, k in pb_.items()}
+            cap_a = {i: texts[first][i][k] for i, k in pa_.items()}
+            cap_b = {i: texts[second][i][k] for i, k in pb_.items()}
             sa, sb = ev.score(cap_a), ev.score(cap_b)
             ma, mb = sa["metrics"], sb["metrics"]
             result["pickers"][name] = {
                 "picks_changed": sum(cap_a[i] != cap_b[i] for i in cap_a),
                 "picks_changed_share": sum(cap_a[i] != cap_b[i] for i in cap_a) / max(1, len(cap_a)),
-                "CIDEr_fp32": ma.get("CIDEr"), "CIDEr_bf16": mb.get("CIDEr"),
+                f"CIDEr_{first}": ma.get("CIDEr"), f"CIDEr_{second}": mb.get("CIDEr"),
                 "delta": {k: (mb[k] - ma[k]) for k in ma if ma.get(k) is not None and mb.get(k) is not None},
                 "paired_95": paired_intervals(sa["per_image"], sb["per_image"]),
             }
-    what = f"the {args.preset} preset vs the headline's fp32" if args.preset else "bf16 vs fp32"
+    what = (f"{second} vs {first}" if args.sets else
+            f"the {args.preset} preset vs the headline's fp32" if args.preset else "bf16 vs fp32")
     print(f"\n{n} images of '{split}' on {args.device}; {what}")
     for k, v in stage.items():
         print(f"  {k:28s} changed on {v}/{n} images")
     print(f"  max |cosine diff| where the beam is unchanged: {max_cos:.2e}")
-    print(f"  {'picker':10s} {'picks changed':>14s} {'CIDEr fp32':>11s} {'CIDEr bf16':>11s} {'dB-4':>6s} {'dCIDEr':>7s}")
+    print(f"  {'picker':10s} {'picks changed':>14s} {'CIDEr 1st':>11s} {'CIDEr 2nd':>11s} {'dB-4':>6s} {'dCIDEr':>7s}")
     for name, p in result["pickers"].items():
         d = p["delta"]
-        print(f"  {name:10s} {p['picks_changed']:>9d}/{n:<4d} {p['CIDEr_fp32']:>11.2f} {p['CIDEr_bf16']:>11.2f} "
+        print(f"  {name:10s} {p['picks_changed']:>9d}/{n:<4d} {p[f'CIDEr_{first}']:>11.2f} {p[f'CIDEr_{second}']:>11.2f} "
               f"{d.get('B-4', math.nan):>6.2f} {d.get('CIDEr', math.nan):>7.2f}")
     for name, p in result["pickers"].items():
         for metric, d in p["paired_95"].items():

@@ -26,8 +26,9 @@ def test_headline_budget_from_the_known_architectures():
     assert cpu["captioner"]["params"] == budget.IFCAP_PARAMS + sum(budget.CLIP_TOWERS["ViT-B-32"].values())
     # the paper's presets run fp32 everywhere
     assert cpu["retriever"]["bytes"] == gpu["retriever"]["bytes"] == 4 * big["image"]
-    # "auto" precision: fp32 on the CPU, half on a GPU; the captioner's GPT-2 keeps its fp32
-    auto = load_config("headline", ["paths.data_dir=/nonexistent", "precision=auto"]).resolved()
+    # "auto" precision: fp32 on the CPU, half on a GPU; the captioner's GPT-2 keeps its fp32 (its CLIP follows
+    # its own setting: the root switch leaves the captioner's models)
+    auto = load_config("headline", ["paths.data_dir=/nonexistent", "precision=auto", "captioner.clip.precision=auto"]).resolved()
     cpu, gpu = pools.pool_budget(auto, gpu=False), pools.pool_budget(auto, gpu=True)
     assert cpu["retriever"]["bytes"] == 4 * big["image"] and gpu["retriever"]["bytes"] == 2 * big["image"]
     vit_b = sum(budget.CLIP_TOWERS["ViT-B-32"].values())
@@ -178,7 +179,8 @@ def test_pool_actors_and_shares_are_data():
 def test_gpu_memory_counts_each_model_at_its_load_precision_and_is_checked_per_pool():
     """IFCap's GPT-2 at precision=auto loads in fp32 (adjcap.models.ifcap), so the plan counts it at 4
     bytes; a pool whose models cannot fit on the GPUs is refused before Ray starts, naming the pool."""
-    auto = load_config("headline", ["paths.data_dir=/nonexistent", "precision=auto", "captioner.precision=auto"]).resolved()
+    auto = load_config("headline", ["paths.data_dir=/nonexistent", "precision=auto", "captioner.precision=auto",
+                                    "captioner.clip.precision=auto"]).resolved()
     vit_b = sum(budget.CLIP_TOWERS["ViT-B-32"].values())
     assert pools.pool_budget(auto, gpu=True)["captioner"]["bytes"] == 4 * budget.IFCAP_PARAMS + 2 * vit_b
     cfg = load_config("headline", ["paths.data_dir=/nonexistent", "ray.mps=true"]).resolved()  # fp32: bigG's image tower 6.9 GiB

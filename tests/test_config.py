@@ -65,19 +65,33 @@ def test_paper_presets_run_fp32_and_precision_is_one_switch():
         assert not cfg.tf32 and cfg.verifier.attention == "eager", name
         assert cfg.verifier.text_token_budget == 0 and all(e.text_token_budget == 0 for e in encoders), name
     gpu = load_config("gpu").resolved()
-    encoders = [gpu.retrieval.encoder, gpu.captioner.clip, gpu.eval.clipscore, gpu.scorer_encoder()]
+    encoders = [gpu.retrieval.encoder, gpu.eval.clipscore, gpu.scorer_encoder()]
     assert {e.precision for e in encoders} == {gpu.verifier.precision} == {"bf16"}
-    assert gpu.captioner.precision == "fp32" and gpu.tf32 and gpu.verifier.attention == "sdpa"
+    # the captioner keeps its own: its CLIP in bf16 moved the beams (benchmarks/results/captioner-clip-bf16-demo.json)
+    assert gpu.captioner.precision == gpu.captioner.clip.precision == "fp32"
+    assert gpu.tf32 and gpu.verifier.attention == "sdpa"
     assert gpu.verifier.text_token_budget > 0 and all(e.text_token_budget > 0 for e in encoders)
     assert gpu.eval.clipscore.same_model(gpu.scorer_encoder())  # one bigG for the scorer and CLIPScore
     fast = load_config("output-scorer-vitb32", ["precision=bf16"])
     assert fast.retrieval.encoder.precision == "fp32"  # the saved config keeps the sections as given
     r = fast.resolved()
-    assert {e.precision for e in (r.retrieval.encoder, r.captioner.clip, r.eval.clipscore, r.scorer.encoder)} == {"bf16"}
-    assert r.verifier.precision == "bf16" and r.captioner.precision == "fp32"  # GPT-2 keeps its own
+    assert {e.precision for e in (r.retrieval.encoder, r.eval.clipscore, r.scorer.encoder)} == {"bf16"}
+    assert r.verifier.precision == "bf16" and r.captioner.precision == r.captioner.clip.precision == "fp32"
     assert feature_identity(fast)["precision"] == "bf16" != feature_identity(load_config("headline"))["precision"]
     one = load_config("headline", ["verifier.precision=bf16"]).resolved()
     assert one.verifier.precision == "bf16" and one.retrieval.encoder.precision == "fp32"
+    # a model's precision the root switch would override is refused in one line, not silently dropped
+    with pytest.raises(ConfigError, match=r"verifier.precision=fp32 would have no effect: the root "
+                                          r"precision=bf16 .* set precision=none"):
+        load_config("gpu", ["verifier.precision=fp32"])
+    with pytest.raises(ConfigError, match="eval.clipscore.precision=fp16 would have no effect"):
+        load_config("headline", [], updates={"precision": "bf16", "eval.clipscore.precision": "fp16"})
+    assert load_config("gpu", ["verifier.precision=bf16"]).resolved().verifier.precision == "bf16"
+    own = load_config("gpu", ["precision=none", "retrieval.encoder.precision=bf16", "eval.clipscore.precision=bf16",
+                              "verifier.precision=fp32"]).resolved()
+    assert (own.verifier.precision, own.retrieval.encoder.precision) == ("fp32", "bf16")
+    # the root switch leaves the captioner's models: their own settings take effect beside it
+    assert load_config("gpu", ["captioner.clip.precision=bf16"]).resolved().captioner.clip.precision == "bf16"
 
 
 def test_scorer_and_clipscore_encoders_are_their_own_settings():

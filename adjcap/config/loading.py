@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from adjcap.config.keys import close_keys
 from adjcap.config.presets import load_preset_dict, over_base, read_settings
-from adjcap.config.schema import Config, ConfigError, dict_entry_model, section_model
+from adjcap.config.schema import ROOT_PRECISION_SECTIONS, Config, ConfigError, dict_entry_model, section_model
 from adjcap.config.validation import validate_config
 from adjcap.nested import deep_update
 from adjcap.registry import suggestion
@@ -97,4 +97,25 @@ def config_data(
         apply_override(data, ov)
     for key, value in (updates or {}).items():
         set_key(data, key, value)
+    _refuse_overridden_precision(data, [ov.split("=", 1)[0].strip() for ov in overrides if "=" in ov]
+                                 + list(updates or {}))
     return data
+
+
+def _refuse_overridden_precision(data: dict[str, Any], keys: list[str]) -> None:
+    """A model's ``precision`` set here that the root ``precision`` would override (Config.resolved) is refused
+    in one line instead of having no effect."""
+    root = data.get("precision")
+    if root is None:
+        return
+    for key in keys:
+        section = key.rsplit(".", 1)[0] if key.endswith(".precision") else None
+        if section not in ROOT_PRECISION_SECTIONS:
+            continue
+        value = data
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is not None and str(value) != str(root):
+            raise ConfigError(f"{key}={value} would have no effect: the root precision={root} sets every frozen "
+                              f"model's ({', '.join(ROOT_PRECISION_SECTIONS)}); to give {section} its own, set "
+                              f"precision=none and each of them its precision")

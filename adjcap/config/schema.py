@@ -469,6 +469,14 @@ class CacheCfg(_Strict):
     stages_dir: str = Field("{cache}/stages", description="where per-stage outputs are stored (content-addressed)")
 
 
+
+# the sections whose ``precision`` the root ``precision`` sets when it is not None (Config.resolved); a
+# command-line setting of one of them that would be overridden is refused (adjcap.config.loading). The
+# captioner's models keep their own (captioner.clip.precision, captioner.precision): its CLIP in bf16 changed
+# the beam on 57 of 100 demo images for no speed worth having (a ViT-B/32 beside bigG;
+# benchmarks/results/captioner-clip-bf16-demo.json)
+ROOT_PRECISION_SECTIONS = ("retrieval.encoder", "verifier", "eval.clipscore", "scorer.encoder")
+
 class Config(_Strict):
     name: str = Field("headline", description="the preset's name (run directories and messages use it)")
     description: str = Field("", description="one line on what this configuration is (adjcap config --list)")
@@ -482,9 +490,9 @@ class Config(_Strict):
     sample: int | None = Field(None, gt=0, description="a seeded sample of N images of each split (by `seed` and "
                                "the split; after `limit`): the LVLM CHAIR protocol's 500 images")
     precision: Precision | None = Field(
-        None, description="one switch for every frozen encoder (retrieval, output scorer, CLIPScore, the "
-        "captioner's CLIP) and the verifier; None = each section's own (fp32, the paper's). bf16 = speed mode. "
-        "The captioner's GPT-2 keeps captioner.precision"
+        None, description="one switch for the frozen judges' encoders (retrieval, output scorer, CLIPScore) and "
+        "the verifier; None = each section's own (fp32, the paper's). bf16 = speed mode. The captioner keeps "
+        "its own (captioner.clip.precision, captioner.precision): bf16 there moves the beams"
     )
     tf32: bool = Field(
         False, description="TF32 tensor cores for the fp32 matmuls on a CUDA GPU (torch's float32 matmul "
@@ -545,8 +553,10 @@ class Config(_Strict):
             bench["corpus"] = str(get_corpus(name).path(data["paths"]["data_dir"], data["paths"]["cache_dir"]))
             bench["corpus_format"] = "lines"
         if self.precision is not None:
-            for section in (data["retrieval"]["encoder"], data["verifier"], data["captioner"]["clip"],
-                            data["eval"]["clipscore"], data["scorer"]["encoder"]):
+            for dotted in ROOT_PRECISION_SECTIONS:
+                section = data
+                for part in dotted.split("."):
+                    section = section[part] if section is not None else None
                 if section is not None:
                     section["precision"] = self.precision
         return Config.model_validate(data)
