@@ -34,6 +34,10 @@ def test_ray_output_with_verbose(demo_cfg, tmp_path):
                    "--set", f"retrieval.index_dir={tmp_path / 'index'}")
     assert RAY_INFO.search(verbose), verbose  # Ray's INFO lines (Ray Data's execution plan, progress) are back
     assert "Execution plan of Dataset" in verbose or "Running Dataset" in verbose, verbose
+    # the tokenising tasks stay apart from the encoder pool (Ray Data fuses a task map into a following actor
+    # map when their resources match, which would tokenise in the encoder's thread again)
+    assert "MapBatches(tokenize_shard)" in verbose, verbose
+    assert "MapBatches(tokenize_shard)->MapBatches(CorpusEncoderActor)" not in verbose, verbose
     # the CPU tasks tokenised, the encoder pool encoded: the index holds the corpus's captions as the
     # retrieval encoder encodes them in this process (Ray's workers run pinned numerics: last bits may differ)
     import numpy as np

@@ -116,6 +116,6 @@ def _refuse_overridden_precision(data: dict[str, Any], keys: list[str]) -> None:
         for part in key.split("."):
             value = value.get(part) if isinstance(value, dict) else None
         if value is not None and str(value) != str(root):
-            raise ConfigError(f"{key}={value} would have no effect: the root precision={root} sets every frozen "
-                              f"model's ({', '.join(ROOT_PRECISION_SECTIONS)}); to give {section} its own, set "
+            raise ConfigError(f"{key}={value} would have no effect: the root precision={root} sets the precision "
+                              f"of {', '.join(ROOT_PRECISION_SECTIONS)}; to give {section} its own, set "
                               f"precision=none and each of them its precision")

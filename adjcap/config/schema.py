@@ -469,13 +469,13 @@ class CacheCfg(_Strict):
     stages_dir: str = Field("{cache}/stages", description="where per-stage outputs are stored (content-addressed)")
 
 
-
 # the sections whose ``precision`` the root ``precision`` sets when it is not None (Config.resolved); a
 # command-line setting of one of them that would be overridden is refused (adjcap.config.loading). The
 # captioner's models keep their own (captioner.clip.precision, captioner.precision): its CLIP in bf16 changed
 # the beam on 57 of 100 demo images for no speed worth having (a ViT-B/32 beside bigG;
 # benchmarks/results/captioner-clip-bf16-demo.json)
 ROOT_PRECISION_SECTIONS = ("retrieval.encoder", "verifier", "eval.clipscore", "scorer.encoder")
+
 
 class Config(_Strict):
     name: str = Field("headline", description="the preset's name (run directories and messages use it)")
