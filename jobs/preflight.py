@@ -47,6 +47,12 @@ smallest visible GPU's memory (``gpu_memory``)."""
     return out
 
 
+def in_process(cfg: Config) -> Config:
+    """``cfg`` as far as memory goes for an ``executor = local`` job: its process loads each model once (the
+    fused pool's models), however many actors ``ray.workers`` / ``ray.pool.<pool>.actors`` ask of Ray."""
+    return cfg.model_copy(update={"ray": cfg.ray.model_copy(update={"workers": 1, "pools": "fused", "pool": {}})})
+
+
 def memory_problem(cfg: Config) -> str | None:
     """Why the pools cannot be placed (``cfg`` resolved), or None: on a connected cluster against its node
     types node by node (:func:`adjcap.engine.cluster_plan.plan_cluster`), else against the local Ray this machine
@@ -62,8 +68,13 @@ def memory_problem(cfg: Config) -> str | None:
             PoolPlan.of(cfg).on_cluster(cluster_facts(cfg)[0])
         elif ray_job and (cfg.ray.address or os.environ.get("RAY_ADDRESS")):
             return None
-        else:
+        elif ray_job:
             PoolPlan.of(cfg).on_node(local_cluster())
+        else:  # in process: every model once, as one fused actor would hold them, whatever --workers says
+            try:
+                PoolPlan.of(in_process(cfg)).on_node(local_cluster())
+            except ResourceError as e:
+                return f"executor=local holds every model once in this process, and it does not fit: {e}"
     except (ResourceError, LavisEnvError) as e:
         return str(e)
     return None

@@ -210,3 +210,22 @@ def test_batch_sizes_are_data_and_blocks_hold_whole_batches():
     assert block_rows(3000, 16, 2) == BLOCK_BATCHES * 16  # 47 blocks of 64: no block of 50 split 16, 16, 16, 2
     assert block_rows(200, 16, 4) == 16 and block_rows(10, 16, 4) == 16
     assert block_rows(3000, 48, 8) == 3 * 48 and all(block_rows(n, 24, 3) % 24 == 0 for n in (1, 100, 10_000))
+
+
+def test_a_local_job_is_planned_as_the_models_it_loads_once(monkeypatch):
+    """``executor = local`` loads each model once in its own process: its memory preflight plans one fused set,
+    not the ``--workers`` actors a Ray job would start (which it refuses on the same machine)."""
+    from adjcap.jobs import preflight
+
+    monkeypatch.setattr(preflight, "local_cluster", lambda: {"CPU": 16.0, "GPU": 0.0, "memory": 20 * GiB})
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+
+    def cfg(*sets):
+        return load_config("headline", ["paths.data_dir=/nonexistent", *sets]).resolved()
+
+    assert preflight.memory_problem(cfg()) is None  # one fused set: 16.2 GiB of 20
+    assert "memory" in preflight.memory_problem(cfg("ray.workers=2"))  # two sets do not fit
+    assert preflight.memory_problem(cfg("ray.workers=2", "executor=local")) is None
+    assert preflight.memory_problem(cfg("ray.workers=8", "ray.pools=split", "executor=local")) is None
+    monkeypatch.setattr(preflight, "local_cluster", lambda: {"CPU": 16.0, "GPU": 0.0, "memory": 8 * GiB})
+    assert preflight.memory_problem(cfg("executor=local")).startswith("executor=local holds every model once")
