@@ -373,8 +373,8 @@ def overrides(a: dict[str, Path], precision: str, device: str, n_images: int, ca
         "benchmarks.realsize.format=ifcap", f"benchmarks.realsize.annotations={a['annotations']}",
         f"benchmarks.realsize.images={a['images']}", f"benchmarks.realsize.corpus={a['corpus']}",
         f"retrieval.encoder.model={retrieval}",
-        # the root switch: every encoder and the verifier at ``p``; GPT-2 and its log-probs stay at the
-        # production precision (fp32, captioner.precision), so a bf16 run decodes production's beams
+        # the root switch: the judges' encoders and the verifier at ``p``; the captioner keeps its own (its
+        # CLIP at captioner.clip.precision; GPT-2 and its log-probs at fp32), so a bf16 run decodes production's beams
         f"precision={p}", "captioner.precision=fp32",
         f"retrieval.encoder.pretrained={a['retrieval']}",
         *clipscore,
