@@ -15,7 +15,8 @@ the order of the registry :data:`SECTIONS` (``@section`` adds one; ``--sections`
   of ``--corpus`` captions; the dry run uses the demo world's tiny models instead;
 * ``stages``: the job's four stages in one process per variant (``fp32``: the headline preset; ``gpu``: the
   gpu preset), the first batch (warm-up: CUDA context, kernels, autotuning) apart from the steady batches;
-  per stage the wall seconds per image and the CUDA-event GPU span and the profiler's kernel (GPU-busy) time;
+  per stage the wall seconds per image and the CUDA-event GPU span and the profiler's kernel (GPU-busy) time,
+  the kernels launched per image and the last batch's six costliest kernels;
   with both variants, the gpu preset's parity against fp32 at real size (benchmarks/realsize.py's: images
   whose retrieval, kept captions, beam or each judge's top candidate differ);
 * ``corpus``: the corpus encode: tokenising apart from the text tower, captions/s;
@@ -143,13 +144,16 @@ def save(out: Path) -> None:
     os.replace(tmp, out)
 
 
-def gpu_timed(fn) -> dict:
+def gpu_timed(fn, detail: bool = False) -> dict:
     """``fn()``'s wall seconds, and on CUDA its GPU span (CUDA events on the current stream) and GPU-busy
-    time (the profiler's kernel time: the span less the gaps where the GPU waited on the host)."""
+    time (the profiler's kernel time: the span less the gaps where the GPU waited on the host); with
+    ``detail``, also the kernels launched (``launches``: each costs the host a launch) and the six that took
+    the most GPU time (``top``), which say where a stage's time goes when one lease is all there is."""
     if not torch.cuda.is_available():
         t = time.perf_counter()
         fn()
-        return {"wall_s": time.perf_counter() - t, "gpu_span_s": None, "gpu_busy_s": None}
+        return {"wall_s": time.perf_counter() - t, "gpu_span_s": None, "gpu_busy_s": None,
+                **({"launches": None, "top": None} if detail else {})}
     from torch.profiler import ProfilerActivity, profile
 
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -161,8 +165,14 @@ def gpu_timed(fn) -> dict:
         end.record()
         sync()
         wall = time.perf_counter() - t
-    busy_us = sum(e.self_device_time_total for e in prof.key_averages())
-    return {"wall_s": wall, "gpu_span_s": start.elapsed_time(end) / 1e3, "gpu_busy_s": busy_us / 1e6}
+    events = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+    out = {"wall_s": wall, "gpu_span_s": start.elapsed_time(end) / 1e3,
+           "gpu_busy_s": sum(e.self_device_time_total for e in events) / 1e6}
+    if detail:
+        out["launches"] = sum(e.count for e in events)
+        out["top"] = [{"kernel": e.key[:100], "ms": round(e.self_device_time_total / 1e3, 2), "calls": e.count}
+                      for e in sorted(events, key=lambda e: -e.self_device_time_total)[:6]]
+    return out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -331,11 +341,12 @@ def stages(args, ctx) -> dict:
         for stage in stage_registry.stages():
             first = gpu_timed(lambda: stage.run(batches[0], models, cfg))
             r["warmup"][stage.name] = {k: (round(v, 4) if v is not None else None) for k, v in first.items()}
-            rest = [gpu_timed(lambda bb=bb: stage.run(bb, models, cfg)) for bb in batches[1:]]
+            rest = [gpu_timed(lambda bb=bb: stage.run(bb, models, cfg), detail=True) for bb in batches[1:]]
             n = sum(len(bb) for bb in batches[1:])
             r["steady"][stage.name] = {
                 f"{k}_per_image": (round(sum(x[k] for x in rest) / n, 5) if n and rest[0][k] is not None else None)
-                for k in ("wall_s", "gpu_span_s", "gpu_busy_s")}
+                for k in ("wall_s", "gpu_span_s", "gpu_busy_s", "launches")}
+            r["steady"][stage.name]["top_kernels_last_batch"] = rest[-1]["top"] if rest else None
         per = sum(v["wall_s_per_image"] or 0 for v in r["steady"].values())
         r["images_per_s_steady"] = round(1 / per, 2) if per else None
         r["errors"] = sorted({s.error for s in states if s.error})[:5]

@@ -29,6 +29,7 @@ def test_dry_run_runs_every_section(demo_cfg, tmp_path):
     for n in names:
         assert st["warmup"][n]["wall_s"] > 0 and st["warmup"][n]["gpu_busy_s"] is None  # no CUDA: null, not 0
         assert st["steady"][n]["wall_s_per_image"] > 0
+        assert st["steady"][n]["launches_per_image"] is None and st["steady"][n]["top_kernels_last_batch"] is None
     assert not st["errors"] and st["candidates_per_image"] > 0
     par = res["stages"]["parity_gpu_vs_fp32"]  # the headline's fp32 against the gpu preset, the same images
     assert par["images"] == gpu_probe.DRY.images and {"retrieved", "verified", "beam"} <= set(par)
