@@ -69,6 +69,28 @@ def test_ties_break_by_smaller_corpus_id(tmp_path):
         assert same.any()
 
 
+def test_ties_are_broken_with_one_host_read_per_chunk_whatever_the_rows(tmp_path):
+    """A GPU stream waits for each host read: the tied rows of a chunk are resolved all at once, so 40
+    queries (many rows tied at the k-th score) read the host as often as 4."""
+    from adjcap.models.dispatch_audit import DispatchAudit
+
+    rng = np.random.default_rng(5)
+    base = np.where(rng.random((6, 16)) < 0.5, -0.25, 0.25).astype(np.float32)
+    vecs = base[rng.integers(0, 6, size=300)]
+    ids = rng.permutation(300).astype(np.int64) * 3
+    build_index(tmp_path, vecs, ids, encoder_id="e", corpus_fingerprint="c", shard_size=128)
+    index = CaptionIndex.load(tmp_path, device="cpu")
+    q = np.where(rng.random((40, 16)) < 0.5, -0.25, 0.25).astype(np.float32)
+    reads = {}
+    for rows in (4, 40):
+        audit = DispatchAudit()
+        with audit:
+            _, got = index.search(q[:rows], 9, chunk_rows=100)
+        reads[rows] = sum(audit.reads.values())
+        np.testing.assert_array_equal(got.numpy(), brute_force_topk(q[:rows], vecs, ids, 9)[1])
+    assert reads[4] == reads[40], reads
+
+
 def test_k_larger_than_index_and_streamed_batches(tmp_path):
     vecs = _random_unit(50, 8, 4)
     batches = (torch.from_numpy(vecs[i : i + 7]) for i in range(0, 50, 7))  # torch batches, default ids

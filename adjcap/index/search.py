@@ -46,17 +46,19 @@ def _topk_rows(scores: torch.Tensor, ids_row: torch.Tensor, k: int) -> tuple[tor
     vals, pos = torch.topk(scores, k, dim=1, largest=True, sorted=True)
     cand_ids = ids_row[pos]
     kth = vals[:, -1:]
-    # rows where more columns tie with the k-th score than topk kept: choose those by id
-    n_ge = (scores >= kth).sum(dim=1)
-    tied_rows = torch.nonzero(n_ge > k).flatten().tolist()
-    for r in tied_rows:
-        row = scores[r]
-        above = torch.nonzero(row > kth[r, 0]).flatten()
-        at = torch.nonzero(row == kth[r, 0]).flatten()
-        at = at[torch.argsort(ids_row[at], stable=True)][: k - above.numel()]
-        keep = torch.cat([above, at])
-        vals[r] = row[keep]
-        cand_ids[r] = ids_row[keep]
+    # rows where more columns tie with the k-th score than topk kept: the tied columns kept are those with
+    # the smallest ids, all such rows at once (the chunk's one host read, whatever the number of rows)
+    tied = torch.nonzero((scores >= kth).sum(dim=1) > k).flatten()
+    if tied.numel():
+        s_t, kth_t, vals_t = scores.index_select(0, tied), kth.index_select(0, tied), vals.index_select(0, tied)
+        above = (vals_t > kth_t).sum(dim=1, keepdim=True)  # every column above the k-th is in topk's first slots
+        floor = torch.iinfo(torch.int64).min + 1
+        tie_ids = -torch.topk(torch.where(s_t == kth_t, -ids_row.long(), floor), k, dim=1).values  # smallest ids first
+        slot = torch.arange(k, device=scores.device)
+        from_tie = slot >= above  # [T, k]: slots after the columns above take the tied ids in id order
+        tie_pick = tie_ids.gather(1, (slot - above).clamp(min=0)).to(cand_ids.dtype)
+        vals.index_copy_(0, tied, torch.where(from_tie, kth_t.expand(-1, k), vals_t))
+        cand_ids.index_copy_(0, tied, torch.where(from_tie, tie_pick, cand_ids.index_select(0, tied)))
     order = _order_desc_then_id(vals, cand_ids)
     return torch.gather(vals, 1, order), torch.gather(cand_ids, 1, order)
 
