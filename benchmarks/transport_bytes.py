@@ -8,9 +8,10 @@ read (after: adjcap.engine.transport.kept_for, the job's ``keep``).
   tests/test_transport.py);
 
 The scorer declares every image tower it may run when an image lost its stage-1 embedding or stage-2
-encoding (stage_registry._pixels_scorer), so in the four split pools every geometry has a reader up to the
-last pool and the verifier's encoding passes the captioner's pool: the hops' bytes change only where a
-later pool reads less (another layout, a verifier off, a scorer without image towers).
+encoding (stage_registry._pixels_scorer), and that it reads those pixels only for such an image
+(stage_registry._spare_scorer): an image that carries both drops them after the last pool that reads them
+unconditionally. On the demo every model reads one geometry (64x64), so only the captioner's output drops
+its pixels; at real size the verifier's output drops bigG's and BLIP's geometries too (~0.6 MB an image).
 
 Not a test: nothing is asserted.
 """

@@ -228,6 +228,32 @@ def test_scorer_loads_the_image_tower_only_when_an_embedding_is_missing(world):
             assert cx["retrieval_cosine"] == pytest.approx(cz["retrieval_cosine"], abs=1e-5)
 
 
+def test_the_scorers_verifier_encodes_only_the_images_without_stage_2s_encoding(world, monkeypatch):
+    """A batch where one image lost stage 2's encoding (as one resumed from the stage cache): only that image
+    is encoded again, so the others need no pixels (a pool's output drops them), and the scores are the
+    ones every image's carried encoding gives."""
+    cfg, m, recs = world
+    states = [image_state.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path) for r in recs[:3]]
+    c = m.captioner
+    stages.retrieve(states, m.retrieval, m.index, m.index.texts, cfg.retrieval.top_l)
+    stages.verify(states, m.verifier, cfg.verifier.keep)
+    stages.caption(states, c.captioner, c.clip, cfg.captioner, c.vocabulary)
+    ref = pickle.loads(pickle.dumps(states))
+    stages.score(ref, m.retrieval, m.verifier)
+    mixed = pickle.loads(pickle.dumps(states))
+    mixed[1].verifier_memo = None
+    for s in (mixed[0], mixed[2]):
+        s.pixels = {k: v for k, v in s.pixels.items() if k != m.verifier.pixel_prep.key}
+        s.image = s.encoded = None
+    encoded = []
+    real = m.verifier.encode_images
+    monkeypatch.setattr(m.verifier, "encode_images", lambda images: encoded.append(len(images)) or real(images))
+    stages.score(mixed, m.retrieval, m.verifier)
+    assert encoded == [1] and all(s.ok for s in mixed), [s.error for s in mixed]
+    for x, y in zip(ref, mixed):
+        assert [cx["verifier"] for cx in x.candidates] == pytest.approx([cy["verifier"] for cy in y.candidates], abs=1e-5)
+
+
 def test_decode_tasks_and_the_stage_cache_load_no_torch():
     """The CPU tasks that decode images import no model library (a decoding process starts on under
     half the CPU it took with PyTorch), nor does the stage cache they fill states from."""
@@ -261,6 +287,7 @@ def test_split_pools_carry_only_what_later_pools_read_and_the_features_are_uncha
                                  "error": [None] * len(recs), "image_path": [r.image_path for r in recs]})
     states = unpack(decode_batch(records, None, preps, keep_bytes))
     models = vars(m)
+    dropped = set()
     for i, run in enumerate(runs):
         for name in run.meters:
             registry.stage(name).run(states, models, split)
@@ -271,9 +298,17 @@ def test_split_pools_carry_only_what_later_pools_read_and_the_features_are_uncha
         assert keep.memo == any(n == "score" for r in runs[i + 1:] for n in r.meters)
         full = pack(states)
         states = unpack(pa.ipc.open_stream(_ipc(pack(states, drop_image=last, keep=keep))).read_all())
-        assert all(set(s.pixels) == (set() if last else later) for s in states)
+        # an image drops the pixels later pools read only for an image lacking what it carries (the
+        # scorer's verifier re-encodes only an image without stage 2's encoding)
+        spare = dict(keep.spare)
+        for s in states:
+            wanted = set() if last else {k for k in later if not (k in spare and all(
+                getattr(s, attr) is not None for attr in spare[k]))}
+            assert set(s.pixels) == wanted, (run.meters, sorted(s.pixels), sorted(wanted))
+            dropped |= (set() if last else later) - wanted
         if not last:
             assert pack(states, keep=keep).nbytes <= full.nbytes
     assert all(s.ok for s in states), [s.error for s in states]
+    assert registry.pixel_preps(split, ["verify"])[0][0].key in dropped  # after the verifier's pool
     for a, b in zip(reference, _stored(states)):
         assert _same(a, b), a["image_id"]

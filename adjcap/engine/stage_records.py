@@ -91,7 +91,10 @@ class Family:
     ``lavis`` verifier backend's isolated environment (:mod:`adjcap.models.lavis_env`); ``parts``: what it runs
     of other stages when it loads in an environment of its own, by stage name (the verifier half of stage
     4): a pool of its own runs that part before the stage's pool, which is handed None for this family
-    (:func:`adjcap.engine.pools.layout`)."""
+    (:func:`adjcap.engine.pools.layout`). ``spare(cfg)``: {pixel key of ``pixels(cfg)``: the
+    :class:`ImageState` attribute whose value spares it}: the keys its models read for an image only when
+    the image lacks that (the scorer re-encodes an image only when it lost its stage-1 embedding), which
+    a pool's output then drops for an image that has it (:func:`adjcap.engine.transport.kept_for`)."""
 
     name: str
     load: Callable[["Config", Loading], Any]
@@ -99,6 +102,7 @@ class Family:
     pixels: Callable[["Config"], tuple[Any, ...]]
     env: Callable[["Config"], Mapping[str, Any] | None] = lambda cfg: None
     parts: Mapping[str, Callable[[list[ImageState], Mapping[str, Any], "Config"], Any]] = field(default_factory=dict)
+    spare: Callable[["Config"], Mapping[str, str]] = lambda cfg: {}
 
 
 @dataclass(frozen=True)

@@ -177,6 +177,24 @@ def _pixels_scorer(cfg: "Config") -> tuple[Any, ...]:
     return encs + _pixels_verifier(cfg)  # the lavis backend's: None (its pools decode the bytes)
 
 
+def _spare_scorer(cfg: "Config") -> dict[str, str]:
+    """The scorer's pixels it reads only for an image that lost what an earlier stage made: the output
+    encoder's, when it is the retrieval encoder (stage 1's embedding is reused) and CLIPScore reads no
+    image of that geometry itself; the verifier's, when the image carries stage 2's encoding
+    (:func:`adjcap.engine.stages.score` re-encodes only the images without it)."""
+    cache, out = cfg.paths.cache_dir, {}
+    output, clipscore = cfg.scorer_encoder(), cfg.eval.clipscore
+    own = clip_pixels(output, cache)
+    if own is not None and output.same_model(cfg.retrieval.encoder):
+        cs = clip_pixels(clipscore, cache)
+        if clipscore.same_model(output) or cs is None or cs.key != own.key:
+            out[own.key] = "retrieval_embedding"
+    ver = _pixels_verifier(cfg)
+    if ver and ver[0] is not None:
+        out[ver[0].key] = "verifier_memo"
+    return out
+
+
 def _size_scorer(cfg: "Config", gpu: bool, holds: frozenset[str]) -> tuple[int, int]:
     """What :func:`_load_scorer` loads beyond the families it shares a process with: the output encoder
     (its text tower when it is the retrieval encoder: stage 1's image embedding is reused; nothing when
@@ -269,7 +287,7 @@ register(
     Family("verifier", _load_verifier, _size_verifier, _pixels_verifier, env=_verifier_env,
            parts={"score": _score_verifier}),
     Family("captioner", _load_captioner, _size_captioner, _pixels_captioner),
-    Family("scorer", _load_scorer, _size_scorer, _pixels_scorer),
+    Family("scorer", _load_scorer, _size_scorer, _pixels_scorer, spare=_spare_scorer),
     Stage(
         "retrieve", "retriever", ("retrieval", "index"),
         Reads(("benchmark", "benchmarks.{benchmark}.images", "benchmarks.{benchmark}.format",

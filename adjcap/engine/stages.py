@@ -479,9 +479,16 @@ def score_verifier(states: list[ImageState], verifier, long_captions: str = "who
 
 
 def _memo_for(verifier, batch: list[ImageState]):
-    if all(s.verifier_memo is not None for s in batch):
+    """The verifier's image encoding of the batch: stage 2's where an image carries it, encoded here for
+    the images without it (only those: a pool's output drops the pixels of an image that carries it)."""
+    missing = [s for s in batch if s.verifier_memo is None]
+    if not missing:
         return verifier.memo_from_image_embeds(torch.stack([s.verifier_memo for s in batch]))
-    return verifier.encode_images(_images(batch, verifier))
+    if len(missing) == len(batch):
+        return verifier.encode_images(_images(batch, verifier))
+    fresh = iter(verifier.encode_images(_images(missing, verifier)).image_embeds.detach().cpu())
+    return verifier.memo_from_image_embeds(torch.stack([s.verifier_memo if s.verifier_memo is not None
+                                                        else next(fresh) for s in batch]))
 
 
 def _np(x) -> np.ndarray:

@@ -46,6 +46,8 @@ class Keep:
     pixels: frozenset[str] | None = None
     encoded: bool = True
     memo: bool = True
+    # {pixel key: the ImageState attributes that spare it}: dropped for an image that has them all
+    spare: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 def kept_for(cfg, later: Iterable[str]) -> Keep:
@@ -62,7 +64,20 @@ def kept_for(cfg, later: Iterable[str]) -> Keep:
                                             for s in stages if s != "verify")
     if not cfg.ray.prepare_pixels:
         return Keep(pixels=frozenset(), encoded=reads_image, memo=memo)
-    return Keep(pixels=frozenset(p.key for p in preps), encoded=not known, memo=memo)
+    return Keep(pixels=frozenset(p.key for p in preps), encoded=not known, memo=memo, spare=_spared(cfg, stages))
+
+
+def _spared(cfg, stages: list[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The pixel keys every later family that wants them reads only for an image lacking something
+    (:attr:`adjcap.engine.stage_registry.Family.spare`), with the attributes that spare them."""
+    wants: dict[str, list[str | None]] = {}
+    for f in stage_registry.families_of(stages):
+        fam = stage_registry.family(f)
+        spare = fam.spare(cfg)
+        for p in fam.pixels(cfg):
+            if p is not None:
+                wants.setdefault(p.key, []).append(spare.get(p.key))
+    return tuple(sorted((k, tuple(sorted(set(attrs)))) for k, attrs in wants.items() if None not in attrs))
 
 
 def _stage_columns(stages: tuple[stage_registry.Stage, ...]) -> tuple[pa.Schema, tuple[tuple[str, tuple[str, ...]], ...]]:
@@ -102,6 +117,7 @@ def pack(states: list[ImageState], drop_image: bool = False, keep: Keep | None =
     """States -> one table (``drop_image``: without the image and the verifier's encoding: final states;
     ``keep``: only what later pools read, :func:`kept_for`)."""
     keep = Keep(pixels=frozenset(), encoded=False, memo=False) if drop_image else (keep or Keep())
+    spare = dict(keep.spare)
     sch, per_stage = _stage_columns(stage_registry.stages())
     cols: dict[str, list] = {n: [] for n in sch.names}
     for s in states:
@@ -112,7 +128,8 @@ def pack(states: list[ImageState], drop_image: bool = False, keep: Keep | None =
         cols["error"].append(s.error)
         cols["encoded"].append(s.encoded if keep.encoded else None)
         pixels = [{"key": k, "height": a.shape[0], "width": a.shape[1], "data": a.tobytes()}
-                  for k, a in (s.pixels or {}).items() if keep.pixels is None or k in keep.pixels]
+                  for k, a in (s.pixels or {}).items() if (keep.pixels is None or k in keep.pixels)
+                  and not (k in spare and all(getattr(s, attr, None) is not None for attr in spare[k]))]
         cols["pixels"].append(pixels or None)
         cols["done"].append(sorted(s.done))
         cols["computed"].append(sorted(s.computed))
