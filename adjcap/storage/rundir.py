@@ -15,7 +15,11 @@
       references/<benchmark>-<split>.coco_ids.json  {image_id: COCO id} (when the layout has one)
       features/<benchmark>-<split>/part-*.parquet   one row per image (schema: adjcap/engine/features.py); a part
                                                     is written to a temp name and renamed: complete or absent
-      features/summary.json                         per split: images, done, failed, skipped; seconds
+      features/summary.json                         per split: images, done, failed, skipped; seconds;
+                                                    stages: images computed and reused per stage, and
+                                                    streaming: {images, seconds} from the first batch
+                                                    back from the pools to the last (the pace a longer
+                                                    job approaches: loading and the index come before)
       fit/<protocol>.json                           what the protocol chose: alpha, beta, losses, fit images
       heads/                                        trifuse.safetensors, memattend.safetensors, heads.json
       heads/seeds/<seed>/                           rerank.seeds: the heads fitted with each seed of the study
