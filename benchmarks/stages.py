@@ -12,6 +12,7 @@ prints images/s per stage (captions/s for the corpus encode). Not a test: nothin
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -91,12 +92,17 @@ def tiny(args) -> None:
         enc = models.retrieval  # also the scorer's text tower in the demo
         enc.text_token_counts[:] = [0, 0]
         models.verifier.text_token_counts[:] = [0, 0]
-        bench_stages("tiny models, cpu (demo world)", models, cfg, factory, args.images, args.batch)
+        rates = bench_stages("tiny models, cpu (demo world)", models, cfg, factory, args.images, args.batch)
         print(f"  stages' text batches (retrieval/scorer tower, token budget {args.token_budget or 'off'}): "
               f"padded_token_fraction {padded_token_fraction(enc.text_token_counts):.3f}")
         print(f"  ITM text side (verify + score, token budget {args.itm_token_budget or 'off'}): "
               f"padded_token_fraction {padded_token_fraction(models.verifier.text_token_counts):.3f}")
-        host_reads_per_batch(models, cfg, factory, args.batch)
+        reads = host_reads_per_batch(models, cfg, factory, args.batch)
+        if args.json:
+            Path(args.json).write_text(json.dumps({
+                "command": " ".join(["python", *sys.argv]), "device": "cpu", "images": args.images,
+                "batch": args.batch, "images_per_s": {k: round(v, 2) for k, v in rates.items()},
+                "host_reads_per_batch": {"images": [max(1, args.batch // 3), args.batch], **reads}}, indent=1))
         texts = list(models.index.texts)
         enc.text_token_counts[:] = [0, 0]
         dt = _time(lambda: enc.encode_texts(texts, normalize=True))
@@ -105,7 +111,7 @@ def tiny(args) -> None:
         padding_by_budget(enc, texts)
 
 
-def host_reads_per_batch(models: Models, cfg, states_factory, batch: int) -> None:
+def host_reads_per_batch(models: Models, cfg, states_factory, batch: int) -> dict[str, list[int]]:
     """Host reads (adjcap.models.dispatch_audit) of one batch of each stage, and of a batch of a third of the
     size: equal counts mean reads per batch, not per image."""
     from adjcap.engine import stage_registry
@@ -121,6 +127,7 @@ def host_reads_per_batch(models: Models, cfg, states_factory, batch: int) -> Non
             counts.setdefault(stage.name, []).append(sum(audit.reads.values()))
     print(f"  host reads per batch of {max(1, batch // 3)} / {batch} images: "
           + ", ".join(f"{k} {a} / {b}" for k, (a, b) in counts.items()))
+    return counts
 
 
 def padding_by_budget(enc, texts: list[str], budgets=(None, 16384, 4096, 1024)) -> None:
@@ -183,6 +190,7 @@ def main() -> None:
     ap.add_argument("--cache", default=None, help="tiny: a demo cache to reuse (default: built in a temp dir)")
     ap.add_argument("--token-budget", type=int, default=0, help="tiny: retrieval.encoder.text_token_budget")
     ap.add_argument("--itm-token-budget", type=int, default=0, help="tiny: verifier.text_token_budget")
+    ap.add_argument("--json", default=None, help="tiny: also write the rates and host reads here")
     args = ap.parse_args()
     torch.manual_seed(0)
     if args.real:
