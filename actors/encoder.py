@@ -1,6 +1,7 @@
 """Corpus encode: CPU tasks tokenise index shards of the caption corpus (:func:`tokenize_shard`), and the
 encoder pool encodes their token ids and writes each shard atomically (:class:`CorpusEncoderActor`), so the
-GPU actor's thread never runs the tokenizer (~60-135 us of Python per caption)."""
+GPU actor's thread does not run the tokenizer (~60-135 us of Python per caption) while it could encode the
+shard before; a corpus of one shard is tokenised by the actor (nothing to overlap)."""
 
 from __future__ import annotations
 
@@ -30,21 +31,27 @@ def tokenize_shard(batch: dict[str, np.ndarray], *, encoder: EncoderCfg, texts_r
 
 
 class CorpusEncoderActor:
-    def __init__(self, cfg: Config, out_dir: str, ids_ref: ray.ObjectRef, board: Any = None):
-        """``cfg`` resolved; ``ids_ref``: the corpus ids, put once by the job."""
+    def __init__(self, cfg: Config, out_dir: str, ids_ref: ray.ObjectRef, texts_ref: ray.ObjectRef,
+                 board: Any = None):
+        """``cfg`` resolved; ``ids_ref``, ``texts_ref``: the corpus ids and captions, put once by the job (the
+        captions are read only for a shard that comes without its tokens)."""
         self.cfg = cfg
         self.meter = StageMeter("encode", board, counter=CORPUS_ENCODED)
         self.out = Path(out_dir)
         self.encoder = load_retrieval_encoder(cfg.retrieval.encoder, cfg.device, towers=("text",))
         self.ids = ray.get(ids_ref)
+        self.texts_ref = texts_ref
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         done = []
-        for shard, start, end, tokens in zip(batch["shard"], batch["start"], batch["end"], batch["tokens"]):
+        tokens = batch.get("tokens")
+        for i, (shard, start, end) in enumerate(zip(batch["shard"], batch["start"], batch["end"])):
             t = time.perf_counter()
             n = int(end) - int(start)
-            encode_ids_range(self.encoder, np.asarray(tokens).reshape(n, -1), self.ids, int(shard), int(start),
-                             int(end), self.out, self.cfg.retrieval.index_precision)
+            ids = (np.asarray(tokens[i]).reshape(n, -1) if tokens is not None else
+                   tokenize_range(self.encoder.tokenizer, ray.get(self.texts_ref), int(start), int(end)))
+            encode_ids_range(self.encoder, ids, self.ids, int(shard), int(start), int(end), self.out,
+                             self.cfg.retrieval.index_precision)
             done.append(int(shard))
             self.meter.record(n, 0, time.perf_counter() - t)
         return {"shard": np.array(done, dtype=np.int64)}

@@ -1,9 +1,9 @@
 """Encode a caption corpus with the retrieval encoder into its content-addressed index.
 
 The index lifecycle (address, readiness, shard ranges, finalize) is :func:`adjcap.index.ensure_index`;
-this job only supplies its ``encode_missing`` step: CPU tasks tokenise each shard's captions, and a fixed-size
-pool of corpus-encoder actors encodes them, one shard per call, each shard written atomically (a rerun
-verifies finished shards and skips them)."""
+this job only supplies its ``encode_missing`` step: a fixed-size pool of corpus-encoder actors encodes the
+shards, one per call, each written atomically (a rerun verifies finished shards and skips them); on GPUs
+CPU tasks tokenise each shard's captions beside them (:func:`tokenize_apart`)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from adjcap.index import IndexPlan, benchmark_corpus, ensure_index
 from adjcap.models.budget import corpus_encode_bytes
 from adjcap.models.sources import clip_source
 from adjcap.jobs.progress_display import tracked
-from adjcap.jobs.ray_session import pool_resources, ray_session
+from adjcap.jobs.ray_session import has_gpus, pool_resources, ray_session
 
 
 def embed_width(enc: Any, default: int = 1280) -> int:
@@ -34,6 +34,15 @@ def embed_width(enc: Any, default: int = 1280) -> int:
         return int(clip_source(enc.model, enc.pretrained).model_cfg["embed_dim"])
     except (OSError, ValueError, KeyError):
         return default
+
+
+def tokenize_apart(cfg: Config, shards: int) -> bool:
+    """Inside the job's Ray session: whether CPU tasks tokenise the shards (``ray.tokenize_tasks``; None: on a
+    cluster with GPUs) rather than the encoder actors; only with a shard to overlap with (one shard's tokens
+    are needed before it encodes)."""
+    if shards < 2:
+        return False
+    return cfg.ray.tokenize_tasks if cfg.ray.tokenize_tasks is not None else has_gpus()
 
 
 def encode_with_pool(cfg: Config):
@@ -47,13 +56,16 @@ def encode_with_pool(cfg: Config):
         with tracked(cfg.ray, "encode-corpus", ["encode"], n, unit="captions") as board:
             ds = ray.data.from_items([{"shard": s, "start": a, "end": b} for s, a, b in plan.todo],
                                      override_num_blocks=len(plan.todo))
-            # the captions' token ids made in CPU tasks, beside the encoder pool (not in its GPU's thread)
-            ds = ds.map_batches(tokenize_shard, fn_kwargs={"encoder": cfg.retrieval.encoder, "texts_ref": texts_ref},
-                                batch_size=1, batch_format="numpy", num_cpus=1)
+            if tokenize_apart(cfg, len(plan.todo)):
+                # the captions' token ids made in CPU tasks, beside the encoder pool (not in its GPU's
+                # thread): the next shard is tokenised while one is encoded
+                ds = ds.map_batches(tokenize_shard, fn_kwargs={"encoder": cfg.retrieval.encoder,
+                                                               "texts_ref": texts_ref},
+                                    batch_size=1, batch_format="numpy", num_cpus=1)
             ds = ds.map_batches(
                 CorpusEncoderActor,
                 fn_constructor_kwargs={"cfg": cfg, "out_dir": str(plan.out), "ids_ref": ids_ref,
-                                       "board": board},
+                                       "texts_ref": texts_ref, "board": board},
                 batch_size=1,
                 batch_format="numpy",
                 compute=ActorPoolStrategy(size=min(cfg.ray.workers, len(plan.todo))),

@@ -30,8 +30,9 @@ def _cli(demo_cfg, *args: str) -> str:
 
 def test_ray_output_with_verbose(demo_cfg, tmp_path):
     # the demo corpus encoded into a new index: one Ray Data job with one actor
+    # CPU tasks tokenise the shards beside the encoder pool (what a cluster with GPUs does by default)
     verbose = _cli(demo_cfg, "encode-corpus", "--preset", "demo", "--benchmark", "demo", "--verbose",
-                   "--set", f"retrieval.index_dir={tmp_path / 'index'}")
+                   "--set", f"retrieval.index_dir={tmp_path / 'index'}", "--set", "ray.tokenize_tasks=true")
     assert RAY_INFO.search(verbose), verbose  # Ray's INFO lines (Ray Data's execution plan, progress) are back
     assert "Execution plan of Dataset" in verbose or "Running Dataset" in verbose, verbose
     # the tokenising tasks stay apart from the encoder pool (Ray Data fuses a task map into a following actor

@@ -407,6 +407,10 @@ class RayCfg(_Strict):
     decode_cpus: float = Field(0.25, gt=0.0, description="CPUs per image-decoding task")
     decode_tasks: int | None = Field(None, gt=0, description="image-decoding tasks at once, cluster-wide (each is "
                                      "a worker process holding torch); None: 2 x workers")
+    tokenize_tasks: bool | None = Field(None, description="CPU tasks tokenise the corpus's shards beside the "
+                                        "encoder pool, so a GPU encoder's thread encodes one shard while the next "
+                                        "is tokenised; None: when the cluster has GPUs (on CPUs the encode itself "
+                                        "is the cost, and each task process imports open_clip)")
     prepare_pixels: bool = Field(True, description="the decode tasks resize and crop each image for the pools' "
                                  "models (uint8 pixels, normalised on the model's device), so the GPU actors "
                                  "decode no JPEG and run no PIL; false: the pools decode the image's bytes")
