@@ -204,10 +204,12 @@ def test_large_images_travel_compact_and_decode_to_the_same_pixels(tmp_path):
     assert big.nbytes < 4000 * 3000 * 3 / 10  # a JPEG travels at a fraction of its pixels
 
 
-def _captioned(world, n: int = 3) -> tuple[list, list]:
-    """(``n`` states through stages 1-3, the same states scored by stage 4 with every model: the reference)."""
+@pytest.fixture(scope="module")
+def captioned(world) -> tuple[list, list]:
+    """(3 states through stages 1-3, the same states scored by stage 4 with every model: the reference);
+    tests change copies (pickle) of them."""
     cfg, m, recs = world
-    states = [image_state.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path) for r in recs[:n]]
+    states = [image_state.decode_state(r.image_id, cfg.benchmark, r.split, r.domain, r.image_path) for r in recs[:3]]
     c = m.captioner
     stages.retrieve(states, m.retrieval, m.index, m.index.texts, cfg.retrieval.top_l)
     stages.verify(states, m.verifier, cfg.verifier.keep)
@@ -217,9 +219,9 @@ def _captioned(world, n: int = 3) -> tuple[list, list]:
     return states, ref
 
 
-def test_scorer_loads_the_image_tower_only_when_an_embedding_is_missing(world):
+def test_scorer_loads_the_image_tower_only_when_an_embedding_is_missing(world, captioned):
     cfg, m, _ = world
-    states, ref = _captioned(world)  # ref: scored with both towers
+    states, ref = captioned  # ref: scored with both towers
 
     enc = ScorerEncoder(cfg.retrieval.encoder, "cpu")
     a = pickle.loads(pickle.dumps(states))
@@ -235,12 +237,12 @@ def test_scorer_loads_the_image_tower_only_when_an_embedding_is_missing(world):
             assert cx["retrieval_cosine"] == pytest.approx(cz["retrieval_cosine"], abs=1e-5)
 
 
-def test_the_scorers_verifier_encodes_only_the_images_without_stage_2s_encoding(world, monkeypatch):
+def test_the_scorers_verifier_encodes_only_the_images_without_stage_2s_encoding(world, captioned, monkeypatch):
     """A batch where one image lost stage 2's encoding (as one resumed from the stage cache): only that image
     is encoded again, so the others need no pixels (a pool's output drops them), and the scores are the
     ones every image's carried encoding gives."""
     _, m, _ = world
-    states, ref = _captioned(world)
+    states, ref = captioned
     mixed = pickle.loads(pickle.dumps(states))
     mixed[1].verifier_memo = None
     for s in (mixed[0], mixed[2]):
