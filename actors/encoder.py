@@ -19,28 +19,25 @@ from adjcap.index import encode_ids_range, tokenize_range
 from adjcap.models.roles import load_retrieval_encoder
 
 
-def tokenize_shard(batch: dict[str, np.ndarray], *, encoder: EncoderCfg, texts_ref: ray.ObjectRef
-                   ) -> dict[str, np.ndarray]:
-    """One shard's row (``shard``, ``start``, ``end``) -> the same row with its captions' token ids
-    (``tokens``: int32, flattened, [1, n x context]), tokenised as the encoder would tokenise them."""
+def tokenize_shard(batch: dict[str, np.ndarray], *, encoder: EncoderCfg) -> dict[str, np.ndarray]:
+    """One shard's row (``shard``, ``start``, ``end``, its captions ``texts``) -> the row with the captions'
+    token ids instead (``tokens``: int32, flattened, [1, n x context]), tokenised as the encoder would."""
     from adjcap.models.clip import tokenizer_for
 
-    (start,), (end,) = batch["start"], batch["end"]
-    ids = tokenize_range(tokenizer_for(encoder), ray.get(texts_ref), int(start), int(end))
-    return {**batch, "tokens": ids.reshape(1, -1)}
+    texts = list(batch["texts"][0])
+    ids = tokenize_range(tokenizer_for(encoder), texts, 0, len(texts))
+    return {"shard": batch["shard"], "start": batch["start"], "end": batch["end"], "tokens": ids.reshape(1, -1)}
 
 
 class CorpusEncoderActor:
-    def __init__(self, cfg: Config, out_dir: str, ids_ref: ray.ObjectRef, texts_ref: ray.ObjectRef,
-                 board: Any = None):
-        """``cfg`` resolved; ``ids_ref``, ``texts_ref``: the corpus ids and captions, put once by the job (the
-        captions are read only for a shard that comes without its tokens)."""
+    def __init__(self, cfg: Config, out_dir: str, ids_ref: ray.ObjectRef, board: Any = None):
+        """``cfg`` resolved; ``ids_ref``: the corpus ids, put once by the job. A shard's row brings its
+        captions' ``tokens`` (the CPU tasks') or the captions themselves (``texts``)."""
         self.cfg = cfg
         self.meter = StageMeter("encode", board, counter=CORPUS_ENCODED)
         self.out = Path(out_dir)
         self.encoder = load_retrieval_encoder(cfg.retrieval.encoder, cfg.device, towers=("text",))
         self.ids = ray.get(ids_ref)
-        self.texts_ref = texts_ref
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         done = []
@@ -49,7 +46,7 @@ class CorpusEncoderActor:
             t = time.perf_counter()
             n = int(end) - int(start)
             ids = (np.asarray(tokens[i]).reshape(n, -1) if tokens is not None else
-                   tokenize_range(self.encoder.tokenizer, ray.get(self.texts_ref), int(start), int(end)))
+                   tokenize_range(self.encoder.tokenizer, list(batch["texts"][i]), 0, n))
             encode_ids_range(self.encoder, ids, self.ids, int(shard), int(start), int(end), self.out,
                              self.cfg.retrieval.index_precision)
             done.append(int(shard))

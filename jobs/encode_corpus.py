@@ -52,20 +52,21 @@ def encode_with_pool(cfg: Config):
     def run(plan: IndexPlan) -> None:
         t0 = time.time()
         n = sum(b - a for _, a, b in plan.todo)
-        texts_ref, ids_ref = ray.put(list(plan.corpus.texts)), ray.put(np.asarray(plan.corpus.ids))
+        ids_ref = ray.put(np.asarray(plan.corpus.ids))
+        texts = plan.corpus.texts
         with tracked(cfg.ray, "encode-corpus", ["encode"], n, unit="captions") as board:
-            ds = ray.data.from_items([{"shard": s, "start": a, "end": b} for s, a, b in plan.todo],
-                                     override_num_blocks=len(plan.todo))
+            # each shard's row carries its own captions: a task or actor reads those, never the whole corpus
+            ds = ray.data.from_items([{"shard": s, "start": a, "end": b, "texts": list(texts[a:b])}
+                                      for s, a, b in plan.todo], override_num_blocks=len(plan.todo))
             if tokenize_apart(cfg, len(plan.todo)):
                 # the captions' token ids made in CPU tasks, beside the encoder pool (not in its GPU's
                 # thread): the next shard is tokenised while one is encoded
-                ds = ds.map_batches(tokenize_shard, fn_kwargs={"encoder": cfg.retrieval.encoder,
-                                                               "texts_ref": texts_ref},
+                ds = ds.map_batches(tokenize_shard, fn_kwargs={"encoder": cfg.retrieval.encoder},
                                     batch_size=1, batch_format="numpy", num_cpus=1)
             ds = ds.map_batches(
                 CorpusEncoderActor,
                 fn_constructor_kwargs={"cfg": cfg, "out_dir": str(plan.out), "ids_ref": ids_ref,
-                                       "texts_ref": texts_ref, "board": board},
+                                       "board": board},
                 batch_size=1,
                 batch_format="numpy",
                 compute=ActorPoolStrategy(size=min(cfg.ray.workers, len(plan.todo))),

@@ -193,8 +193,8 @@ def precision_bytes(precision: str, gpu: bool, auto_half: bool = True) -> int:
 def corpus_encode_bytes(captions: int, shard_size: int, width: int, context: int = 77) -> int:
     """What a corpus-encoder actor holds beyond its model: the corpus ids it gets once (8 bytes a caption),
     one shard's token ids (int32 as they come, int64 on the device: 12 bytes a token) and its embeddings
-    (fp32, their normalised copy and the written precision: 10 bytes a value). The captions' texts stay in
-    the CPU tasks that tokenise them."""
+    (fp32, their normalised copy and the written precision: 10 bytes a value). The captions come one shard
+    at a time, with the shard's row (a few MB), or stay in the CPU tasks that tokenise them."""
     return int(8 * captions + shard_size * (12 * context + 10 * width))
 
 
