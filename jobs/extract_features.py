@@ -161,8 +161,8 @@ def _extract(plan: RunPlan, todo: list[Record], found: dict, cache, emit, watch:
                 count_done(table, summary, computed)
                 watch.add_table(table)
                 clock.add(table.num_rows)
-                if stage_stats is not None and clock.figures():
-                    stage_stats["streaming"] = clock.figures()
+                if stage_stats is not None and (pace := clock.figures()):
+                    stage_stats["streaming"] = pace
 
 
 class StreamClock:
